@@ -1,0 +1,51 @@
+"""Sphinx configuration for the ember documentation (pydata-sphinx-theme + MyST).
+
+Built offline with warnings as errors: ``sphinx-build -W -b html docs docs/_build/html``.
+"""
+
+from importlib import metadata
+
+project = "ember"
+author = "The ember developers"
+copyright = "the ember developers"
+
+try:
+    release = metadata.version("ember-core")
+except metadata.PackageNotFoundError:  # building from a checkout without the packages installed
+    release = "0.1.0"
+version = ".".join(release.split(".")[:2])
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+]
+
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+root_doc = "index"
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "**/README.md"]
+
+# MyST: fenced ```{directive} blocks, plus a few conveniences.
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# autodoc / napoleon (docstrings in Google or NumPy style).
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_default_options = {"members": True, "show-inheritance": True}
+napoleon_google_docstring = True
+napoleon_numpy_docstring = True
+
+# HTML: pydata-sphinx-theme, nothing fetched from the network at build time.
+html_theme = "pydata_sphinx_theme"
+html_title = f"ember {release}"
+html_static_path: list[str] = []
+html_theme_options = {
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
+    "navbar_align": "left",
+    "icon_links": [],
+    "footer_start": ["copyright"],
+    "footer_end": ["theme-version"],
+}
+html_show_sourcelink = False

@@ -1,0 +1,138 @@
+"""nox sessions for the ember monorepo.
+
+    nox -l                      list sessions
+    nox -s lint                 ruff
+    nox -s core_flex            core + one plugin alone: their tests and (backends) the conformance kit
+    nox -s all                  every package together, the cross-plugin tests in tests/
+    nox -s docs                 the docs examples and the Sphinx build (warnings are errors, no network)
+    nox -s bench_smoke          benchmarks/overhead.py --quick
+
+A new plugin adds one line to PLUGINS (and one to the hatch workspace in pyproject.toml); it then gets its own
+``core_<name>`` session and joins ``all``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PYTHON = "3.11"
+
+nox.options.default_venv_backend = "venv"  # plain pip: torch==2.13.0 is installed from a local wheel
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint", "core_flex", "all", "docs"]
+
+CORE = "packages/ember-core"
+META = "packages/ember"
+EXAMPLE_BACKEND = "tests/example-backend"  # a third-party-style plugin used by the cross-plugin tests
+DEV_DOCS = ["sphinx", "pydata-sphinx-theme", "myst-parser"]
+
+# CI semantics: a plugin that fails to load is an error, not a logged warning.
+STRICT_ENV = {"EMBER_STRICT_PLUGINS": "1"}
+
+
+@dataclass(frozen=True)
+class Plugin:
+    name: str  # extra / session name: core_<name>
+    path: str  # directory holding the plugin's pyproject.toml
+    device: str | None = None  # device to run the conformance kit on (backends); None: no kit run
+    needs: tuple[str, ...] = ()  # other plugins its tests need installed (e.g. a decorator needs a backend)
+
+
+# One line per first-party plugin.
+PLUGINS: list[Plugin] = [
+    Plugin("flex", "plugins/backends/ember-flex", device="flex"),
+]
+
+_BY_NAME = {p.name: p for p in PLUGINS}
+
+
+def _tests_dir(path: str) -> list[str]:
+    tests = ROOT / path / "tests"
+    return [str(tests.relative_to(ROOT))] if tests.is_dir() else []
+
+
+def _editable(*paths: str) -> list[str]:
+    args: list[str] = []
+    for path in paths:
+        args += ["-e", path]
+    return args
+
+
+def _conformance(session: nox.Session, device: str) -> None:
+    session.run(
+        "python", "-m", "pytest", "-p", "no:cacheprovider",
+        "--pyargs", "ember.testing", f"--ember-device={device}", "-q",
+        env=STRICT_ENV,
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff over the whole repository."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+
+
+def _make_plugin_session(plugin: Plugin) -> None:
+    def run(session: nox.Session) -> None:
+        needed = [_BY_NAME[n].path for n in plugin.needs]
+        session.install(*_editable(f"{CORE}[test]", plugin.path, *needed))
+        session.run(
+            "python", "-m", "pytest", *_tests_dir(CORE), *_tests_dir(plugin.path), *session.posargs,
+            env=STRICT_ENV,
+        )  # fmt: skip
+        if plugin.device:
+            _conformance(session, plugin.device)
+
+    run.__doc__ = f"ember-core with {plugin.name} alone: their tests" + (
+        f" and the conformance kit on {plugin.device}." if plugin.device else "."
+    )
+    nox.session(python=PYTHON, name=f"core_{plugin.name}")(run)
+
+
+for _plugin in PLUGINS:
+    _make_plugin_session(_plugin)
+
+
+def _install_everything(session: nox.Session) -> None:
+    paths = [f"{CORE}[test]", *(p.path for p in PLUGINS), META]
+    if (ROOT / EXAMPLE_BACKEND / "pyproject.toml").is_file():
+        paths.append(EXAMPLE_BACKEND)
+    session.install(*_editable(*paths))
+
+
+@nox.session(python=PYTHON, name="all")
+def all_packages(session: nox.Session) -> None:
+    """Every package installed together: all test suites, tests/, and the conformance kit per backend."""
+    _install_everything(session)
+    session.run("python", "-m", "pytest", *session.posargs, env=STRICT_ENV)  # testpaths from pyproject.toml
+    for plugin in PLUGINS:
+        if plugin.device:
+            _conformance(session, plugin.device)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Docs examples (doctest over the Markdown pages) and the Sphinx build, warnings as errors, offline."""
+    _install_everything(session)
+    session.install(*DEV_DOCS)
+    # Exit code 5 = no examples collected: fine while the pages have none.
+    session.run(
+        "python", "-m", "pytest", "-p", "no:cacheprovider", "--doctest-glob=*.md", "docs", "-q",
+        env=STRICT_ENV, success_codes=[0, 5],
+    )  # fmt: skip
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html", "-q")
+
+
+@nox.session(python=PYTHON)
+def bench_smoke(session: nox.Session) -> None:
+    """A quick run of the overhead benchmark (no timing assertions; it only has to run)."""
+    script = ROOT / "benchmarks" / "overhead.py"
+    if not script.is_file():
+        session.skip("benchmarks/overhead.py does not exist yet")
+    _install_everything(session)
+    session.run("python", str(script.relative_to(ROOT)), "--quick")

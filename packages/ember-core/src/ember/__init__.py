@@ -1,0 +1,122 @@
+"""ember: a tensor library and deep-learning framework whose device, chosen at run time, decides everything.
+
+>>> import ember
+>>> x = ember.tensor([[1.0, 2.0], [3.0, 4.0]])
+>>> (x @ x).sum().item()
+54.0
+
+Backends, decorators and extensions are plugins found through the ``ember`` entry-point group the first time a
+device is used; ``import ember`` itself loads no backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import dtypes
+from .device import Device, default_device, set_default_device
+from .dtypes import (
+    DType,
+    bfloat16,
+    bool_,
+    double,
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    half,
+    int8,
+    int16,
+    int32,
+    int64,
+    long,
+    promote_types,
+    result_type,
+    set_default_dtype,
+    short,
+    uint8,
+)
+from .dtypes import can_cast as _can_cast
+from .errors import (
+    AutodiffError,
+    DeviceError,
+    DimError,
+    DTypeError,
+    EmberError,
+    IndexOutOfRangeError,
+    OutOfMemoryError,
+    PluginError,
+    ShapeError,
+    UnsupportedError,
+    ValueRangeError,
+)
+from .tensor import Tensor
+
+__version__ = "0.1.0"
+
+float = float32  # noqa: A001 - torch.float
+int = int32  # noqa: A001 - torch.int
+bool = bool_  # noqa: A001 - torch.bool
+
+can_cast = _can_cast
+
+
+def _install() -> dict[str, Any]:
+    """Collect the public functions of the op modules and attach their Tensor methods."""
+    from importlib import import_module
+
+    from .tensor import install_methods
+
+    names: dict[str, Any] = {}
+    for mod_name in ("creation", "pointwise", "reduction", "shape", "indexing", "linalg", "conversion"):
+        mod = import_module(f".ops.{mod_name}", __name__)
+        for n in getattr(mod, "__all__", ()):
+            names[n] = getattr(mod, n)
+        install_methods(getattr(mod, "TENSOR_METHODS", {}))
+    return names
+
+
+globals().update(_install())
+
+
+def info() -> dict[str, Any]:
+    """Plugins, versions, contract versions, devices found and load errors (what ``ember info`` prints)."""
+    from ._info import collect
+
+    return collect()
+
+
+def __getattr__(name: str) -> Any:
+    # subpackages that cost import time load on first use
+    if name in ("nn", "testing", "linalg", "plugins", "backend", "optim"):
+        from importlib import import_module
+
+        return import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'ember' has no attribute {name!r}")
+
+
+class no_grad:
+    """Context manager and decorator disabling gradient tracking (meaningful with the autodiff decorator)."""
+
+    _depth = 0
+
+    def __enter__(self) -> no_grad:
+        no_grad._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        no_grad._depth -= 1
+
+    def __call__(self, fn: Any) -> Any:
+        import functools
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with no_grad():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def is_grad_enabled() -> bool:
+    return no_grad._depth == 0

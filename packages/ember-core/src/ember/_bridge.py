@@ -1,0 +1,193 @@
+"""The Bridge: between Tensors and backend handles.
+
+It converts user values (tensors, Python scalars, numpy arrays, nested lists) into handles on a device, checks
+that operands share a device, moves data between devices (DLPack where both sides speak it, else host memory),
+and owns the small shape helpers (broadcasting, dim normalisation) that raise ember's typed errors. Results are
+cached where the same question is asked on every op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import dtypes as dt
+from .device import Device, as_device, default_device
+from .dtypes import DType
+from .errors import DeviceError, DimError, DTypeError, ShapeError
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+Shape = tuple[int, ...]
+
+_broadcast_cache: dict[tuple[Shape, Shape], Shape] = {}
+
+
+def broadcast_shapes2(a: Shape, b: Shape, op: str = "broadcast") -> Shape:
+    """Broadcast two shapes (cached); raises ShapeError naming the op and both shapes."""
+    key = (a, b)
+    r = _broadcast_cache.get(key)
+    if r is not None:
+        return r
+    n = max(len(a), len(b))
+    pa = (1,) * (n - len(a)) + tuple(a)
+    pb = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for i, (x, y) in enumerate(zip(pa, pb)):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise ShapeError(
+                f"{op}: shapes {tuple(a)} and {tuple(b)} are not broadcastable "
+                f"(dim {i - n}: {x} vs {y})"
+            )
+    r = tuple(out)
+    if len(_broadcast_cache) < 4096:
+        _broadcast_cache[key] = r
+    return r
+
+
+def broadcast_shapes(*shapes: Sequence[int], op: str = "broadcast_shapes") -> Shape:
+    out: Shape = ()
+    for s in shapes:
+        out = broadcast_shapes2(out, tuple(s), op)
+    return out
+
+
+def norm_dim(dim: Any, ndim: int, op: str) -> int:
+    """Normalise a possibly negative dim; 0-d tensors accept -1 and 0 as PyTorch does."""
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise DimError(f"{op}: dim must be an int, got {type(dim).__name__} {dim!r}")
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise DimError(f"{op}: dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return int(dim) % n
+
+
+def norm_dims(dims: Any, ndim: int, op: str) -> tuple[int, ...]:
+    """Normalise dim=None (all dims), an int, or a sequence of ints; duplicates are an error."""
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, (int, np.integer)) and not isinstance(dims, bool):
+        return (norm_dim(dims, ndim, op),) if ndim else ()
+    out = tuple(norm_dim(d, ndim, op) for d in dims)
+    if len(set(out)) != len(out):
+        raise DimError(f"{op}: dim {tuple(dims)} appears multiple times in the list of dims")
+    return out if ndim else ()
+
+
+def check_shape_arg(shape: Any, op: str) -> Shape:
+    """Accept f(2, 3), f((2, 3)), f([2, 3]) and f(torch.Size); sizes must be non-negative ints."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    out = []
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            if hasattr(s, "__index__") and not isinstance(s, bool):
+                s = s.__index__()
+            else:
+                raise ShapeError(f"{op}: sizes must be ints, got {type(s).__name__} {s!r} in {tuple(shape)}")
+        if s < 0:
+            raise ShapeError(f"{op}: negative dimension {s} in size {tuple(shape)}")
+        out.append(int(s))
+    return tuple(out)
+
+
+def same_device(op: str, *tensors: Tensor) -> Device:
+    dev = tensors[0]._device
+    for t in tensors[1:]:
+        if t._device is not dev:
+            raise DeviceError(
+                f"{op}: expected all tensors on the same device, got {dev} and {t._device} "
+                f"(move one with .to(device))"
+            )
+    return dev
+
+
+# --------------------------------------------------------------------------------------------------------------
+# values -> handles
+# --------------------------------------------------------------------------------------------------------------
+def infer_dtype(data: Any, device: Device | None = None) -> DType:
+    """The dtype ember.tensor(data) gets when none is given (PyTorch's inference)."""
+    if isinstance(data, np.ndarray) or isinstance(data, np.generic):
+        return dt.from_numpy_dtype(data.dtype)
+    if isinstance(data, bool):
+        return dt.bool_
+    if isinstance(data, int):
+        return dt.int64
+    if isinstance(data, float):
+        return device.default_dtype if device is not None else dt.get_default_dtype()
+    arr = np.asarray(data)
+    if arr.dtype.kind == "b":
+        return dt.bool_
+    if arr.dtype.kind in "iu":
+        return dt.int64
+    if arr.dtype.kind == "f":
+        return device.default_dtype if device is not None else dt.get_default_dtype()
+    if arr.dtype.kind == "O":
+        raise DTypeError("tensor(): could not infer a dtype from the nested data (mixed tensors/objects?)")
+    raise DTypeError(f"tensor(): unsupported data of numpy kind {arr.dtype} ({type(data).__name__})")
+
+
+def host_array(data: Any, dtype: DType) -> np.ndarray:
+    """A host numpy array of dtype from nested lists, scalars, numpy arrays or tensors."""
+    from .tensor import Tensor
+
+    if isinstance(data, Tensor):
+        return data.numpy().astype(dtype.numpy, copy=False)
+    if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in data):
+        data = [host_array(x, dtype) for x in data]
+    try:
+        arr = np.asarray(data)
+        if arr.dtype.kind == "f" and dtype.category != 2 and np.isnan(arr).any():
+            raise DTypeError(f"tensor(): cannot convert NaN to integer dtype {dtype}")
+        return np.ascontiguousarray(arr.astype(dtype.numpy, copy=False))
+    except ValueError as exc:
+        raise ShapeError(f"tensor(): nested data is ragged or not numeric: {exc}") from None
+    except TypeError as exc:
+        raise DTypeError(f"tensor(): cannot convert {type(data).__name__} to {dtype}: {exc}") from None
+
+
+def check_dtype_supported(device: Device, dtype: DType, op: str) -> None:
+    if dtype not in device.stack.supported_dtypes:
+        from .errors import UnsupportedError
+
+        raise UnsupportedError(f"{op}: device {device} does not support dtype {dtype}")
+
+
+def to_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    """Build a tensor from data (the body of ``ember.tensor``)."""
+    from .tensor import Tensor
+
+    dev = as_device(device) if device is not None else (
+        data._device if isinstance(data, Tensor) else default_device()
+    )
+    d = dt.as_dtype(dtype) if dtype is not None else infer_dtype(data, dev)
+    check_dtype_supported(dev, d, "tensor")
+    arr = host_array(data, d)
+    return Tensor._make(dev.stack.from_numpy(arr), d, dev)
+
+
+def transfer(t: Tensor, device: Device) -> Tensor:
+    """Move t to another device: DLPack between backends that both speak it, else through host memory."""
+    from .tensor import Tensor
+
+    src = t._device
+    if src is device:
+        return t
+    check_dtype_supported(device, t._dtype, "to")
+    if src.base is device.base:  # same backend, other decorators: share the handle
+        return Tensor._make(t._h, t._dtype, device)
+    stack = device.stack
+    h = t._h
+    if hasattr(stack, "from_dlpack") and hasattr(h, "__dlpack__"):
+        try:
+            return Tensor._make(stack.from_dlpack(h), t._dtype, device)
+        except (TypeError, BufferError, RuntimeError, NotImplementedError):
+            pass  # fall through to the host path
+    return Tensor._make(stack.from_numpy(np.ascontiguousarray(t.numpy())), t._dtype, device)

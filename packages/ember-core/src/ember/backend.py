@@ -1,0 +1,321 @@
+"""The backend contract (version 1).
+
+A backend turns ember's ops into work on one kind of hardware. It subclasses :class:`Backend` and implements the
+*required primitives* (the methods that raise :class:`~ember.errors.UnsupportedError` here); every other method
+has a *default composition* written in terms of those primitives, which a backend may override with a faster
+implementation (the Thinc/tinygrad lesson: start small, override hot paths later).
+
+Conventions every method follows:
+
+* A *handle* is the backend's own array object. It must expose ``.shape`` (a tuple of ints). ember keeps the
+  dtype beside the handle, so a handle need not know its ember dtype.
+* Core validates everything before calling a backend: shapes broadcast, dims are normalised to non-negative
+  ints, index values are in range, dtypes are promoted. Backends never see bad input and need not re-check.
+* Binary primitives receive operands of one dtype (core casts first) or a Python scalar for either operand.
+  Comparisons and logical ops return bool handles; everything else returns the operands' dtype.
+* Methods may return views of their inputs (as numpy slicing does) only where PyTorch returns views
+  (``reshape`` of contiguous data, ``permute``, ``expand``, basic ``getitem``); ``assign`` and ``setitem``
+  mutate their first argument in place.
+
+``ember.testing`` (the conformance kit) is the executable form of this contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import dtypes as dt
+from .dtypes import DType
+from .errors import UnsupportedError
+
+Handle = Any
+Shape = tuple[int, ...]
+
+UNARY_OPS = frozenset(
+    """neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan
+    sinh cosh tanh asinh acosh atanh erf erfc erfinv floor ceil round trunc sigmoid isnan isinf isfinite
+    isposinf isneginf logical_not bitwise_not signbit""".split()
+)
+BINARY_OPS = frozenset(
+    """add sub mul div floor_divide remainder fmod pow maximum minimum fmax fmin atan2 copysign hypot
+    eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor
+    bitwise_left_shift bitwise_right_shift""".split()
+)
+COMPARISON_OPS = frozenset("eq ne lt le gt ge logical_and logical_or logical_xor".split())
+PREDICATE_UNARY_OPS = frozenset("isnan isinf isfinite isposinf isneginf logical_not signbit".split())
+REDUCE_OPS = frozenset({"sum", "prod", "max", "min"})
+
+
+class Backend:
+    """Base class of every backend. See the module docstring for the conventions."""
+
+    #: the device kind this backend serves ("flex", "cuda", ...); set by subclasses
+    name: str = "abstract"
+    #: the contract version implemented; checked at registration
+    contract_version: int = 1
+    #: dtypes this backend can store and compute
+    supported_dtypes: frozenset[DType] = frozenset(dt.ALL_DTYPES)
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+
+    def _missing(self, what: str) -> UnsupportedError:
+        return UnsupportedError(f"backend {self.name!r} does not implement the required primitive {what}()")
+
+    # ------------------------------------------------------------------------------------------------------
+    # device management
+    # ------------------------------------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Wait until queued work is done (no-op for synchronous backends)."""
+
+    def memory_report(self) -> dict[str, Any]:
+        """Memory statistics: at least ``in_use``, ``reserved`` and ``peak`` bytes where the backend knows them."""
+        return {}
+
+    def describe(self) -> str:
+        """One line naming the hardware (shown by ``ember info``)."""
+        return f"{self.name}:{self.index}"
+
+    # ------------------------------------------------------------------------------------------------------
+    # required primitives: data
+    # ------------------------------------------------------------------------------------------------------
+    def from_numpy(self, array: np.ndarray) -> Handle:
+        """Copy (or adopt) a host array; its numpy dtype is the ember dtype's ``.numpy``."""
+        raise self._missing("from_numpy")
+
+    def to_numpy(self, h: Handle) -> np.ndarray:
+        """The handle's data as a host numpy array (may share memory on host backends)."""
+        raise self._missing("to_numpy")
+
+    def full(self, shape: Shape, value: Any, dtype: DType) -> Handle:
+        raise self._missing("full")
+
+    def arange(self, start: Any, stop: Any, step: Any, dtype: DType) -> Handle:
+        raise self._missing("arange")
+
+    def cast(self, h: Handle, dtype: DType) -> Handle:
+        """A new handle converted to dtype (float->int truncates toward zero, as C and PyTorch do)."""
+        raise self._missing("cast")
+
+    def copy(self, h: Handle) -> Handle:
+        """A contiguous copy that shares no memory with h."""
+        raise self._missing("copy")
+
+    def assign(self, dst: Handle, src: Handle | Any) -> None:
+        """Copy src (a handle broadcastable to dst's shape, or a scalar) into dst in place."""
+        raise self._missing("assign")
+
+    # ------------------------------------------------------------------------------------------------------
+    # required primitives: compute
+    # ------------------------------------------------------------------------------------------------------
+    def unary(self, op: str, h: Handle) -> Handle:
+        """Elementwise op from UNARY_OPS. Predicates return bool handles."""
+        raise self._missing("unary")
+
+    def binary(self, op: str, a: Handle | Any, b: Handle | Any) -> Handle:
+        """Elementwise op from BINARY_OPS with numpy broadcasting; either operand may be a Python scalar."""
+        raise self._missing("binary")
+
+    def where(self, cond: Handle, a: Handle | Any, b: Handle | Any) -> Handle:
+        raise self._missing("where")
+
+    def reduce(self, op: str, h: Handle, dims: tuple[int, ...], keepdim: bool) -> Handle:
+        """sum/prod/max/min over dims (non-empty, normalised). max/min propagate NaN."""
+        raise self._missing("reduce")
+
+    def argreduce(self, op: str, h: Handle, dim: int | None, keepdim: bool) -> Handle:
+        """argmax/argmin (int64) over one dim, or the flattened tensor when dim is None; first occurrence wins
+        and NaN counts as the extreme value."""
+        raise self._missing("argreduce")
+
+    def cumulative(self, op: str, h: Handle, dim: int) -> Handle:
+        """Inclusive scan along dim; op in sum, prod."""
+        raise self._missing("cumulative")
+
+    def matmul(self, a: Handle, b: Handle) -> Handle:
+        """numpy.matmul semantics (1-d promotion, batch broadcasting); operands share a dtype."""
+        raise self._missing("matmul")
+
+    def sort(self, h: Handle, dim: int, descending: bool, stable: bool) -> tuple[Handle, Handle]:
+        """(values, int64 indices); NaN sorts as the largest value (PyTorch)."""
+        raise self._missing("sort")
+
+    # ------------------------------------------------------------------------------------------------------
+    # required primitives: movement and indexing
+    # ------------------------------------------------------------------------------------------------------
+    def reshape(self, h: Handle, shape: Shape) -> Handle:
+        raise self._missing("reshape")
+
+    def permute(self, h: Handle, dims: tuple[int, ...]) -> Handle:
+        raise self._missing("permute")
+
+    def expand(self, h: Handle, shape: Shape) -> Handle:
+        """Broadcast to shape (a view where possible)."""
+        raise self._missing("expand")
+
+    def getitem(self, h: Handle, key: tuple[Any, ...]) -> Handle:
+        """numpy indexing: key holds ints (in range), slices, None, Ellipsis, and int64/bool handles."""
+        raise self._missing("getitem")
+
+    def setitem(self, h: Handle, key: tuple[Any, ...], value: Handle | Any) -> None:
+        """In-place numpy-style assignment h[key] = value (value broadcast to the indexed shape)."""
+        raise self._missing("setitem")
+
+    def cat(self, hs: Sequence[Handle], dim: int) -> Handle:
+        raise self._missing("cat")
+
+    # ------------------------------------------------------------------------------------------------------
+    # required primitives: random numbers (each device owns its reproducible stream)
+    # ------------------------------------------------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        raise self._missing("seed")
+
+    def rand(self, shape: Shape, dtype: DType) -> Handle:
+        """Uniform [0, 1)."""
+        raise self._missing("rand")
+
+    def randn(self, shape: Shape, dtype: DType) -> Handle:
+        raise self._missing("randn")
+
+    # ------------------------------------------------------------------------------------------------------
+    # default compositions (override for speed)
+    # ------------------------------------------------------------------------------------------------------
+    def randint(self, low: int, high: int, shape: Shape, dtype: DType) -> Handle:
+        u = self.rand(shape, dt.float64)
+        r = self.unary("floor", self.binary("add", self.binary("mul", u, float(high - low)), float(low)))
+        return self.cast(r, dtype)
+
+    def inplace_binary(self, op: str, a: Handle, b: Handle | Any) -> None:
+        """a = a (op) b in place; the result already has a's dtype and shape (core checked)."""
+        self.assign(a, self.binary(op, a, b))
+
+    def contiguous(self, h: Handle) -> Handle:
+        return self.copy(h)
+
+    def flip(self, h: Handle, dims: tuple[int, ...]) -> Handle:
+        key = tuple(slice(None, None, -1) if d in dims else slice(None) for d in range(len(h.shape)))
+        return self.getitem(h, key)
+
+    def _index_grid(self, shape: Shape, dim: int, index: Handle) -> tuple[Handle, ...]:
+        """Advanced-indexing key selecting index[..] along dim and the own position elsewhere."""
+        key = []
+        for d in range(len(shape)):
+            if d == dim:
+                key.append(index)
+            else:
+                view = [1] * len(shape)
+                view[d] = shape[d]
+                ar = self.reshape(self.arange(0, shape[d], 1, dt.int64), tuple(view))
+                key.append(self.expand(ar, shape))
+        return tuple(key)
+
+    def gather(self, h: Handle, dim: int, index: Handle) -> Handle:
+        return self.getitem(h, self._index_grid(index.shape, dim, index))
+
+    def scatter(self, h: Handle, dim: int, index: Handle, src: Handle | Any, reduce: str | None) -> Handle:
+        """A copy of h with src scattered along dim at index; reduce is None (replace), 'add' or 'multiply'.
+
+        For replace, duplicate indices keep one of the written values (unspecified which, as in PyTorch).
+        """
+        from ._compositions import scatter
+
+        return scatter(self, h, dim, index, src, reduce)
+
+    def index_select(self, h: Handle, dim: int, index: Handle) -> Handle:
+        key = (slice(None),) * dim + (index,)
+        return self.getitem(h, key)
+
+    def masked_fill(self, h: Handle, mask: Handle, value: Any) -> Handle:
+        return self.where(mask, value, h)
+
+    def tril(self, h: Handle, diagonal: int, upper: bool) -> Handle:
+        rows, cols = h.shape[-2], h.shape[-1]
+        r = self.reshape(self.arange(0, rows, 1, dt.int64), (rows, 1))
+        c = self.reshape(self.arange(0, cols, 1, dt.int64), (1, cols))
+        diff = self.binary("sub", c, r)
+        keep = self.binary("ge" if upper else "le", diff, diagonal)
+        return self.where(keep, h, 0)
+
+    def softmax(self, h: Handle, dim: int, log: bool) -> Handle:
+        m = self.reduce("max", h, (dim,), True)
+        m = self.where(self.unary("isfinite", m), m, 0.0)
+        z = self.binary("sub", h, m)
+        e = self.unary("exp", z)
+        s = self.reduce("sum", e, (dim,), True)
+        if log:
+            return self.binary("sub", z, self.unary("log", s))
+        return self.binary("div", e, s)
+
+    def logsumexp(self, h: Handle, dims: tuple[int, ...], keepdim: bool) -> Handle:
+        m = self.reduce("max", h, dims, True)
+        m = self.where(self.unary("isfinite", m), m, 0.0)
+        s = self.reduce("sum", self.unary("exp", self.binary("sub", h, m)), dims, True)
+        r = self.binary("add", self.unary("log", s), m)
+        if not keepdim:
+            r = self.reshape(r, tuple(n for d, n in enumerate(h.shape) if d not in dims))
+        return r
+
+    def topk(self, h: Handle, k: int, dim: int, largest: bool, sorted_: bool) -> tuple[Handle, Handle]:
+        v, i = self.sort(h, dim, largest, True)
+        key = (slice(None),) * dim + (slice(0, k),)
+        return self.getitem(v, key), self.getitem(i, key)
+
+    def einsum(self, equation: str, *hs: Handle) -> Handle:
+        from ._compositions import einsum
+
+        return einsum(self, equation, *hs)
+
+    # -- neural-network composites (see ember._compositions for the defaults) --------------------------------
+    def conv(self, x: Handle, w: Handle, b: Handle | None, stride: tuple[int, ...],
+             padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> Handle:
+        """N-d convolution (cross-correlation), torch layouts; padding is (lo, hi) per spatial dim."""
+        from ._compositions import conv
+
+        return conv(self, x, w, b, stride, padding, dilation, groups)
+
+    def conv_transpose(self, x: Handle, w: Handle, b: Handle | None, stride: tuple[int, ...],
+                       padding: tuple[int, ...], output_padding: tuple[int, ...], dilation: tuple[int, ...],
+                       groups: int) -> Handle:
+        from ._compositions import conv_transpose
+
+        return conv_transpose(self, x, w, b, stride, padding, output_padding, dilation, groups)
+
+    def max_pool(self, x: Handle, kernel_size: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], dilation: tuple[int, ...], ceil_mode: bool,
+                 return_indices: bool) -> Handle | tuple[Handle, Handle]:
+        from ._compositions import max_pool
+
+        return max_pool(self, x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+    def avg_pool(self, x: Handle, kernel_size: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], ceil_mode: bool, count_include_pad: bool,
+                 divisor_override: int | None) -> Handle:
+        from ._compositions import avg_pool
+
+        return avg_pool(self, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+    def adaptive_avg_pool(self, x: Handle, output_size: tuple[int, ...]) -> Handle:
+        from ._compositions import adaptive_avg_pool
+
+        return adaptive_avg_pool(self, x, output_size)
+
+    def adaptive_max_pool(self, x: Handle, output_size: tuple[int, ...],
+                          return_indices: bool) -> Handle | tuple[Handle, Handle]:
+        from ._compositions import adaptive_max_pool
+
+        return adaptive_max_pool(self, x, output_size, return_indices)
+
+    def interpolate(self, x: Handle, size: tuple[int, ...], mode: str, align_corners: bool | None,
+                    scales: tuple[float, ...] | None) -> Handle:
+        from ._compositions import interpolate
+
+        return interpolate(self, x, size, mode, align_corners, scales)
+
+    def pad(self, h: Handle, pads: tuple[tuple[int, int], ...], mode: str, value: Any) -> Handle:
+        """Pad every dim by (lo, hi); mode constant/reflect/replicate/circular; negative pads crop."""
+        from ._compositions import pad
+
+        return pad(self, h, pads, mode, value)

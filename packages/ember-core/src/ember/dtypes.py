@@ -1,0 +1,250 @@
+"""ember's dtypes and PyTorch's type-promotion rules.
+
+A :class:`DType` is a small immutable value; the module-level instances (``ember.float32`` ...) are the only
+ones. ``bfloat16`` is backed by ``ml_dtypes`` on the host so that numpy arrays of it can be exchanged.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import builtins as _builtins
+
+import numpy as np
+
+from .errors import DTypeError
+
+builtins_bool = _builtins.bool
+builtins_int = _builtins.int
+builtins_float = _builtins.float
+
+# category ranks: bool < integer < floating
+_BOOL, _INT, _FLOAT = 0, 1, 2
+
+
+class DType:
+    """An element type. Compare with ``is`` or ``==``; hashable; ``str(ember.float32) == 'ember.float32'``."""
+
+    __slots__ = ("name", "itemsize", "category", "is_signed", "_np_name", "_np")
+
+    def __init__(self, name: str, itemsize: int, category: int, is_signed: bool, np_name: str) -> None:
+        self.name = name
+        self.itemsize = itemsize
+        self.category = category
+        self.is_signed = is_signed
+        self._np_name = np_name
+        self._np: np.dtype | None = None
+
+    @property
+    def is_floating_point(self) -> bool:
+        return self.category == _FLOAT
+
+    @property
+    def is_bool(self) -> bool:
+        return self.category == _BOOL
+
+    @property
+    def is_integer(self) -> bool:
+        """True for the integer dtypes (not bool)."""
+        return self.category == _INT
+
+    @property
+    def bits(self) -> int:
+        return self.itemsize * 8
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The numpy dtype used for this dtype on the host."""
+        if self._np is None:
+            if self._np_name == "bfloat16":
+                import ml_dtypes
+
+                self._np = np.dtype(ml_dtypes.bfloat16)
+            else:
+                self._np = np.dtype(self._np_name)
+        return self._np
+
+    def __repr__(self) -> str:
+        return f"ember.{self.name}"
+
+    def __reduce__(self) -> str:
+        return self.name
+
+
+float16 = DType("float16", 2, _FLOAT, True, "float16")
+bfloat16 = DType("bfloat16", 2, _FLOAT, True, "bfloat16")
+float32 = DType("float32", 4, _FLOAT, True, "float32")
+float64 = DType("float64", 8, _FLOAT, True, "float64")
+int8 = DType("int8", 1, _INT, True, "int8")
+int16 = DType("int16", 2, _INT, True, "int16")
+int32 = DType("int32", 4, _INT, True, "int32")
+int64 = DType("int64", 8, _INT, True, "int64")
+uint8 = DType("uint8", 1, _INT, False, "uint8")
+bool_ = DType("bool", 1, _BOOL, False, "bool")
+
+# PyTorch aliases
+half = float16
+float = float32  # noqa: A001 - mirrors torch.float
+double = float64
+short = int16
+int = int32  # noqa: A001 - mirrors torch.int
+long = int64
+
+ALL_DTYPES: tuple[DType, ...] = (float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8, bool_)
+FLOAT_DTYPES: tuple[DType, ...] = (float16, bfloat16, float32, float64)
+INT_DTYPES: tuple[DType, ...] = (int8, int16, int32, int64, uint8)
+
+_BY_NAME = {d.name: d for d in ALL_DTYPES}
+_BY_NAME.update({"half": float16, "float": float32, "double": float64, "short": int16, "int": int32, "long": int64})
+
+
+def from_numpy_dtype(dt: np.dtype | type) -> DType:
+    """The ember dtype matching a numpy dtype; raises DTypeError for unsupported ones (complex, strings...)."""
+    dt = np.dtype(dt)
+    name = dt.name
+    d = _BY_NAME.get(name)
+    if d is None or name in ("float", "int", "half", "double", "short", "long"):
+        if name == "bfloat16":
+            return bfloat16
+        raise DTypeError(f"numpy dtype {dt} has no ember equivalent; supported: {[d.name for d in ALL_DTYPES]}")
+    return d
+
+
+def as_dtype(obj: object) -> DType:
+    """Accept an ember DType, a name ('float32'), a numpy dtype/type, a torch dtype, or Python bool/int/float."""
+    if isinstance(obj, DType):
+        return obj
+    if obj is builtins_bool:
+        return bool_
+    if obj is builtins_int:
+        return int64
+    if obj is builtins_float:
+        return get_default_dtype()
+    if isinstance(obj, str):
+        name = obj.removeprefix("ember.").removeprefix("torch.")
+        if name in _BY_NAME:
+            return _BY_NAME[name]
+    else:
+        s = str(obj)
+        if s.startswith("torch."):
+            return as_dtype(s)
+        try:
+            return from_numpy_dtype(obj)  # type: ignore[arg-type]
+        except (TypeError, DTypeError):
+            pass
+    raise DTypeError(f"cannot interpret {obj!r} as an ember dtype; expected one of {sorted(_BY_NAME)}")
+
+
+_default_float: DType = float32
+
+
+def get_default_dtype() -> DType:
+    """The float dtype used for Python floats and float factories when no dtype is given (torch semantics)."""
+    return _default_float
+
+
+def set_default_dtype(dtype: DType | str) -> None:
+    """Set the global default float dtype (a floating dtype only, as in PyTorch)."""
+    global _default_float
+    d = as_dtype(dtype)
+    if not d.is_floating_point:
+        raise DTypeError(f"set_default_dtype: only floating dtypes are allowed, got {d}")
+    _default_float = d
+
+
+@lru_cache(maxsize=None)
+def promote_types(a: DType, b: DType) -> DType:
+    """PyTorch's ``torch.promote_types`` for ember dtypes."""
+    if a is b:
+        return a
+    if a.category != b.category:
+        return a if a.category > b.category else b
+    if a.category == _FLOAT:
+        if {a, b} == {float16, bfloat16}:
+            return float32
+        return a if a.itemsize > b.itemsize else b
+    if a.category == _INT:
+        if a.is_signed != b.is_signed:  # one is uint8
+            signed = a if a.is_signed else b
+            return int16 if signed.itemsize == 1 else signed
+        return a if a.itemsize > b.itemsize else b
+    return a
+
+
+def _scalar_dtype(v: object) -> DType:
+    if isinstance(v, builtins_bool):
+        return bool_
+    if isinstance(v, builtins_int):
+        return int64
+    return _default_float
+
+
+def result_type(*operands: object) -> DType:
+    """PyTorch's ``torch.result_type`` over tensors and Python scalars.
+
+    Dimensioned tensors take precedence over 0-d tensors, which take precedence over Python scalars, unless
+    a lower-priority operand is of a higher category (bool < integer < floating).
+    """
+    dim_r = zero_r = wrap_r = None
+    for op in operands:
+        dt = getattr(op, "_dtype", None)
+        if dt is not None:
+            if op.ndim:  # type: ignore[attr-defined]
+                dim_r = dt if dim_r is None else promote_types(dim_r, dt)
+            else:
+                zero_r = dt if zero_r is None else promote_types(zero_r, dt)
+        elif isinstance(op, (builtins_bool, builtins_int, builtins_float)) or isinstance(op, np.generic):
+            dt = from_numpy_dtype(op.dtype) if isinstance(op, np.generic) else _scalar_dtype(op)
+            if isinstance(op, np.generic):
+                # numpy scalars behave like 0-d tensors
+                zero_r = dt if zero_r is None else promote_types(zero_r, dt)
+            else:
+                wrap_r = dt if wrap_r is None else promote_types(wrap_r, dt)
+        else:
+            raise DTypeError(f"result_type: unsupported operand of type {type(op).__name__}")
+    r = _combine(dim_r, _combine(zero_r, wrap_r))
+    if r is None:
+        raise DTypeError("result_type: no operands")
+    return r
+
+
+def _combine(higher: DType | None, lower: DType | None) -> DType | None:
+    if higher is None:
+        return lower
+    if lower is None:
+        return higher
+    if higher.category == _FLOAT:
+        return higher
+    if higher is bool_ or lower.category == _FLOAT:
+        return promote_types(higher, lower)
+    return higher
+
+
+def can_cast(from_: DType, to: DType) -> bool:
+    """PyTorch's ``torch.can_cast``: same-kind casting (no float->int, no int->bool, ...)."""
+    return from_.category <= to.category
+
+
+__all__ = [
+    "DType",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "bool_",
+    "ALL_DTYPES",
+    "FLOAT_DTYPES",
+    "INT_DTYPES",
+    "as_dtype",
+    "from_numpy_dtype",
+    "get_default_dtype",
+    "set_default_dtype",
+    "promote_types",
+    "result_type",
+    "can_cast",
+]

@@ -1,0 +1,134 @@
+"""Dtype and device conversion, copies: ``to``, ``clone``, ``contiguous``, ``float()``, ``detach`` ..."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import dtypes as dt
+from .._bridge import check_dtype_supported, transfer
+from ..device import Device, as_device
+from ..dtypes import DType
+from ..errors import DTypeError
+from ..tensor import Tensor
+
+
+def _cast(x: Tensor, d: DType) -> Tensor:
+    if x._dtype is d:
+        return x
+    check_dtype_supported(x._device, d, "to")
+    return Tensor._make(x._device.stack.cast(x._h, d), d, x._device)
+
+
+def to(self: Tensor, *args: Any, dtype: Any = None, device: Any = None, copy: bool = False,
+       non_blocking: bool = False) -> Tensor:
+    """``x.to(device)``, ``x.to(dtype)``, ``x.to(device, dtype)``, ``x.to(other_tensor)``; returns self when
+    nothing changes (unless copy=True), like PyTorch."""
+    for a in args:
+        if isinstance(a, Tensor):
+            device, dtype = a._device, a._dtype
+        elif isinstance(a, Device) or (isinstance(a, str) and not _is_dtype_name(a)):
+            device = a
+        elif a is not None:
+            dtype = a
+    out = self
+    if device is not None:
+        out = transfer(out, as_device(device))
+    if dtype is not None:
+        out = _cast(out, dt.as_dtype(dtype))
+    if copy and out is self:
+        out = clone(self)
+    return out
+
+
+def _is_dtype_name(s: str) -> bool:
+    try:
+        dt.as_dtype(s)
+        return True
+    except DTypeError:
+        return False
+
+
+def clone(input: Tensor) -> Tensor:
+    """A copy with its own memory."""
+    return Tensor._make(input._device.stack.copy(input._h), input._dtype, input._device)
+
+
+def contiguous(self: Tensor) -> Tensor:
+    return Tensor._make(self._device.stack.contiguous(self._h), self._dtype, self._device)
+
+
+def detach(self: Tensor) -> Tensor:
+    """The same data without gradient tracking."""
+    return Tensor._make(self._h, self._dtype, self._device)
+
+
+def copy_(self: Tensor, src: Any) -> Tensor:
+    """Copy src (broadcast to self's shape, cast to self's dtype, moved to self's device) into self."""
+    from .._bridge import broadcast_shapes2
+
+    if not isinstance(src, Tensor):
+        from .creation import tensor
+
+        src = tensor(src, dtype=self._dtype, device=self._device)
+    src = to(src, self._device)
+    if broadcast_shapes2(self.shape, src.shape, "copy_") != self.shape:
+        from ..errors import ShapeError
+
+        raise ShapeError(f"copy_: source of shape {src.shape} cannot be broadcast to {self.shape}")
+    h = src._h if src._dtype is self._dtype else self._device.stack.cast(src._h, self._dtype)
+    self._device.stack.assign(self._h, h)
+    return self
+
+
+def fill_(self: Tensor, value: Any) -> Tensor:
+    if isinstance(value, Tensor):
+        value = value.item()
+    self._device.stack.assign(self._h, value)
+    return self
+
+
+def zero_(self: Tensor) -> Tensor:
+    return fill_(self, 0)
+
+
+def type_as(self: Tensor, other: Tensor) -> Tensor:
+    return _cast(self, other._dtype)
+
+
+def cpu(self: Tensor) -> Tensor:
+    """The tensor on flex (the host CPU device)."""
+    return to(self, Device("flex", 0))
+
+
+def _caster(d: DType) -> Any:
+    def f(self: Tensor) -> Tensor:
+        return _cast(self, d)
+
+    f.__name__ = d.name
+    f.__doc__ = f"``self.to({d})``"
+    return f
+
+
+__all__ = ["clone"]
+
+TENSOR_METHODS: dict[str, Any] = {
+    "to": to,
+    "clone": clone,
+    "contiguous": contiguous,
+    "detach": detach,
+    "copy_": copy_,
+    "fill_": fill_,
+    "zero_": zero_,
+    "type_as": type_as,
+    "cpu": cpu,
+    "float": _caster(dt.float32),
+    "double": _caster(dt.float64),
+    "half": _caster(dt.float16),
+    "bfloat16": _caster(dt.bfloat16),
+    "int": _caster(dt.int32),
+    "long": _caster(dt.int64),
+    "short": _caster(dt.int16),
+    "char": _caster(dt.int8),
+    "byte": _caster(dt.uint8),
+    "bool": _caster(dt.bool_),
+}

@@ -1,0 +1,285 @@
+"""Tensor factories with PyTorch's names and arguments (tensor, zeros, ones, full, arange, rand, ...)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .. import dtypes as dt
+from .._bridge import check_dtype_supported, check_shape_arg, to_tensor
+from ..device import Device, as_device, default_device
+from ..dtypes import DType
+from ..errors import DTypeError, ValueRangeError
+from ..tensor import Tensor
+
+
+def _dev(device: Any) -> Device:
+    return default_device() if device is None else as_device(device)
+
+
+def _finish(t: Tensor, requires_grad: bool) -> Tensor:
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def tensor(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A new tensor holding a copy of data (nested lists, scalars, numpy arrays or tensors)."""
+    if isinstance(data, Tensor) and dtype is None and device is None:
+        data = data.numpy().copy()
+        return _finish(to_tensor(data, None, None), requires_grad)
+    return _finish(to_tensor(data, dtype, device), requires_grad)
+
+
+def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    """Like tensor() but returns data itself when it already is a tensor of that dtype and device."""
+    if isinstance(data, Tensor):
+        t = data
+        if device is not None:
+            t = t.to(as_device(device))
+        if dtype is not None:
+            t = t.to(dt.as_dtype(dtype))
+        return t
+    return to_tensor(data, dtype, device)
+
+
+def from_numpy(array: Any) -> Tensor:
+    """A tensor on flex sharing memory with the numpy array (zero-copy)."""
+    import numpy as np
+
+    if not isinstance(array, np.ndarray):
+        raise DTypeError(f"from_numpy: expected numpy.ndarray, got {type(array).__name__}")
+    d = dt.from_numpy_dtype(array.dtype)
+    dev = Device.flex()
+    return Tensor._make(dev.stack.from_numpy(array), d, dev)
+
+
+def from_dlpack(obj: Any, device: Any = None) -> Tensor:
+    """A tensor from any DLPack producer (numpy, torch, cupy ...); zero-copy where the device allows it."""
+    import numpy as np
+
+    dev = _dev(device)
+    stack = dev.stack
+    if hasattr(stack, "from_dlpack"):
+        h = stack.from_dlpack(obj)
+        d = dt.from_numpy_dtype(h.dtype) if hasattr(h, "dtype") else None
+        if d is not None:
+            return Tensor._make(h, d, dev)
+    arr = np.from_dlpack(obj)
+    return to_tensor(arr, None, dev)
+
+
+def _float_dtype(dtype: Any, dev: Device) -> DType:
+    return dev.default_dtype if dtype is None else dt.as_dtype(dtype)
+
+
+def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
+         requires_grad: bool = False) -> Tensor:
+    dev = _dev(device)
+    shape = check_shape_arg((size,) if not isinstance(size, (tuple, list)) else tuple(size), "full")
+    if dtype is None:
+        if isinstance(fill_value, Tensor):
+            fill_value = fill_value.item()
+        d = dt.bool_ if isinstance(fill_value, bool) else dt.int64 if isinstance(fill_value, int) else dev.default_dtype
+    else:
+        d = dt.as_dtype(dtype)
+    check_dtype_supported(dev, d, "full")
+    return _finish(Tensor._make(dev.stack.full(shape, fill_value, d), d, dev), requires_grad)
+
+
+def _filled(name: str, value: Any, size: tuple[Any, ...], dtype: Any, device: Any, requires_grad: bool) -> Tensor:
+    dev = _dev(device)
+    shape = check_shape_arg(size, name)
+    d = _float_dtype(dtype, dev)
+    check_dtype_supported(dev, d, name)
+    return _finish(Tensor._make(dev.stack.full(shape, value, d), d, dev), requires_grad)
+
+
+def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    return _filled("zeros", 0, size, dtype, device, requires_grad)
+
+
+def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    return _filled("ones", 1, size, dtype, device, requires_grad)
+
+
+def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Uninitialised in PyTorch; ember fills with zeros so results never depend on stale memory."""
+    return _filled("empty", 0, size, dtype, device, requires_grad)
+
+
+def _like(name: str, x: Tensor, dtype: Any, device: Any) -> tuple[tuple[int, ...], DType, Device]:
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"{name}: expected a Tensor, got {type(x).__name__}")
+    return x.shape, (x._dtype if dtype is None else dt.as_dtype(dtype)), (x._device if device is None else as_device(device))
+
+
+def zeros_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape, d, dev = _like("zeros_like", x, dtype, device)
+    return zeros(shape, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def ones_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape, d, dev = _like("ones_like", x, dtype, device)
+    return ones(shape, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def empty_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape, d, dev = _like("empty_like", x, dtype, device)
+    return empty(shape, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def full_like(x: Tensor, fill_value: Any, *, dtype: Any = None, device: Any = None,
+              requires_grad: bool = False) -> Tensor:
+    shape, d, dev = _like("full_like", x, dtype, device)
+    return full(shape, fill_value, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def rand_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape, d, dev = _like("rand_like", x, dtype, device)
+    return rand(shape, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def randn_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape, d, dev = _like("randn_like", x, dtype, device)
+    return randn(shape, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def randint_like(x: Tensor, low: int = 0, high: int | None = None, *, dtype: Any = None,
+                 device: Any = None) -> Tensor:
+    shape, d, dev = _like("randint_like", x, dtype, device)
+    if high is None:
+        low, high = 0, low
+    return randint(low, high, shape, dtype=d, device=dev)
+
+
+def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, device: Any = None,
+           requires_grad: bool = False) -> Tensor:
+    """Values from start to end (exclusive) by step; integer arguments give int64, else the default float."""
+    if end is None:
+        start, end = 0, start
+    vals = []
+    for v in (start, end, step):
+        if isinstance(v, Tensor):
+            v = v.item()
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise DTypeError(f"arange: start/end/step must be numbers, got {type(v).__name__}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueRangeError(f"arange: unsupported range {start} -> {end} with step {step}")
+        vals.append(v)
+    start, end, step = vals
+    if step == 0:
+        raise ValueRangeError("arange: step must be nonzero")
+    if (end - start) * step < 0:
+        raise ValueRangeError(
+            f"arange: upper bound and larger bound inconsistent with step sign (start={start}, end={end}, step={step})"
+        )
+    dev = _dev(device)
+    if dtype is None:
+        d = dt.int64 if all(isinstance(v, int) for v in vals) else dev.default_dtype
+    else:
+        d = dt.as_dtype(dtype)
+    check_dtype_supported(dev, d, "arange")
+    n = max(0, math.ceil((end - start) / step))
+    if d.is_floating_point or not all(isinstance(v, int) for v in vals):
+        # compute in float64 then cast, so the length is exactly ceil((end-start)/step) like PyTorch
+        import numpy as np
+
+        arr = (start + step * np.arange(n, dtype=np.float64)).astype(d.numpy)
+        return _finish(Tensor._make(dev.stack.from_numpy(arr), d, dev), requires_grad)
+    return _finish(Tensor._make(dev.stack.arange(start, end, step, d), d, dev), requires_grad)
+
+
+def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device: Any = None,
+             requires_grad: bool = False) -> Tensor:
+    import numpy as np
+
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueRangeError(f"linspace: number of steps must be a non-negative int, got {steps!r}")
+    dev = _dev(device)
+    d = _float_dtype(dtype, dev)
+    arr = np.linspace(float(start), float(end), steps, dtype=np.float64)
+    if d.is_integer:
+        arr = np.trunc(arr)
+    return _finish(to_tensor(arr.astype(d.numpy), d, dev), requires_grad)
+
+
+def logspace(start: float, end: float, steps: int, base: float = 10.0, *, dtype: Any = None,
+             device: Any = None) -> Tensor:
+    import numpy as np
+
+    dev = _dev(device)
+    d = _float_dtype(dtype, dev)
+    return to_tensor(np.logspace(start, end, steps, base=base).astype(d.numpy), d, dev)
+
+
+def eye(n: int, m: int | None = None, *, dtype: Any = None, device: Any = None,
+        requires_grad: bool = False) -> Tensor:
+    import numpy as np
+
+    m = n if m is None else m
+    for v in (n, m):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueRangeError(f"eye: n and m must be non-negative ints, got n={n!r}, m={m!r}")
+    dev = _dev(device)
+    d = _float_dtype(dtype, dev)
+    return _finish(to_tensor(np.eye(n, m, dtype=d.numpy), d, dev), requires_grad)
+
+
+def _random_float(name: str, size: tuple[Any, ...], dtype: Any, device: Any) -> tuple[tuple[int, ...], DType, Device]:
+    dev = _dev(device)
+    shape = check_shape_arg(size, name)
+    d = _float_dtype(dtype, dev)
+    if not d.is_floating_point:
+        raise DTypeError(f"{name}: expected a floating dtype, got {d} (use randint for integers)")
+    check_dtype_supported(dev, d, name)
+    return shape, d, dev
+
+
+def rand(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Uniform samples in [0, 1) from the device's random stream (``device.seed(n)`` to reproduce)."""
+    shape, d, dev = _random_float("rand", size, dtype, device)
+    return _finish(Tensor._make(dev.stack.rand(shape, d), d, dev), requires_grad)
+
+
+def randn(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Standard normal samples from the device's random stream."""
+    shape, d, dev = _random_float("randn", size, dtype, device)
+    return _finish(Tensor._make(dev.stack.randn(shape, d), d, dev), requires_grad)
+
+
+def randint(low: int, high: Any = None, size: Any = None, *, dtype: Any = None, device: Any = None) -> Tensor:
+    """Integers uniform in [low, high); ``randint(high, size)`` and ``randint(low, high, size)`` as in PyTorch."""
+    if size is None:
+        if high is None or not isinstance(high, (tuple, list)):
+            raise ValueRangeError("randint: size is required, e.g. randint(0, 10, (3, 4))")
+        low, high, size = 0, low, high
+    if not isinstance(low, int) or not isinstance(high, int) or low >= high:
+        raise ValueRangeError(f"randint: expected ints with low < high, got low={low!r}, high={high!r}")
+    dev = _dev(device)
+    shape = check_shape_arg(tuple(size), "randint")
+    d = dt.int64 if dtype is None else dt.as_dtype(dtype)
+    check_dtype_supported(dev, d, "randint")
+    return Tensor._make(dev.stack.randint(low, high, shape, d), d, dev)
+
+
+def randperm(n: int, *, dtype: Any = None, device: Any = None) -> Tensor:
+    if not isinstance(n, int) or n < 0:
+        raise ValueRangeError(f"randperm: n must be a non-negative int, got {n!r}")
+    dev = _dev(device)
+    keys = Tensor._make(dev.stack.rand((n,), dt.float64), dt.float64, dev)
+    _, idx = dev.stack.sort(keys._h, 0, False, True)
+    t = Tensor._make(idx, dt.int64, dev)
+    return t if dtype is None else t.to(dt.as_dtype(dtype))
+
+
+def manual_seed(seed: int, device: Any = None) -> None:
+    """Seed the random stream of device (default device when None)."""
+    _dev(device).seed(seed)
+
+
+__all__ = [
+    "tensor", "as_tensor", "from_numpy", "from_dlpack", "full", "zeros", "ones", "empty", "zeros_like",
+    "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "arange", "linspace",
+    "logspace", "eye", "rand", "randn", "randint", "randperm", "manual_seed",
+]

@@ -1,0 +1,232 @@
+"""Elementwise ops: arithmetic, comparison, logical, bitwise and math functions, with PyTorch's promotion.
+
+The hot path (``a + b``) is: one rule-cache lookup for (op, dtypes), one broadcast-cache lookup when shapes
+differ, optional casts, one backend call. No plugin machinery, no repeated validation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes as dt
+from .._bridge import broadcast_shapes2
+from ..dtypes import DType
+from ..errors import DeviceError, DTypeError, ShapeError
+from ..tensor import Tensor
+
+_FLOAT_RESULT = frozenset({"div", "atan2", "hypot", "copysign"})
+_BOOL_RESULT = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"})
+_LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor"})
+_INT_ONLY = frozenset({"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"})
+_SHIFTS = frozenset({"bitwise_left_shift", "bitwise_right_shift"})
+_NO_BOOL = frozenset({"sub", "remainder", "fmod", "floor_divide"})
+
+_SCALAR_TYPES = (bool, int, float)
+
+# (op, dtype_a, dtype_b, a_is_dimensioned, b_is_dimensioned) -> (compute dtype, result dtype)
+_rule_cache: dict[tuple[Any, ...], tuple[DType, DType]] = {}
+
+
+def _operand_desc(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"Tensor{tuple(x.shape)}:{x._dtype.name}"
+    return f"{type(x).__name__} {x!r}"
+
+
+def _rule(op: str, a: Any, b: Any) -> tuple[DType, DType]:
+    """Compute and result dtypes for a binary op (PyTorch rules), cached by operand dtype signature.
+
+    Dimensioned-ness only matters between two tensors of different dtypes; the key says so.
+    """
+    ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
+    ka = a._dtype if ta else type(a)
+    kb = b._dtype if tb else type(b)
+    key = (op, ka, kb, ta and tb and ka is not kb and a.ndim > 0, ta and tb and ka is not kb and b.ndim > 0)
+    r = _rule_cache.get(key)
+    if r is None:
+        r = _rule_cache[key] = _compute_rule(op, a, b)
+    return r
+
+
+def _compute_rule(op: str, a: Any, b: Any) -> tuple[DType, DType]:
+    promoted = dt.result_type(a, b)
+    if op in _LOGICAL:
+        return (dt.bool_, dt.bool_)
+    if op in _BOOL_RESULT:
+        return (promoted, dt.bool_)
+    if op in _INT_ONLY:
+        if promoted.is_floating_point:
+            raise DTypeError(
+                f"{op}: not implemented for floating dtypes ({_operand_desc(a)}, {_operand_desc(b)}); "
+                "bitwise ops need integer or bool tensors"
+            )
+        if op in _SHIFTS and promoted is dt.bool_:
+            raise DTypeError(f"{op}: not implemented for bool operands")
+        return (promoted, promoted)
+    if op in _FLOAT_RESULT and not promoted.is_floating_point:
+        f = dt.get_default_dtype()
+        return (f, f)
+    if op in _NO_BOOL and promoted is dt.bool_:
+        raise DTypeError(
+            f"{op}: not supported for two bool operands ({_operand_desc(a)}, {_operand_desc(b)}); "
+            "use logical_xor / logical ops, or cast to an integer dtype first"
+        )
+    return (promoted, promoted)
+
+
+# (op, dtype) -> (compute, result) for the common case of two tensors of one dtype
+_same_cache: dict[tuple[str, DType], tuple[DType, DType]] = {}
+
+
+_INT_RANGE = {
+    d: (int(np.iinfo(d.numpy).min), int(np.iinfo(d.numpy).max)) for d in dt.INT_DTYPES
+}
+
+
+def _scalar_for(v: Any, dtype: DType) -> Any:
+    """Fit a Python scalar to the compute dtype: integers wrap around like PyTorch's, bools stay bools."""
+    if dtype.category == 2 and type(v) is float:
+        return v
+    if dtype.category == 1 and type(v) is int:
+        lo, hi = _INT_RANGE[dtype]
+        if not lo <= v <= hi:
+            span = hi - lo + 1
+            v = (v - lo) % span + lo
+    elif dtype.category == 1 and type(v) is bool:
+        v = int(v)
+    elif dtype.category == 0 and type(v) is not bool:
+        v = bool(v)
+    elif dtype.category == 2 and type(v) is not float:
+        v = float(v)
+    return v
+
+
+def binary(op: str, a: Any, b: Any) -> Tensor:
+    """Apply a binary elementwise op; at least one operand is a Tensor, the other a Tensor or scalar."""
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        dev = a._device
+        if b._device is not dev:
+            raise DeviceError(
+                f"{op}: expected all tensors on the same device, got {dev} and {b._device} "
+                "(move one with .to(device))"
+            )
+        ha, hb = a._h, b._h
+        if ha.shape != hb.shape:
+            broadcast_shapes2(ha.shape, hb.shape, op)
+        da = a._dtype
+        if da is b._dtype:  # hot path: one dtype, no casts
+            r = _same_cache.get((op, da))
+            if r is None:
+                r = _same_cache[(op, da)] = _compute_rule(op, a, b)
+            if op == "pow" and da.category == 1:
+                _check_int_pow(a, b)
+            return Tensor._make((dev._stack or dev.stack).binary(op, ha, hb), r[1], dev)
+        cdt, rdt = _rule(op, a, b)
+        stack = dev._stack or dev.stack
+        if da is not cdt:
+            ha = stack.cast(ha, cdt)
+        if b._dtype is not cdt:
+            hb = stack.cast(hb, cdt)
+    elif isinstance(a, Tensor):
+        dev = a._device
+        b = _check_scalar(op, b)
+        cdt, rdt = _rule(op, a, b)
+        stack = dev._stack or dev.stack
+        ha = a._h if a._dtype is cdt else stack.cast(a._h, cdt)
+        hb = _scalar_for(b, cdt)
+    else:
+        dev = b._device
+        a = _check_scalar(op, a)
+        cdt, rdt = _rule(op, a, b)
+        stack = dev._stack or dev.stack
+        ha = _scalar_for(a, cdt)
+        hb = b._h if b._dtype is cdt else stack.cast(b._h, cdt)
+    if op == "pow" and cdt.category == 1:
+        _check_int_pow(a, b)
+    return Tensor._make(stack.binary(op, ha, hb), rdt, dev)
+
+
+def _check_scalar(op: str, v: Any) -> Any:
+    if isinstance(v, _SCALAR_TYPES):
+        return v
+    if isinstance(v, np.generic):
+        return v.item()
+    raise DTypeError(f"{op}: unsupported operand of type {type(v).__name__} (expected a Tensor or a Python number)")
+
+
+def _check_int_pow(a: Any, b: Any) -> None:
+    if not isinstance(b, Tensor) and b < 0:
+        raise DTypeError("pow: integers to negative integer powers are not allowed")
+
+
+def inplace_binary(op: str, a: Tensor, b: Any) -> Tensor:
+    """a (op)= b in place, PyTorch rules: the result dtype must cast to a's dtype and shape must stay a's."""
+    if isinstance(b, Tensor):
+        if b._device is not a._device:
+            raise DeviceError(f"{op}_: expected all tensors on the same device, got {a._device} and {b._device}")
+        if b.shape != a.shape and broadcast_shapes2(a.shape, b.shape, op + "_") != a.shape:
+            raise ShapeError(
+                f"{op}_: output with shape {a.shape} doesn't match the broadcast shape "
+                f"{broadcast_shapes2(a.shape, b.shape, op + '_')}"
+            )
+    else:
+        b = _check_scalar(op + "_", b)
+    cdt, rdt = _rule(op, a, b)
+    if not dt.can_cast(rdt, a._dtype):
+        raise DTypeError(f"{op}_: result type {rdt.name} can't be cast to the desired output type {a._dtype.name}")
+    _bump_version(a)
+    stack = a._device.stack
+    if cdt is a._dtype and rdt is a._dtype:
+        hb = b._h if isinstance(b, Tensor) else _scalar_for(b, cdt)
+        if isinstance(b, Tensor) and b._dtype is not cdt:
+            hb = stack.cast(hb, cdt)
+        stack.inplace_binary(op, a._h, hb)
+    else:
+        r = binary(op, a, b)
+        stack.assign(a._h, stack.cast(r._h, a._dtype) if r._dtype is not a._dtype else r._h)
+    return a
+
+
+def _bump_version(t: Tensor) -> None:
+    """Hook for version counters (autodiff's in-place checks); cheap no-op otherwise."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# unary
+# ---------------------------------------------------------------------------------------------------------------
+_FLOAT_UNARY = frozenset(
+    """exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh tanh
+    asinh acosh atanh erf erfc erfinv sigmoid""".split()
+)
+_PRED_UNARY = frozenset("isnan isinf isfinite isposinf isneginf signbit logical_not".split())
+_INT_IDENTITY = frozenset("floor ceil round trunc".split())
+
+
+def unary(op: str, x: Tensor) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
+    d = x._dtype
+    stack = x._device._stack or x._device.stack
+    h = x._h
+    if op in _FLOAT_UNARY:
+        if not d.is_floating_point:
+            d = x._device.default_dtype
+            h = stack.cast(h, d)
+        return Tensor._make(stack.unary(op, h), d, x._device)
+    if op in _PRED_UNARY:
+        if not d.is_floating_point and op not in ("logical_not", "signbit"):
+            # integers are never nan/inf
+            val = op == "isfinite"
+            return Tensor._make(stack.full(x.shape, val, dt.bool_), dt.bool_, x._device)
+        return Tensor._make(stack.unary(op, h), dt.bool_, x._device)
+    if op in _INT_IDENTITY and not d.is_floating_point:
+        return Tensor._make(stack.copy(h), d, x._device)
+    if op == "bitwise_not" and d.is_floating_point:
+        raise DTypeError(f"bitwise_not: not implemented for {d.name} (integer or bool tensors only)")
+    if op == "neg" and d is dt.bool_:
+        raise DTypeError("neg: negation, the `-` operator, on a bool tensor is not supported; use ~ or logical_not")
+    if op == "abs" and d is dt.bool_:
+        raise DTypeError("abs: not supported for bool tensors")
+    return Tensor._make(stack.unary(op, h), d, x._device)

@@ -1,0 +1,300 @@
+"""Named elementwise functions (``ember.exp``, ``ember.add(a, b, alpha=2)``, ``clamp``, ``where``, ...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import dtypes as dt
+from .._bridge import broadcast_shapes2
+from ..errors import DeviceError, DTypeError, ValueRangeError
+from ..tensor import Tensor
+from .elementwise import binary, inplace_binary, unary
+
+_UNARY_NAMES = (
+    "neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan sinh "
+    "cosh tanh asinh acosh atanh erf erfc erfinv floor ceil trunc sigmoid isnan isinf isfinite isposinf "
+    "isneginf logical_not bitwise_not signbit"
+).split()
+
+_BINARY_NAMES = (
+    "mul div floor_divide remainder fmod pow maximum minimum fmax fmin atan2 copysign hypot eq ne lt le gt ge "
+    "logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift"
+).split()
+
+_INPLACE_UNARY = "neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan " \
+    "sinh cosh tanh asinh acosh atanh erf erfc erfinv floor ceil trunc sigmoid".split()
+
+
+def _make_unary(op: str) -> Any:
+    def f(input: Tensor) -> Tensor:
+        return unary(op, input)
+
+    f.__name__ = f.__qualname__ = op
+    f.__doc__ = f"Elementwise ``{op}`` (PyTorch's ``torch.{op}``)."
+    return f
+
+
+def _make_binary(op: str) -> Any:
+    def f(input: Any, other: Any) -> Tensor:
+        if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+            raise DTypeError(f"{op}: expected at least one Tensor operand, got {type(input).__name__} and "
+                             f"{type(other).__name__}")
+        return binary(op, input, other)
+
+    f.__name__ = f.__qualname__ = op
+    f.__doc__ = f"Elementwise ``{op}`` with broadcasting and PyTorch's type promotion."
+    return f
+
+
+def _make_inplace_unary(op: str) -> Any:
+    def f(self: Tensor) -> Tensor:
+        r = unary(op, self)
+        if r._dtype is not self._dtype:
+            raise DTypeError(f"{op}_: result type {r._dtype.name} can't be cast to {self._dtype.name} in place")
+        self._device.stack.assign(self._h, r._h)
+        return self
+
+    f.__name__ = f.__qualname__ = op + "_"
+    return f
+
+
+def _make_inplace_binary(op: str) -> Any:
+    def f(self: Tensor, other: Any) -> Tensor:
+        return inplace_binary(op, self, other)
+
+    f.__name__ = f.__qualname__ = op + "_"
+    return f
+
+
+_g = globals()
+for _op in _UNARY_NAMES:
+    _g[_op] = _make_unary(_op)
+for _op in _BINARY_NAMES:
+    _g[_op] = _make_binary(_op)
+
+negative = _g["neg"]
+absolute = _g["abs"]
+arcsin, arccos, arctan = _g["asin"], _g["acos"], _g["atan"]
+arcsinh, arccosh, arctanh = _g["asinh"], _g["acosh"], _g["atanh"]
+arctan2 = _g["atan2"]
+multiply, true_divide = _g["mul"], _g["div"]
+greater, greater_equal, less, less_equal = _g["gt"], _g["ge"], _g["lt"], _g["le"]
+not_equal = _g["ne"]
+_BINARY_NAMES.remove("div")
+
+
+def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
+    """input + alpha * other."""
+    if alpha != 1:
+        other = binary("mul", other, alpha) if isinstance(other, Tensor) else other * alpha
+    return binary("add", input, other)
+
+
+def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
+    """input - alpha * other."""
+    if alpha != 1:
+        other = binary("mul", other, alpha) if isinstance(other, Tensor) else other * alpha
+    return binary("sub", input, other)
+
+
+subtract = sub
+
+
+def rsub(input: Tensor, other: Any, *, alpha: Any = 1) -> Tensor:
+    return sub(other, input, alpha=alpha)
+
+
+def div_(self: Tensor, other: Any, *, rounding_mode: str | None = None) -> Tensor:
+    r = div(self, other, rounding_mode=rounding_mode)
+    if r._dtype is not self._dtype and not dt.can_cast(r._dtype, self._dtype):
+        raise DTypeError(f"div_: result type {r._dtype.name} can't be cast to {self._dtype.name}")
+    self._device.stack.assign(self._h, r._h if r._dtype is self._dtype else self._device.stack.cast(r._h, self._dtype))
+    return self
+
+
+def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
+    """``torch.div`` with rounding_mode None (true division), 'trunc' or 'floor'."""
+    if rounding_mode is None:
+        return binary("div", input, other)
+    if rounding_mode == "floor":
+        return binary("floor_divide", input, other)
+    if rounding_mode == "trunc":
+        q = binary("div", input, other)
+        r = unary("trunc", q)
+        promoted = dt.result_type(input, other)
+        return r if promoted.is_floating_point else r.to(promoted)
+    raise ValueRangeError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+
+
+def round(input: Tensor, decimals: int = 0) -> Tensor:  # noqa: A001 - PyTorch's name
+    """Round half to even; with decimals, round to that many decimal places."""
+    if decimals == 0:
+        return unary("round", input)
+    if not input._dtype.is_floating_point:
+        return input.clone()
+    s = 10.0 ** decimals
+    return binary("div", unary("round", binary("mul", input, s)), s)
+
+
+def square(input: Tensor) -> Tensor:
+    return binary("mul", input, input) if input._dtype is not dt.bool_ else binary("logical_and", input, input)
+
+
+def frac(input: Tensor) -> Tensor:
+    return binary("sub", input, unary("trunc", input))
+
+
+divide = div
+
+
+def positive(input: Tensor) -> Tensor:
+    return input
+
+
+def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 - PyTorch's names
+    """Limit values to [min, max]; either bound may be a scalar or a tensor; NaN propagates."""
+    if min is None and max is None:
+        raise ValueRangeError("clamp: at least one of 'min' or 'max' must not be None")
+    out = input
+    if min is not None:
+        out = binary("maximum", out, min)
+    if max is not None:
+        out = binary("minimum", out, max)
+    if not isinstance(min, Tensor) and not isinstance(max, Tensor) and out._dtype is not input._dtype:
+        if input._dtype.is_floating_point or not (isinstance(min, float) or isinstance(max, float)):
+            out = out.to(input._dtype)
+    return out
+
+
+clip = clamp
+
+
+def clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+    r = clamp(self, min, max)
+    self._device.stack.assign(self._h, r._h if r._dtype is self._dtype else self._device.stack.cast(r._h, self._dtype))
+    return self
+
+
+def clamp_min(input: Tensor, min: Any) -> Tensor:  # noqa: A002
+    return clamp(input, min=min)
+
+
+def clamp_max(input: Tensor, max: Any) -> Tensor:  # noqa: A002
+    return clamp(input, max=max)
+
+
+def where(condition: Tensor, input: Any = None, other: Any = None) -> Any:
+    """Elements of input where condition holds, else of other (both broadcast); ``where(cond)`` is nonzero."""
+    if input is None and other is None:
+        from .indexing import nonzero
+
+        return nonzero(condition, as_tuple=True)
+    if not isinstance(condition, Tensor):
+        raise DTypeError(f"where: condition must be a Tensor, got {type(condition).__name__}")
+    if condition._dtype is not dt.bool_:
+        raise DTypeError(f"where: expected condition to be a bool tensor, got {condition._dtype.name}")
+    dev = condition._device
+    shape = condition.shape
+    for v in (input, other):
+        if isinstance(v, Tensor):
+            if v._device is not dev:
+                raise DeviceError(f"where: expected all tensors on the same device, got {dev} and {v._device}")
+            shape = broadcast_shapes2(shape, v.shape, "where")
+    cands = [v for v in (input, other) if isinstance(v, Tensor)] or [input, other]
+    rdt = dt.result_type(*(v for v in (input, other)))
+    del cands
+    stack = dev.stack
+    ha = input._h if isinstance(input, Tensor) else input
+    hb = other._h if isinstance(other, Tensor) else other
+    if isinstance(input, Tensor) and input._dtype is not rdt:
+        ha = stack.cast(ha, rdt)
+    if isinstance(other, Tensor) and other._dtype is not rdt:
+        hb = stack.cast(hb, rdt)
+    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+        ha = stack.full((), ha, rdt)
+    h = stack.where(condition._h, ha, hb)
+    if tuple(h.shape) != shape:
+        h = stack.expand(h, shape)
+    return Tensor._make(h, rdt, dev)
+
+
+def nan_to_num(input: Tensor, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+    """Replace NaN with nan, +inf with posinf (default: dtype max), -inf with neginf (default: dtype min)."""
+    import numpy as np
+
+    if not input._dtype.is_floating_point:
+        return input.clone()
+    info = np.finfo(input._dtype.numpy)
+    posinf = float(info.max) if posinf is None else posinf
+    neginf = float(info.min) if neginf is None else neginf
+    out = where(unary("isnan", input), nan, input)
+    out = where(unary("isposinf", out), posinf, out)
+    return where(unary("isneginf", out), neginf, out)
+
+
+def lerp(input: Tensor, end: Tensor, weight: Any) -> Tensor:
+    return binary("add", input, binary("mul", binary("sub", end, input), weight))
+
+
+def xlogy(input: Any, other: Any) -> Tensor:
+    r = binary("mul", input, unary("log", other if isinstance(other, Tensor) else input * 0 + other))
+    zero = binary("eq", input, 0)
+    return where(zero, 0.0, r) if isinstance(zero, Tensor) else r
+
+
+def logaddexp(input: Tensor, other: Tensor) -> Tensor:
+    m = binary("maximum", input, other)
+    m = where(unary("isfinite", m), m, 0.0)
+    return binary("add", m, unary("log", binary("add", unary("exp", binary("sub", input, m)),
+                                                   unary("exp", binary("sub", other, m)))))
+
+
+def isclose(input: Tensor, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
+    diff = unary("abs", binary("sub", input, other))
+    tol = binary("add", binary("mul", unary("abs", other) if isinstance(other, Tensor) else abs(other), rtol), atol)
+    close = binary("logical_or", binary("eq", input, other), binary("le", diff, tol))
+    if equal_nan:
+        both = binary("logical_and", unary("isnan", input),
+                      unary("isnan", other) if isinstance(other, Tensor) else other != other)
+        close = binary("logical_or", close, both)
+    return close
+
+
+def allclose(input: Tensor, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
+    return bool(isclose(input, other, rtol, atol, equal_nan).numpy().all())
+
+
+def equal(input: Tensor, other: Tensor) -> bool:
+    """True when both tensors have the same shape and elements."""
+    return input.shape == other.shape and bool(binary("eq", input, other).numpy().all())
+
+
+TENSOR_METHODS: dict[str, Any] = {name: _g[name] for name in _UNARY_NAMES + _BINARY_NAMES}
+TENSOR_METHODS.update({op + "_": _make_inplace_unary(op) for op in _INPLACE_UNARY})
+TENSOR_METHODS.update(
+    {
+        op + "_": _make_inplace_binary(op)
+        for op in "mul floor_divide remainder fmod pow maximum minimum atan2 copysign hypot bitwise_and bitwise_or "
+        "bitwise_xor bitwise_left_shift bitwise_right_shift".split()
+    }
+)
+TENSOR_METHODS.update(
+    add=add, sub=sub, subtract=sub, multiply=multiply, divide=div, div=div,
+    true_divide=true_divide, round=round, square=square, frac=frac, clamp=clamp, clip=clamp, clamp_=clamp_,
+    clip_=clamp_, clamp_min=clamp_min, clamp_max=clamp_max, nan_to_num=nan_to_num, lerp=lerp, xlogy=xlogy,
+    logaddexp=logaddexp, isclose=isclose, allclose=allclose, equal=equal, div_=div_, negative=negative,
+    absolute=absolute, arcsin=arcsin, arccos=arccos, arctan=arctan, arctan2=arctan2, greater=greater,
+    greater_equal=greater_equal, less=less, less_equal=less_equal, not_equal=not_equal, positive=positive,
+    rsub=rsub,
+    add_=lambda self, other, *, alpha=1: inplace_binary("add", self, other if alpha == 1 else other * alpha),
+    sub_=lambda self, other, *, alpha=1: inplace_binary("sub", self, other if alpha == 1 else other * alpha),
+    round_=lambda self: _make_inplace_unary("round")(self),
+)
+TENSOR_METHODS["where"] = lambda self, condition, other: where(condition, self, other)
+
+__all__ = _UNARY_NAMES + _BINARY_NAMES + [
+    "negative", "absolute", "arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "arctan2", "multiply",
+    "divide", "true_divide", "greater", "greater_equal", "less", "less_equal", "not_equal", "add", "sub",
+    "subtract", "rsub", "div", "round", "square", "frac", "positive", "clamp", "clip", "clamp_min", "clamp_max", "where",
+    "nan_to_num", "lerp", "xlogy", "logaddexp", "isclose", "allclose", "equal",
+]

@@ -1,0 +1,63 @@
+"""The plugin contract: every hook an ember plugin may implement.
+
+A plugin is a module (or object) exposed under the entry-point group ``ember``. It implements any of the hooks
+below with ``@ember.plugins.hookimpl``. Hooks are called once, lazily, the first time a device is resolved or
+``ember.info()`` is asked for -- never per op. Each hook receives a ``register`` callback; the keyword arguments
+each callback accepts are documented on the hook. ``docs/plugin-authors.md`` repeats these signatures and a test
+checks that the two agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("ember")
+hookimpl = pluggy.HookimplMarker("ember")
+
+#: Version of the backend contract (:class:`ember.backend.Backend`) that this core implements.
+CONTRACT_VERSION = 1
+
+
+@hookspec
+def register_backends(register: Callable[..., None]) -> None:
+    """Register device backends.
+
+    ``register(name, factory, *, contract, kind="cpu", priority=0, is_available=None, description="")``
+
+    - ``name``: the device kind users write (``Device.flex()`` is ``"flex"``; ``Device("mine", 0)`` works for any).
+    - ``factory(index: int, **options) -> ember.backend.Backend``: builds the backend for one device index.
+    - ``contract``: the backend-contract version the plugin implements (must equal ``CONTRACT_VERSION``).
+    - ``kind``: ``"cpu"``, ``"gpu"`` or ``"emulated"`` (e.g. a CPU OpenCL); ``Device.default()`` prefers
+      real hardware ("gpu") over "cpu" over "emulated".
+    - ``priority``: tie-breaker within a kind; higher wins.
+    - ``is_available() -> int``: number of devices present (0 = hardware missing); ``None`` means 1.
+    """
+
+
+@hookspec
+def register_decorators(register: Callable[..., None]) -> None:
+    """Register backend decorators (autodiff, fusion, router, ...).
+
+    ``register(name, factory, *, contract, description="")``
+
+    ``factory(inner: ember.backend.Backend, **options) -> ember.backend.Backend`` wraps an inner backend.
+    Once registered, ``device.<name>(**options)`` returns the decorated device (``device.autodiff()``).
+    """
+
+
+@hookspec
+def register_ops(register: Callable[..., None]) -> None:
+    """Register extension ops (custom kernels) into the dispatch tables.
+
+    ``register(name, default, *, backends=None, description="")``
+
+    ``default(backend, *args, **kwargs)`` is the composition used on every backend; ``backends`` maps a backend
+    name to a faster implementation with the same signature. Call registered ops with ``ember.ops.call(name, ...)``.
+    """
+
+
+@hookspec
+def plugin_info() -> dict[str, Any]:
+    """Extra facts shown by ``ember info`` (library versions, hardware found, ...)."""

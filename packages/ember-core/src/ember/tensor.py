@@ -1,0 +1,289 @@
+"""The user-facing Tensor.
+
+A Tensor is a backend handle plus its ember dtype and device. It holds no backend code: operators and methods
+forward to the functions in :mod:`ember.ops` (installed as methods by :func:`install_methods`), which validate
+and dispatch to the device's resolved stack.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .device import Device
+from .dtypes import DType
+from .errors import DTypeError, ShapeError
+
+
+class Tensor:
+    """An n-dimensional array on a device. Create with ``ember.tensor``, ``ember.zeros``, ... ."""
+
+    __slots__ = ("_h", "_dtype", "_device", "grad", "_requires_grad", "__weakref__")
+    __array_priority__ = 1000  # numpy defers to our reflected operators
+
+    _h: Any
+    _dtype: DType
+    _device: Device
+
+    def __init__(self, data: Any, dtype: Any = None, device: Any = None) -> None:
+        from ._bridge import to_tensor
+
+        t = to_tensor(data, dtype, device)
+        self._h, self._dtype, self._device = t._h, t._dtype, t._device
+        self.grad = None
+        self._requires_grad = False
+
+    @classmethod
+    def _make(cls, h: Any, dtype: DType, device: Device) -> Tensor:
+        t = object.__new__(cls)
+        t._h = h
+        t._dtype = dtype
+        t._device = device
+        t.grad = None
+        t._requires_grad = False
+        return t
+
+    # -- metadata -------------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._h.shape)
+
+    @property
+    def dtype(self) -> DType:
+        return self._dtype
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def ndim(self) -> int:
+        return len(self._h.shape)
+
+    def dim(self) -> int:
+        return len(self._h.shape)
+
+    def size(self, dim: int | None = None) -> Any:
+        if dim is None:
+            return self.shape
+        from ._bridge import norm_dim
+
+        return self.shape[norm_dim(dim, self.ndim, "size")] if self.ndim else 1
+
+    def numel(self) -> int:
+        n = 1
+        for s in self._h.shape:
+            n *= s
+        return n
+
+    nelement = numel
+
+    @property
+    def itemsize(self) -> int:
+        return self._dtype.itemsize
+
+    def element_size(self) -> int:
+        return self._dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self._dtype.itemsize
+
+    def is_floating_point(self) -> bool:
+        return self._dtype.is_floating_point
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        if requires_grad and not self._dtype.is_floating_point:
+            raise DTypeError(f"requires_grad_: only floating point tensors can require gradients, got {self._dtype}")
+        self._requires_grad = bool(requires_grad)
+        return self
+
+    # -- conversion -----------------------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """The data as a numpy array (shares memory on host backends such as flex)."""
+        return self._device.stack.to_numpy(self._h)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        a = self.numpy()
+        if dtype is not None:
+            a = a.astype(dtype, copy=False)
+        if copy:
+            a = a.copy()
+        return a
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        h = self._h
+        if not hasattr(h, "__dlpack__"):
+            h = self.numpy()
+        return h.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        h = self._h
+        if hasattr(h, "__dlpack_device__"):
+            return h.__dlpack_device__()
+        return (1, 0)
+
+    def item(self) -> Any:
+        if self.numel() != 1:
+            raise ShapeError(f"item: a Tensor with {self.numel()} elements cannot be converted to a Python scalar")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise ShapeError(
+                f"bool value of a Tensor with {self.numel()} elements is ambiguous; use .any() or .all()"
+            )
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self._dtype.is_floating_point or self.numel() != 1:
+            raise DTypeError(
+                f"only integer tensors of a single element can be converted to an index, got "
+                f"{self._dtype} of shape {self.shape}"
+            )
+        return int(self.item())
+
+    def __len__(self) -> int:
+        if not self.ndim:
+            raise ShapeError("len() of a 0-d tensor")
+        return self._h.shape[0]
+
+    def __iter__(self) -> Any:
+        if not self.ndim:
+            raise ShapeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self._h.shape[0]))
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        arr = self.numpy()
+        body = np.array2string(arr, separator=", ", prefix="tensor(", threshold=1000, precision=4)
+        extras = []
+        if self._dtype.name not in ("float32", "int64", "bool"):
+            extras.append(f"dtype={self._dtype}")
+        elif self._dtype.name == "float32" and self._dtype is not self._device.default_dtype:
+            extras.append(f"dtype={self._dtype}")
+        if self.numel() == 0:
+            extras.append(f"size={self.shape}")
+        if self._device.kind != "flex" or self._device.decorators:
+            extras.append(f"device={self._device}")
+        if self._requires_grad:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        if self.numel() == 1 and spec:
+            return format(self.item(), spec)
+        return repr(self)
+
+    def __reduce__(self) -> Any:
+        from . import _bridge
+
+        return (_bridge.to_tensor, (self.numpy().copy(), self._dtype.name, self._device))
+
+    # -- indexing -------------------------------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> Tensor:
+        from .ops.indexing import getitem
+
+        return getitem(self, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        from .ops.indexing import setitem
+
+        setitem(self, key, value)
+
+
+def _binop(op: str, doc: str) -> tuple[Any, Any, Any]:
+    from .ops.elementwise import binary, inplace_binary
+
+    def fwd(self: Tensor, other: Any) -> Tensor:
+        return binary(op, self, other)
+
+    def rev(self: Tensor, other: Any) -> Tensor:
+        return binary(op, other, self)
+
+    def inp(self: Tensor, other: Any) -> Tensor:
+        return inplace_binary(op, self, other)
+
+    fwd.__doc__ = doc
+    return fwd, rev, inp
+
+
+def install_operators() -> None:
+    """Attach Python operators to Tensor (done once at import)."""
+    table = {
+        "add": "__add__ __radd__ __iadd__",
+        "sub": "__sub__ __rsub__ __isub__",
+        "mul": "__mul__ __rmul__ __imul__",
+        "div": "__truediv__ __rtruediv__ __itruediv__",
+        "floor_divide": "__floordiv__ __rfloordiv__ __ifloordiv__",
+        "remainder": "__mod__ __rmod__ __imod__",
+        "pow": "__pow__ __rpow__ __ipow__",
+        "bitwise_and": "__and__ __rand__ __iand__",
+        "bitwise_or": "__or__ __ror__ __ior__",
+        "bitwise_xor": "__xor__ __rxor__ __ixor__",
+        "bitwise_left_shift": "__lshift__ __rlshift__ __ilshift__",
+        "bitwise_right_shift": "__rshift__ __rrshift__ __irshift__",
+    }
+    for op, names in table.items():
+        fwd_name, rev_name, inp_name = names.split()
+        fwd, rev, inp = _binop(op, f"self {op} other")
+        setattr(Tensor, fwd_name, fwd)
+        setattr(Tensor, rev_name, rev)
+        setattr(Tensor, inp_name, inp)
+    from .ops.elementwise import binary, unary
+
+    for op, name in (("eq", "__eq__"), ("ne", "__ne__"), ("lt", "__lt__"), ("le", "__le__"), ("gt", "__gt__"),
+                     ("ge", "__ge__")):
+        setattr(Tensor, name, (lambda o: lambda self, other: binary(o, self, other))(op))
+    Tensor.__neg__ = lambda self: unary("neg", self)  # type: ignore[method-assign]
+    Tensor.__pos__ = lambda self: self  # type: ignore[method-assign]
+    Tensor.__abs__ = lambda self: unary("abs", self)  # type: ignore[method-assign]
+
+    def invert(self: Tensor) -> Tensor:
+        return unary("logical_not" if self._dtype.is_bool else "bitwise_not", self)
+
+    Tensor.__invert__ = invert  # type: ignore[method-assign]
+
+    def matmul(self: Tensor, other: Any) -> Tensor:
+        from .ops.linalg import matmul as mm
+
+        return mm(self, other)
+
+    def rmatmul(self: Tensor, other: Any) -> Tensor:
+        from .ops.linalg import matmul as mm
+
+        return mm(other, self)
+
+    Tensor.__matmul__ = matmul  # type: ignore[attr-defined]
+    Tensor.__rmatmul__ = rmatmul  # type: ignore[attr-defined]
+
+
+def install_methods(functions: dict[str, Any]) -> None:
+    """Attach op functions as Tensor methods (``x.exp()`` is ``ember.exp(x)``)."""
+    for name, fn in functions.items():
+        setattr(Tensor, name, fn)
+
+
+install_operators()

@@ -1,0 +1,365 @@
+"""FlexBackend: the ember contract on numpy (and its BLAS).
+
+Handles are ``numpy.ndarray`` objects (never numpy scalars, so in-place ops and views keep working). Hot
+methods call numpy directly; convolution, pooling and interpolation come from :mod:`ember_flex.nn_kernels`
+(im2col + BLAS), erf/erfinv from scipy.special.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from ember import dtypes as dt
+from ember.backend import Backend
+from ember.dtypes import DType
+
+ndarray = np.ndarray
+_asarray = np.asarray
+
+
+def _rsqrt(x: ndarray) -> ndarray:
+    r = np.sqrt(x)
+    np.reciprocal(r, out=r)
+    return r
+
+
+def _sigmoid(x: ndarray) -> ndarray:
+    # stable for large |x|: exp of a non-positive number only
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+def _special(name: str) -> Any:
+    def f(x: ndarray) -> ndarray:
+        import scipy.special as sp
+
+        if x.dtype.itemsize < 4 or x.dtype.name == "bfloat16":
+            return getattr(sp, name)(x.astype(np.float32)).astype(x.dtype)
+        return getattr(sp, name)(x)
+
+    return f
+
+
+def _round(x: ndarray) -> ndarray:
+    return np.round(x)  # numpy rounds half to even, as PyTorch does
+
+
+def _remainder(a: Any, b: Any) -> ndarray:
+    return np.remainder(a, b)
+
+
+def _floor_divide(a: Any, b: Any) -> ndarray:
+    return np.floor_divide(a, b)
+
+
+def _int_pow(a: Any, b: Any) -> ndarray:
+    return np.power(a, b)
+
+
+_UNARY = {
+    "neg": np.negative,
+    "abs": np.abs,
+    "sign": np.sign,
+    "exp": np.exp,
+    "exp2": np.exp2,
+    "expm1": np.expm1,
+    "log": np.log,
+    "log2": np.log2,
+    "log10": np.log10,
+    "log1p": np.log1p,
+    "sqrt": np.sqrt,
+    "rsqrt": _rsqrt,
+    "reciprocal": np.reciprocal,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "tanh": np.tanh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
+    "erf": _special("erf"),
+    "erfc": _special("erfc"),
+    "erfinv": _special("erfinv"),
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": _round,
+    "trunc": np.trunc,
+    "sigmoid": _sigmoid,
+    "isnan": np.isnan,
+    "isinf": np.isinf,
+    "isfinite": np.isfinite,
+    "isposinf": np.isposinf,
+    "isneginf": np.isneginf,
+    "logical_not": np.logical_not,
+    "bitwise_not": np.invert,
+    "signbit": np.signbit,
+}
+
+_BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.true_divide,
+    "floor_divide": _floor_divide,
+    "remainder": _remainder,
+    "fmod": np.fmod,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "fmax": np.fmax,
+    "fmin": np.fmin,
+    "atan2": np.arctan2,
+    "copysign": np.copysign,
+    "hypot": np.hypot,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
+    "bitwise_and": np.bitwise_and,
+    "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor,
+    "bitwise_left_shift": np.left_shift,
+    "bitwise_right_shift": np.right_shift,
+}
+
+_INPLACE_OK = frozenset(
+    "add sub mul div maximum minimum fmax fmin pow fmod atan2 copysign hypot bitwise_and bitwise_or bitwise_xor "
+    "bitwise_left_shift bitwise_right_shift".split()
+)
+
+_QUIET = frozenset(
+    "add mul maximum minimum fmax fmin eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and "
+    "bitwise_or bitwise_xor copysign".split()
+)
+
+_REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
+
+
+class FlexBackend(Backend):
+    """numpy on the host CPU."""
+
+    name = "flex"
+    contract_version = 1
+
+    def __init__(self, index: int = 0) -> None:
+        super().__init__(index)
+        self._rng = np.random.Generator(np.random.PCG64(0))
+        self._unary = _UNARY
+        self._binary = _BINARY
+
+    def describe(self) -> str:
+        import platform
+
+        return f"flex:{self.index} (numpy {np.__version__} on {platform.machine() or 'cpu'})"
+
+    def memory_report(self) -> dict[str, Any]:
+        return {"allocator": "numpy (host malloc)", "in_use": None, "reserved": None, "peak": None}
+
+    # -- data --------------------------------------------------------------------------------------------------
+    def from_numpy(self, array: ndarray) -> ndarray:
+        return array
+
+    def from_dlpack(self, obj: Any) -> ndarray:
+        return np.from_dlpack(obj)
+
+    def to_numpy(self, h: ndarray) -> ndarray:
+        return h
+
+    def full(self, shape: tuple[int, ...], value: Any, dtype: DType) -> ndarray:
+        return np.full(shape, value, dtype=dtype.numpy)
+
+    def arange(self, start: Any, stop: Any, step: Any, dtype: DType) -> ndarray:
+        return np.arange(start, stop, step, dtype=dtype.numpy)
+
+    def cast(self, h: ndarray, dtype: DType) -> ndarray:
+        npdt = dtype.numpy
+        if h.dtype.kind == "f" and npdt.kind in "iu":
+            with np.errstate(invalid="ignore"):
+                return np.trunc(h).astype(npdt)
+        return h.astype(npdt)
+
+    def copy(self, h: ndarray) -> ndarray:
+        return np.array(h, copy=True, order="C")
+
+    def contiguous(self, h: ndarray) -> ndarray:
+        return np.ascontiguousarray(h)
+
+    def assign(self, dst: ndarray, src: Any) -> None:
+        np.copyto(dst, src, casting="unsafe")
+
+    # -- compute -------------------------------------------------------------------------------------------------
+    def unary(self, op: str, h: ndarray) -> ndarray:
+        with np.errstate(all="ignore"):
+            r = self._unary[op](h)
+        return r if type(r) is ndarray else _asarray(r)
+
+    def binary(self, op: str, a: Any, b: Any) -> ndarray:
+        # np.errstate costs ~1.5 us, more than the op itself on small arrays: only ops that raise floating
+        # point warnings on ordinary inputs (division by zero, log of 0 ...) pay for it
+        if op in _QUIET:
+            r = self._binary[op](a, b)
+        else:
+            with np.errstate(all="ignore"):
+                r = self._binary[op](a, b)
+        if type(r) is not ndarray:
+            r = _asarray(r)
+        return r
+
+    def inplace_binary(self, op: str, a: ndarray, b: Any) -> None:
+        if op in _INPLACE_OK:
+            with np.errstate(all="ignore"):
+                self._binary[op](a, b, out=a)
+        else:
+            self.assign(a, self.binary(op, a, b))
+
+    def where(self, cond: ndarray, a: Any, b: Any) -> ndarray:
+        r = np.where(cond, a, b)
+        if type(a) is ndarray and r.dtype != a.dtype:
+            r = r.astype(a.dtype)
+        elif type(b) is ndarray and r.dtype != b.dtype and type(a) is not ndarray:
+            r = r.astype(b.dtype)
+        return r
+
+    def reduce(self, op: str, h: ndarray, dims: tuple[int, ...], keepdim: bool) -> ndarray:
+        with np.errstate(all="ignore"):
+            r = _REDUCE[op](h, axis=dims, keepdims=keepdim)
+        return r if type(r) is ndarray else _asarray(r)
+
+    def argreduce(self, op: str, h: ndarray, dim: int | None, keepdim: bool) -> ndarray:
+        f = np.argmax if op == "argmax" else np.argmin
+        if h.dtype.kind == "f":
+            nan = np.isnan(h)
+            if nan.any():  # NaN is the extreme value in PyTorch
+                r = np.argmax(nan, axis=dim, keepdims=keepdim)
+                has = np.any(nan, axis=dim, keepdims=keepdim)
+                return _asarray(np.where(has, r, f(h, axis=dim, keepdims=keepdim))).astype(np.int64)
+        return _asarray(f(h, axis=dim, keepdims=keepdim)).astype(np.int64, copy=False)
+
+    def cumulative(self, op: str, h: ndarray, dim: int) -> ndarray:
+        f = np.cumsum if op == "sum" else np.cumprod
+        return f(h, axis=dim, dtype=h.dtype)
+
+    def matmul(self, a: ndarray, b: ndarray) -> ndarray:
+        if a.dtype.kind in "biu" or a.dtype.itemsize < 4:
+            if a.dtype.kind in "fV" or a.dtype.name == "bfloat16":  # half types: accumulate in float32
+                return _asarray(np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype))
+        r = np.matmul(a, b)
+        return r if type(r) is ndarray else _asarray(r)
+
+    def sort(self, h: ndarray, dim: int, descending: bool, stable: bool) -> tuple[ndarray, ndarray]:
+        if descending:
+            # stable descending with NaN first: stable-sort the reversed array, then reverse back
+            n = h.shape[dim]
+            idx = np.argsort(np.flip(h, dim), axis=dim, kind="stable")
+            idx = (n - 1) - np.flip(idx, dim)
+        else:
+            idx = np.argsort(h, axis=dim, kind="stable")  # numpy puts NaN last, as PyTorch does
+        return np.take_along_axis(h, idx, axis=dim), idx.astype(np.int64, copy=False)
+
+    def topk(self, h: ndarray, k: int, dim: int, largest: bool, sorted_: bool) -> tuple[ndarray, ndarray]:
+        v, i = self.sort(h, dim, largest, True)
+        sl = (slice(None),) * dim + (slice(0, k),)
+        return np.ascontiguousarray(v[sl]), np.ascontiguousarray(i[sl])
+
+    # -- movement and indexing -------------------------------------------------------------------------------
+    def reshape(self, h: ndarray, shape: tuple[int, ...]) -> ndarray:
+        return h.reshape(shape)
+
+    def permute(self, h: ndarray, dims: tuple[int, ...]) -> ndarray:
+        return h.transpose(dims)
+
+    def expand(self, h: ndarray, shape: tuple[int, ...]) -> ndarray:
+        return np.broadcast_to(h, shape)
+
+    def getitem(self, h: ndarray, key: tuple[Any, ...]) -> ndarray:
+        r = h[key]
+        return r if type(r) is ndarray else _asarray(r)
+
+    def setitem(self, h: ndarray, key: tuple[Any, ...], value: Any) -> None:
+        h[key] = value
+
+    def cat(self, hs: Sequence[ndarray], dim: int) -> ndarray:
+        return np.concatenate(hs, axis=dim)
+
+    def flip(self, h: ndarray, dims: tuple[int, ...]) -> ndarray:
+        return np.flip(h, dims).copy()
+
+    def gather(self, h: ndarray, dim: int, index: ndarray) -> ndarray:
+        if index.shape[:dim] + index.shape[dim + 1:] != h.shape[:dim] + h.shape[dim + 1:]:
+            h = h[tuple(slice(0, n) if d != dim else slice(None) for d, n in enumerate(index.shape))]
+        return np.take_along_axis(h, index, axis=dim)
+
+    def scatter(self, h: ndarray, dim: int, index: ndarray, src: Any, reduce: str | None) -> ndarray:
+        out = h.copy()
+        if type(src) is ndarray:
+            src = src[tuple(slice(0, n) for n in index.shape)]
+        else:
+            src = np.full(index.shape, src, dtype=h.dtype)
+        key = self._grid(index, dim)
+        if reduce is None:
+            out[key] = src
+        elif reduce == "add":
+            np.add.at(out, key, src)
+        else:
+            np.multiply.at(out, key, src)
+        return out
+
+    @staticmethod
+    def _grid(index: ndarray, dim: int) -> tuple[ndarray, ...]:
+        grid = list(np.indices(index.shape, sparse=True))
+        grid[dim] = index
+        return tuple(grid)
+
+    def index_select(self, h: ndarray, dim: int, index: ndarray) -> ndarray:
+        return np.take(h, index, axis=dim)
+
+    def masked_fill(self, h: ndarray, mask: ndarray, value: Any) -> ndarray:
+        r = np.where(mask, value, h)
+        return r.astype(h.dtype, copy=False)
+
+    def tril(self, h: ndarray, diagonal: int, upper: bool) -> ndarray:
+        return np.triu(h, diagonal) if upper else np.tril(h, diagonal)
+
+    def einsum(self, equation: str, *hs: ndarray) -> ndarray:
+        return _asarray(np.einsum(equation, *hs, optimize=len(hs) > 2))
+
+    def softmax(self, h: ndarray, dim: int, log: bool) -> ndarray:
+        m = np.max(h, axis=dim, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0)
+        z = h - m
+        if log:
+            with np.errstate(divide="ignore"):
+                return z - np.log(np.sum(np.exp(z), axis=dim, keepdims=True))
+        e = np.exp(z)
+        e /= np.sum(e, axis=dim, keepdims=True)
+        return e
+
+    # -- random numbers ----------------------------------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+
+    def rand(self, shape: tuple[int, ...], dtype: DType) -> ndarray:
+        if dtype in (dt.float32, dt.float64):
+            return self._rng.random(shape, dtype=dtype.numpy)
+        return self._rng.random(shape, dtype=np.float32).astype(dtype.numpy)
+
+    def randn(self, shape: tuple[int, ...], dtype: DType) -> ndarray:
+        if dtype in (dt.float32, dt.float64):
+            return self._rng.standard_normal(shape, dtype=dtype.numpy)
+        return self._rng.standard_normal(shape, dtype=np.float32).astype(dtype.numpy)
+
+    def randint(self, low: int, high: int, shape: tuple[int, ...], dtype: DType) -> ndarray:
+        return self._rng.integers(low, high, size=shape, dtype=dtype.numpy if dtype is not dt.bool_ else np.int8
+                                  ).astype(dtype.numpy, copy=False)

@@ -1,0 +1,1032 @@
+"""Pure-numpy neural-network kernels for the ember-flex CPU backend.
+
+All functions follow PyTorch semantics and layouts (``N, C, *spatial``;
+conv weight ``(C_out, C_in/groups, *k)``).  Parameters are expected to be
+normalised by the caller to per-spatial-dim tuples; plain ints are accepted
+too for convenience.  The number of spatial dims (1, 2 or 3) is inferred from
+the weight rank (convolutions) or from the length of ``kernel_size`` /
+``output_size`` / ``size`` (pooling, interpolation).
+
+Computation is done in float32 (float64 stays float64; float16 and friends are
+computed in float32 and cast back), and every function returns a fresh
+C-contiguous array whose dtype equals the input dtype.
+
+Convolutions use an im2col (``as_strided`` view + one copy) followed by a
+single BLAS matmul; transposed convolution uses matmul + col2im (a loop over
+the kernel taps that adds strided slices).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+__all__ = [
+    "conv",
+    "conv_transpose",
+    "conv_weight_grad",
+    "conv_input_grad",
+    "max_pool",
+    "avg_pool",
+    "adaptive_avg_pool",
+    "adaptive_max_pool",
+    "interpolate",
+    "pad",
+    "unfold",
+    "fold",
+]
+
+IntOrTuple = Union[int, Sequence[int]]
+
+# Below this many reduction elements (C_in/groups * prod(k)) the NC-spatial
+# ("channels-first") im2col layout is used; above it a channels-last layout
+# whose inner copy runs are long and contiguous.
+_CL_MIN_REDUCTION = 32
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+
+def _work_dtype(dt: np.dtype) -> np.dtype:
+    """Dtype used for arithmetic: float64 stays float64, all else float32."""
+    dt = np.dtype(dt)
+    if dt == np.float64:
+        return np.dtype(np.float64)
+    return np.dtype(np.float32)
+
+
+def _tup(v, nd: int, name: str = "value") -> Tuple[int, ...]:
+    if isinstance(v, (int, np.integer)):
+        return (int(v),) * nd
+    t = tuple(int(e) for e in v)
+    if len(t) == 1 and nd > 1:
+        t = t * nd
+    if len(t) != nd:
+        raise ValueError(f"{name} must have {nd} elements, got {t}")
+    return t
+
+
+def _pairs(p, nd: int) -> Tuple[Tuple[int, int], ...]:
+    """Normalise padding to per-dim (lo, hi) pairs."""
+    if isinstance(p, (int, np.integer)):
+        return ((int(p), int(p)),) * nd
+    p = tuple(p)
+    out = []
+    for e in p:
+        if isinstance(e, (int, np.integer)):
+            out.append((int(e), int(e)))
+        else:
+            lo, hi = e
+            out.append((int(lo), int(hi)))
+    if len(out) == 1 and nd > 1:
+        out = out * nd
+    if len(out) != nd:
+        raise ValueError(f"padding must have {nd} entries, got {p}")
+    return tuple(out)
+
+
+def _finish(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Cast to ``dtype`` and make C-contiguous (copying only if needed)."""
+    if y.dtype != dtype:
+        return np.ascontiguousarray(y.astype(dtype, copy=False))
+    return np.ascontiguousarray(y)
+
+
+def _pad_zero(x: np.ndarray, pads, lead: int, value=0.0,
+              trailing: int = 0) -> np.ndarray:
+    """Pad the spatial dims of ``x`` (starting at axis ``lead``) with a constant.
+
+    ``pads`` is a sequence of (lo, hi) pairs; negative entries crop.  Returns
+    ``x`` unchanged (no copy) when nothing has to be done.
+    """
+    # cropping first
+    sl = [slice(None)] * x.ndim
+    crop = False
+    for i, (lo, hi) in enumerate(pads):
+        if lo < 0 or hi < 0:
+            n = x.shape[lead + i]
+            sl[lead + i] = slice(max(-lo, 0), n - max(-hi, 0))
+            crop = True
+    if crop:
+        x = x[tuple(sl)]
+    pp = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
+    if not any(lo or hi for lo, hi in pp):
+        return x
+    shape = list(x.shape)
+    for i, (lo, hi) in enumerate(pp):
+        shape[lead + i] += lo + hi
+    if value == 0:
+        buf = np.zeros(shape, dtype=x.dtype)
+    else:
+        buf = np.full(shape, value, dtype=x.dtype)
+    inner = [slice(None)] * x.ndim
+    for i, (lo, hi) in enumerate(pp):
+        inner[lead + i] = slice(lo, lo + x.shape[lead + i])
+    buf[tuple(inner)] = x
+    return buf
+
+
+def _conv_out_size(size, lo, hi, k, s, d) -> int:
+    return (size + lo + hi - d * (k - 1) - 1) // s + 1
+
+
+def _pool_out_size(size, pad, k, s, d, ceil_mode) -> int:
+    """torch pooling_output_shape (symmetric padding)."""
+    num = size + 2 * pad - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+    o = num // s + 1
+    if ceil_mode and (o - 1) * s >= size + pad:
+        o -= 1
+    return o
+
+
+def _unbatch(x: np.ndarray, nd: int):
+    """Add a batch axis for unbatched (C, *spatial) input."""
+    if x.ndim == nd + 1:
+        return x[None], True
+    if x.ndim != nd + 2:
+        raise ValueError(f"expected {nd + 1}-D or {nd + 2}-D input, got {x.ndim}-D")
+    return x, False
+
+
+# --------------------------------------------------------------------------
+# im2col / col2im
+# --------------------------------------------------------------------------
+
+def _windows_cf(xp: np.ndarray, groups: int, K, O, stride, dilation) -> np.ndarray:
+    """Read-only view (N, G, Cg, *K, *O) of padded channels-first input."""
+    N, C = xp.shape[:2]
+    nd = len(K)
+    sN, sC = xp.strides[:2]
+    sS = xp.strides[2:]
+    Cg = C // groups
+    shape = (N, groups, Cg) + tuple(K) + tuple(O)
+    strides = ((sN, Cg * sC, sC)
+               + tuple(dilation[i] * sS[i] for i in range(nd))
+               + tuple(stride[i] * sS[i] for i in range(nd)))
+    return as_strided(xp, shape, strides, writeable=False)
+
+
+def _windows_cl(xcl: np.ndarray, groups: int, K, O, stride, dilation) -> np.ndarray:
+    """Read-only view (G, N, *O, *K, Cg) of padded channels-last input."""
+    N = xcl.shape[0]
+    C = xcl.shape[-1]
+    nd = len(K)
+    sN = xcl.strides[0]
+    sS = xcl.strides[1:-1]
+    sC = xcl.strides[-1]
+    Cg = C // groups
+    shape = (groups, N) + tuple(O) + tuple(K) + (Cg,)
+    strides = ((Cg * sC, sN)
+               + tuple(stride[i] * sS[i] for i in range(nd))
+               + tuple(dilation[i] * sS[i] for i in range(nd))
+               + (sC,))
+    return as_strided(xcl, shape, strides, writeable=False)
+
+
+def _to_cl_padded(x: np.ndarray, pads) -> np.ndarray:
+    """Channels-last copy of ``x`` (N, C, *S) with zero spatial padding."""
+    nd = x.ndim - 2
+    # crop negative pads on the (cheap) view first
+    sl = [slice(None)] * x.ndim
+    for i, (lo, hi) in enumerate(pads):
+        if lo < 0 or hi < 0:
+            n = x.shape[2 + i]
+            sl[2 + i] = slice(max(-lo, 0), n - max(-hi, 0))
+    x = x[tuple(sl)]
+    pp = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
+    N, C = x.shape[:2]
+    S = x.shape[2:]
+    shape = (N,) + tuple(S[i] + pp[i][0] + pp[i][1] for i in range(nd)) + (C,)
+    if any(lo or hi for lo, hi in pp):
+        buf = np.zeros(shape, dtype=x.dtype)
+    else:
+        buf = np.empty(shape, dtype=x.dtype)
+    inner = (slice(None),) + tuple(slice(pp[i][0], pp[i][0] + S[i]) for i in range(nd)) + (slice(None),)
+    buf[inner] = np.moveaxis(x, 1, -1)
+    return buf
+
+
+def _col2im_add(buf: np.ndarray, cols: np.ndarray, K, I, stride, dilation) -> None:
+    """Scatter-add ``cols`` (..., *K, *I) into ``buf`` (..., *F) in place.
+
+    Tap ``t`` of input position ``i`` lands at ``i*stride + t*dilation``.
+    Loops over the prod(K) kernel taps only.
+    """
+    nd = len(K)
+    lead = cols.ndim - 2 * nd
+    for tap in itertools.product(*(range(k) for k in K)):
+        dst = [slice(None)] * lead
+        for i in range(nd):
+            start = tap[i] * dilation[i]
+            dst.append(slice(start, start + (I[i] - 1) * stride[i] + 1, stride[i]))
+        src = (Ellipsis,) + tuple(tap) + (slice(None),) * nd
+        buf[tuple(dst)] += cols[src]
+
+
+# --------------------------------------------------------------------------
+# convolution
+# --------------------------------------------------------------------------
+
+def _prep_conv(x, w, stride, padding, dilation, groups):
+    nd = w.ndim - 2
+    if nd < 1:
+        raise ValueError("weight must have at least 3 dims")
+    stride = _tup(stride, nd, "stride")
+    dilation = _tup(dilation, nd, "dilation")
+    pads = _pairs(padding, nd)
+    groups = int(groups)
+    return nd, stride, pads, dilation, groups
+
+
+def conv(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray],
+         stride: IntOrTuple = 1, padding=0, dilation: IntOrTuple = 1,
+         groups: int = 1) -> np.ndarray:
+    """N-d convolution (cross-correlation), torch.nn.functional.convN semantics.
+
+    x: (N, C_in, *S) (or unbatched (C_in, *S)); w: (C_out, C_in/groups, *k);
+    b: (C_out,) or None; padding: per-dim (lo, hi) pairs (may be asymmetric;
+    negative values crop).  Returns (N, C_out, *O) with x's dtype.
+    """
+    x = np.asarray(x)
+    w = np.asarray(w)
+    nd, stride, pads, dilation, groups = _prep_conv(x, w, stride, padding, dilation, groups)
+    out_dtype = x.dtype
+    wd = _work_dtype(x.dtype)
+    x, unb = _unbatch(x, nd)
+    x = x.astype(wd, copy=False)
+    w = w.astype(wd, copy=False)
+
+    N, C = x.shape[:2]
+    S = x.shape[2:]
+    Cout, Cg = w.shape[:2]
+    K = w.shape[2:]
+    G = groups
+    if C != Cg * G:
+        raise ValueError(f"expected input with {Cg * G} channels, got {C}")
+    if Cout % G:
+        raise ValueError("out_channels must be divisible by groups")
+    Cog = Cout // G
+    O = tuple(_conv_out_size(S[i], pads[i][0], pads[i][1], K[i], stride[i], dilation[i])
+              for i in range(nd))
+    if any(o <= 0 for o in O):
+        raise ValueError(f"computed output size {O} is too small (input {S}, kernel {K})")
+    L = math.prod(O)
+    Kp = math.prod(K)
+    R = Cg * Kp  # reduction length
+
+    if N == 0 or L == 0 or R == 0:
+        y = np.zeros((N, Cout) + O, dtype=wd)
+    elif R < _CL_MIN_REDUCTION:
+        # channels-first: cols (N, G, Cg*K[+1], L); y = W_g @ cols -> (N, G, Cog, L)
+        # The bias is folded into the GEMM as an extra row of ones.
+        xp = _pad_zero(x, pads, 2)
+        v = _windows_cf(xp, G, K, O, stride, dilation)
+        wm = w.reshape(G, Cog, R)
+        cols = None
+        if b is not None:
+            cols = np.empty((N, G, R + 1, L), dtype=wd)
+            tgt = cols[:, :, :R].reshape(v.shape)
+            if np.may_share_memory(tgt, cols):
+                tgt[...] = v
+                cols[:, :, R] = 1
+                bw = np.asarray(b).astype(wd, copy=False).reshape(G, Cog, 1)
+                wm = np.concatenate([wm, bw], axis=2)
+                b = None
+            else:  # pragma: no cover - reshape of a split view always works
+                cols = None
+        if cols is None:
+            cols = v.reshape(N, G, R, L)
+        y = np.matmul(wm, cols).reshape((N, Cout) + O)
+    else:
+        # channels-last: cols (G, N*L, K*Cg[+1]); y = cols @ W_g -> (G, N*L, Cog)
+        xcl = _to_cl_padded(x, pads)
+        v = _windows_cl(xcl, G, K, O, stride, dilation)
+        # weight -> (G, *K, Cg, Cog) -> (G, R, Cog)
+        wm = np.moveaxis(w.reshape((G, Cog, Cg) + K), 1, -1)
+        wm = np.moveaxis(wm, 1, 1 + nd).reshape(G, R, Cog)
+        cols = None
+        if b is not None:
+            cols = np.empty((G, N * L, R + 1), dtype=wd)
+            tgt = cols[:, :, :R].reshape(v.shape)
+            if np.may_share_memory(tgt, cols):
+                tgt[...] = v
+                cols[:, :, R] = 1
+                bw = np.asarray(b).astype(wd, copy=False).reshape(G, 1, Cog)
+                wm = np.concatenate([wm, bw], axis=1)
+                b = None
+            else:  # pragma: no cover
+                cols = None
+        if cols is None:
+            cols = v.reshape(G, N * L, R)
+        y = np.matmul(cols, wm)  # (G, N*L, Cog)
+        y = y.reshape((G, N) + O + (Cog,))
+        # -> (N, G, Cog, *O)
+        perm = (1, 0, 2 + nd) + tuple(range(2, 2 + nd))
+        y = np.ascontiguousarray(y.transpose(perm)).reshape((N, Cout) + O)
+    if b is not None:
+        bb = np.asarray(b).astype(wd, copy=False).reshape((1, Cout) + (1,) * nd)
+        y += bb
+    if unb:
+        y = y[0]
+    return _finish(y, out_dtype)
+
+
+def conv_weight_grad(x: np.ndarray, grad_y: np.ndarray, w_shape: Sequence[int],
+                     stride: IntOrTuple = 1, padding=0, dilation: IntOrTuple = 1,
+                     groups: int = 1) -> np.ndarray:
+    """Gradient of :func:`conv` w.r.t. the weight.
+
+    x: (N, C_in, *S); grad_y: (N, C_out, *O); returns grad_w of shape
+    ``w_shape`` = (C_out, C_in/groups, *k), dtype of x.
+    """
+    x = np.asarray(x)
+    grad_y = np.asarray(grad_y)
+    w_shape = tuple(int(s) for s in w_shape)
+    nd = len(w_shape) - 2
+    stride = _tup(stride, nd, "stride")
+    dilation = _tup(dilation, nd, "dilation")
+    pads = _pairs(padding, nd)
+    G = int(groups)
+    out_dtype = x.dtype
+    wd = _work_dtype(x.dtype)
+    x, unb = _unbatch(x, nd)
+    if unb:
+        grad_y = grad_y[None]
+    x = x.astype(wd, copy=False)
+    grad_y = grad_y.astype(wd, copy=False)
+
+    N, C = x.shape[:2]
+    Cout, Cg = w_shape[:2]
+    K = w_shape[2:]
+    Cog = Cout // G
+    O = grad_y.shape[2:]
+    L = math.prod(O)
+    Kp = math.prod(K)
+    R = Cg * Kp
+    if N == 0 or L == 0 or R == 0 or Cout == 0:
+        return np.zeros(w_shape, dtype=out_dtype)
+    for i in range(nd):
+        need = (O[i] - 1) * stride[i] + dilation[i] * (K[i] - 1) + 1
+        if need > x.shape[2 + i] + pads[i][0] + pads[i][1]:
+            raise ValueError("grad_y spatial size inconsistent with input/params")
+
+    # grad_y -> (G, Cog, N*L)
+    gy = grad_y.reshape((N, G, Cog, L)).transpose(1, 2, 0, 3).reshape(G, Cog, N * L)
+    if R < _CL_MIN_REDUCTION:
+        xp = _pad_zero(x, pads, 2)
+        v = _windows_cf(xp, G, K, O, stride, dilation)  # (N, G, Cg, *K, *O)
+        # -> (G, N, *O, Cg, *K) : cols (G, N*L, R)
+        perm = (1, 0) + tuple(range(3 + nd, 3 + 2 * nd)) + (2,) + tuple(range(3, 3 + nd))
+        cols = v.transpose(perm).reshape(G, N * L, R)
+        gw = np.matmul(gy, cols)  # (G, Cog, R) with R ordered (Cg, *K)
+        gw = gw.reshape(w_shape)
+    else:
+        xcl = _to_cl_padded(x, pads)
+        cols = _windows_cl(xcl, G, K, O, stride, dilation).reshape(G, N * L, R)
+        gw = np.matmul(gy, cols)  # (G, Cog, R) with R ordered (*K, Cg)
+        gw = gw.reshape((Cout,) + tuple(K) + (Cg,))
+        gw = np.moveaxis(gw, -1, 1)
+    return _finish(gw, out_dtype)
+
+
+def conv_transpose(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray],
+                   stride: IntOrTuple = 1, padding: IntOrTuple = 0,
+                   output_padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
+                   groups: int = 1) -> np.ndarray:
+    """Transposed N-d convolution, torch.nn.functional.conv_transposeN semantics.
+
+    x: (N, C_in, *I); w: (C_in, C_out/groups, *k); padding: per-dim int
+    (symmetric, as torch); returns (N, C_out, *O) with
+    O = (I-1)*stride - 2*padding + dilation*(k-1) + output_padding + 1.
+    Implemented as matmul + col2im (gradient of conv w.r.t. its input).
+    """
+    x = np.asarray(x)
+    w = np.asarray(w)
+    nd = w.ndim - 2
+    stride = _tup(stride, nd, "stride")
+    dilation = _tup(dilation, nd, "dilation")
+    pad_ = _tup(padding, nd, "padding")
+    opad = _tup(output_padding, nd, "output_padding")
+    G = int(groups)
+    out_dtype = x.dtype
+    wd = _work_dtype(x.dtype)
+    x, unb = _unbatch(x, nd)
+    x = x.astype(wd, copy=False)
+    w = w.astype(wd, copy=False)
+
+    N, Cin = x.shape[:2]
+    I = x.shape[2:]
+    Cog = w.shape[1]
+    K = w.shape[2:]
+    if w.shape[0] != Cin:
+        raise ValueError(f"weight expects {w.shape[0]} input channels, got {Cin}")
+    Cig = Cin // G
+    Cout = Cog * G
+    O = tuple((I[i] - 1) * stride[i] - 2 * pad_[i] + dilation[i] * (K[i] - 1) + opad[i] + 1
+              for i in range(nd))
+    if any(o <= 0 for o in O):
+        raise ValueError(f"computed output size {O} is too small")
+    if all(st == 1 for st in stride) and Cig * math.prod(K) < 256 and N and math.prod(I) and Cout:
+        # stride 1: a plain convolution with the flipped, transposed weight
+        # (one dense GEMM with a long reduction -- faster than col2im).
+        wf = w.reshape((G, Cig, Cog) + tuple(K)).swapaxes(1, 2)
+        wf = wf[(Ellipsis,) + (slice(None, None, -1),) * nd].reshape((Cout, Cig) + tuple(K))
+        cp = tuple((dilation[i] * (K[i] - 1) - pad_[i],
+                    dilation[i] * (K[i] - 1) - pad_[i] + opad[i]) for i in range(nd))
+        y = conv(x, wf, b, (1,) * nd, cp, dilation, G)
+        if unb:
+            y = y[0]
+        return _finish(y, out_dtype)
+    y = _conv_input_grad_core(x, w, N, G, Cig, Cog, I, K, O, stride,
+                              tuple((p, p) for p in pad_), dilation, wd)
+    if b is not None:
+        y += np.asarray(b).astype(wd, copy=False).reshape((1, Cout) + (1,) * nd)
+    if unb:
+        y = y[0]
+    return _finish(y, out_dtype)
+
+
+def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation, wd):
+    """Shared core: gy (N, G*Cig, *I), w (G*Cig, Cog, *K) -> (N, G*Cog, *O).
+
+    ``pads`` are the forward-conv (lo, hi) pads of the produced tensor.
+    Channels-last: for every kernel tap one matmul (G, N*Li, Cig) @ (G, Cig, Cog)
+    whose result is scatter-added (col2im) into a strided slice of the output.
+    """
+    nd = len(K)
+    Cout = G * Cog
+    I = tuple(I)
+    K = tuple(K)
+    O = tuple(O)
+    Li = math.prod(I)
+    Kp = math.prod(K)
+    if N == 0 or Li == 0 or Cout == 0:
+        return np.zeros((N, Cout) + O, dtype=wd)
+    # gy -> (G, N*Li, Cig)
+    xm = np.moveaxis(gy.reshape((N, G, Cig) + I), 2, -1)       # (N, G, *I, Cig)
+    xm = np.ascontiguousarray(np.moveaxis(xm, 1, 0)).reshape(G, N * Li, Cig)
+    # w -> (*K, G, Cig, Cog)
+    wm = np.ascontiguousarray(np.moveaxis(w.reshape((G, Cig, Cog) + K), (3 + np.arange(nd)).tolist(),
+                                          list(range(nd))))
+    F = tuple(max((I[i] - 1) * stride[i] + dilation[i] * (K[i] - 1) + 1,
+                  pads[i][0] + O[i]) for i in range(nd))
+    lo_extra = tuple(max(-pads[i][0], 0) for i in range(nd))
+    F = tuple(F[i] + lo_extra[i] for i in range(nd))
+    buf = np.zeros((G, N) + F + (Cog,), dtype=wd)
+    # one GEMM per kernel tap (contiguous product), scatter-added with strides
+    tmp = np.empty((G, N * Li, Cog), dtype=wd)
+    tmpv = tmp.reshape((G, N) + I + (Cog,))
+    for tap in itertools.product(*(range(k) for k in K)):
+        np.matmul(xm, wm[tap], out=tmp)
+        dst = [slice(None), slice(None)]
+        for i in range(nd):
+            st = lo_extra[i] + tap[i] * dilation[i]
+            dst.append(slice(st, st + (I[i] - 1) * stride[i] + 1, stride[i]))
+        buf[tuple(dst)] += tmpv
+    crop = buf[(slice(None), slice(None)) + tuple(
+        slice(pads[i][0] + lo_extra[i], pads[i][0] + lo_extra[i] + O[i]) for i in range(nd))]
+    # (G, N, *O, Cog) -> (N, G, Cog, *O)
+    perm = (1, 0, 2 + nd) + tuple(range(2, 2 + nd))
+    return np.ascontiguousarray(crop.transpose(perm)).reshape((N, Cout) + O)
+
+
+def conv_input_grad(grad_y: np.ndarray, w: np.ndarray, x_shape: Sequence[int],
+                    stride: IntOrTuple = 1, padding=0, dilation: IntOrTuple = 1,
+                    groups: int = 1) -> np.ndarray:
+    """Gradient of :func:`conv` w.r.t. its input (x_shape = (N, C_in, *S)).
+
+    padding: per-dim (lo, hi) pairs as for :func:`conv`.
+    """
+    grad_y = np.asarray(grad_y)
+    w = np.asarray(w)
+    nd = w.ndim - 2
+    stride = _tup(stride, nd, "stride")
+    dilation = _tup(dilation, nd, "dilation")
+    pads = _pairs(padding, nd)
+    G = int(groups)
+    out_dtype = grad_y.dtype
+    wd = _work_dtype(grad_y.dtype)
+    x_shape = tuple(int(s) for s in x_shape)
+    unb = len(x_shape) == nd + 1
+    if unb:
+        x_shape = (1,) + x_shape
+        grad_y = grad_y[None]
+    gy = grad_y.astype(wd, copy=False)
+    w = w.astype(wd, copy=False)
+    Cout, Cg = w.shape[:2]
+    Cog = Cout // G
+    # conv weight (Cout, Cg, *K) viewed as a transposed-conv weight (G*Cog, Cg, *K)
+    y = _conv_input_grad_core(gy, w, x_shape[0], G, Cog, Cg, gy.shape[2:], w.shape[2:],
+                              x_shape[2:], stride, pads, dilation, wd)
+    if unb:
+        y = y[0]
+    return _finish(y, out_dtype)
+
+
+# --------------------------------------------------------------------------
+# pooling
+# --------------------------------------------------------------------------
+
+def _pool_setup(x, kernel_size, stride, padding, dilation):
+    x = np.asarray(x)
+    if isinstance(kernel_size, (int, np.integer)):
+        nd = x.ndim - 2
+    else:
+        nd = len(tuple(kernel_size))
+    K = _tup(kernel_size, nd, "kernel_size")
+    if stride is None or (not isinstance(stride, (int, np.integer)) and len(tuple(stride)) == 0):
+        stride = K
+    stride = _tup(stride, nd, "stride")
+    padding = _tup(padding, nd, "padding")
+    dilation = _tup(dilation, nd, "dilation")
+    return x, nd, K, stride, padding, dilation
+
+
+def _min_value(dt):
+    if dt.kind == "f":
+        return -np.inf
+    if dt.kind in "iu":
+        return np.iinfo(dt).min
+    if dt.kind == "b":
+        return False
+    raise TypeError(f"unsupported dtype {dt}")
+
+
+def max_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOrTuple = 0,
+             dilation: IntOrTuple = 1, ceil_mode: bool = False,
+             return_indices: bool = False):
+    """N-d max pooling (torch max_poolNd).  Leading dims before the last
+    ``len(kernel_size)`` are batch dims.  Returns y or (y, indices) where
+    indices (int64) are flat indices into each input spatial plane/volume.
+    """
+    x, nd, K, stride, padding, dilation = _pool_setup(x, kernel_size, stride, padding, dilation)
+    out_dtype = x.dtype
+    if x.dtype.kind == "f" and x.dtype != np.float64 and x.dtype != np.float32:
+        xw = x.astype(np.float32)
+    else:
+        xw = x
+    lead = x.ndim - nd
+    B = x.shape[:lead]
+    S = x.shape[lead:]
+    O = tuple(_pool_out_size(S[i], padding[i], K[i], stride[i], dilation[i], ceil_mode)
+              for i in range(nd))
+    if any(o <= 0 for o in O):
+        raise ValueError(f"max_pool output size {O} is too small")
+    # pad so every window fits: need (O-1)*s + d*(k-1) + 1 elements from -pad
+    pads = []
+    for i in range(nd):
+        need = (O[i] - 1) * stride[i] + dilation[i] * (K[i] - 1) + 1
+        hi = need - S[i] - padding[i]
+        pads.append((padding[i], hi))
+    xp = _pad_zero(xw, pads, lead, value=_min_value(xw.dtype))
+
+    def tap_view(tap):
+        sl = [slice(None)] * lead
+        for i in range(nd):
+            st = tap[i] * dilation[i]
+            sl.append(slice(st, st + (O[i] - 1) * stride[i] + 1, stride[i]))
+        return xp[tuple(sl)]
+
+    taps = list(itertools.product(*(range(k) for k in K)))
+    if not return_indices:
+        if math.prod(B) == 0:
+            return np.zeros(B + O, dtype=out_dtype)
+        # separable max: one dim at a time (k_d taps per dim)
+        cur = xp
+        for i in range(nd):
+            ax = lead + i
+            res = None
+            for t in range(K[i]):
+                st = t * dilation[i]
+                sl = [slice(None)] * cur.ndim
+                sl[ax] = slice(st, st + (O[i] - 1) * stride[i] + 1, stride[i])
+                v = cur[tuple(sl)]
+                if res is None:
+                    res = v.copy()
+                else:
+                    np.maximum(res, v, out=res)
+            cur = res
+        return _finish(cur, out_dtype)
+
+    if math.prod(B) == 0:
+        return np.zeros(B + O, dtype=out_dtype), np.zeros(B + O, dtype=np.int64)
+    # full tap loop tracking the argmax (first max wins, NaN propagates like torch)
+    # flat index of tap t at output o: sum_d (o_d*s_d - p_d + t_d*d_d) * plane_stride_d
+    pstr = [math.prod(S[i + 1:]) for i in range(nd)]
+    base = np.zeros(O, dtype=np.int64)
+    first = np.zeros(O, dtype=np.int64)
+    for i in range(nd):
+        shp = [1] * nd
+        shp[i] = O[i]
+        start = np.arange(O[i], dtype=np.int64) * stride[i] - padding[i]
+        base = base + (start * pstr[i]).reshape(shp)
+        # first valid position in the window (torch: while (start < 0) start += d)
+        fv = np.where(start < 0, start + (-start + dilation[i] - 1) // dilation[i] * dilation[i], start)
+        first = first + (fv * pstr[i]).reshape(shp)
+    cur = np.full(B + O, _min_value(xw.dtype), dtype=xw.dtype)
+    idx = np.broadcast_to(first, B + O).copy()
+    isfloat = xw.dtype.kind == "f"
+    for tap in taps:
+        v = tap_view(tap)
+        m = v > cur
+        if isfloat:
+            m |= np.isnan(v)
+        off = sum(tap[i] * dilation[i] * pstr[i] for i in range(nd))
+        np.copyto(cur, v, where=m)
+        np.copyto(idx, base + off, where=m)
+    return _finish(cur, out_dtype), idx
+
+
+def avg_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOrTuple = 0,
+             ceil_mode: bool = False, count_include_pad: bool = True,
+             divisor_override: Optional[int] = None) -> np.ndarray:
+    """N-d average pooling (torch avg_poolNd)."""
+    x, nd, K, stride, padding, _ = _pool_setup(x, kernel_size, stride, padding, 1)
+    out_dtype = x.dtype
+    wd = _work_dtype(x.dtype)
+    xw = x.astype(wd, copy=False)
+    lead = x.ndim - nd
+    B = x.shape[:lead]
+    S = x.shape[lead:]
+    O = tuple(_pool_out_size(S[i], padding[i], K[i], stride[i], 1, ceil_mode) for i in range(nd))
+    if any(o <= 0 for o in O):
+        raise ValueError(f"avg_pool output size {O} is too small")
+    if math.prod(B) == 0:
+        return np.zeros(B + O, dtype=out_dtype)
+    pads = []
+    for i in range(nd):
+        need = (O[i] - 1) * stride[i] + K[i]
+        pads.append((padding[i], need - S[i] - padding[i]))
+    cur = _pad_zero(xw, pads, lead)
+    # separable window sums
+    for i in range(nd):
+        ax = lead + i
+        res = None
+        for t in range(K[i]):
+            sl = [slice(None)] * cur.ndim
+            sl[ax] = slice(t, t + (O[i] - 1) * stride[i] + 1, stride[i])
+            v = cur[tuple(sl)]
+            if res is None:
+                res = v.copy()
+            else:
+                res += v
+        cur = res
+    if divisor_override:
+        cur /= wd.type(divisor_override)
+    else:
+        div = np.ones(O, dtype=np.int64)
+        for i in range(nd):
+            start = np.arange(O[i], dtype=np.int64) * stride[i] - padding[i]
+            end = np.minimum(start + K[i], S[i] + padding[i])
+            if count_include_pad:
+                cnt = end - start
+            else:
+                cnt = np.minimum(end, S[i]) - np.maximum(start, 0)
+            shp = [1] * nd
+            shp[i] = O[i]
+            div = div * cnt.reshape(shp)
+        cur /= div.astype(wd)
+    return _finish(cur, out_dtype)
+
+
+def _adaptive_windows(n_in: int, n_out: int):
+    i = np.arange(n_out, dtype=np.int64)
+    start = (i * n_in) // n_out
+    end = -((-(i + 1) * n_in) // n_out)
+    return start, end
+
+
+def adaptive_avg_pool(x: np.ndarray, output_size: Sequence[int]) -> np.ndarray:
+    """N-d adaptive average pooling (torch adaptive_avg_poolNd)."""
+    x = np.asarray(x)
+    output_size = tuple(int(o) for o in output_size)
+    nd = len(output_size)
+    out_dtype = x.dtype
+    wd = _work_dtype(x.dtype)
+    cur = x.astype(wd, copy=False)
+    lead = x.ndim - nd
+    S = x.shape[lead:]
+    output_size = tuple(S[i] if output_size[i] is None else output_size[i] for i in range(nd))
+    for i in range(nd):
+        ax = lead + i
+        n_in, n_out = S[i], output_size[i]
+        if n_in == n_out:
+            continue
+        start, end = _adaptive_windows(n_in, n_out)
+        ln = end - start
+        kmax = int(ln.max()) if n_out else 0
+        shp = [1] * cur.ndim
+        shp[ax] = n_out
+        res = None
+        for j in range(kmax):
+            idx = np.minimum(start + j, n_in - 1)
+            v = np.take(cur, idx, axis=ax)
+            if j > 0:
+                valid = (j < ln)
+                if not valid.all():
+                    v *= valid.astype(wd).reshape(shp)
+            if res is None:
+                res = v
+            else:
+                res += v
+        if res is None:
+            res = np.zeros(cur.shape[:ax] + (n_out,) + cur.shape[ax + 1:], dtype=wd)
+        else:
+            res /= ln.astype(wd).reshape(shp)
+        cur = res
+    return _finish(cur, out_dtype)
+
+
+def adaptive_max_pool(x: np.ndarray, output_size: Sequence[int],
+                      return_indices: bool = False):
+    """N-d adaptive max pooling (torch adaptive_max_poolNd); indices (int64)
+    are flat indices into each input spatial plane/volume."""
+    x = np.asarray(x)
+    output_size = tuple(int(o) for o in output_size)
+    nd = len(output_size)
+    out_dtype = x.dtype
+    if x.dtype.kind == "f" and x.dtype not in (np.float32, np.float64):
+        cur = x.astype(np.float32)
+    else:
+        cur = x
+    lead = x.ndim - nd
+    S = x.shape[lead:]
+    isfloat = cur.dtype.kind == "f"
+    # reduce the last spatial dim first so that, combined with strict '>' on the
+    # outer dims, the row-major first maximum (last NaN) wins -- as in torch.
+    idx_acc = None  # flat index (within reduced dims) of the current maxima
+    for i in reversed(range(nd)):
+        ax = lead + i
+        n_in, n_out = S[i], output_size[i]
+        start, end = _adaptive_windows(n_in, n_out)
+        ln = end - start
+        kmax = int(ln.max()) if n_out else 0
+        pstr = math.prod(S[i + 1:])
+        shp = [1] * cur.ndim
+        shp[ax] = n_out
+        res = None
+        ires = None
+        for j in range(kmax):
+            pos = np.minimum(start + j, end - 1)  # clamped: repeats last element
+            v = np.take(cur, pos, axis=ax)
+            if return_indices:
+                iv = pos.reshape(shp) * pstr
+                if idx_acc is not None:
+                    iv = iv + np.take(idx_acc, pos, axis=ax)
+            if res is None:
+                res = v.copy()
+                if return_indices:
+                    ires = np.broadcast_to(iv, v.shape).copy()
+            else:
+                m = v > res
+                if isfloat:
+                    m |= np.isnan(v)
+                np.copyto(res, v, where=m)
+                if return_indices:
+                    np.copyto(ires, np.broadcast_to(iv, v.shape), where=m)
+        cur = res
+        idx_acc = ires
+    y = _finish(cur, out_dtype)
+    if return_indices:
+        return y, np.ascontiguousarray(idx_acc.astype(np.int64, copy=False))
+    return y
+
+
+# --------------------------------------------------------------------------
+# interpolation
+# --------------------------------------------------------------------------
+
+def _cubic_coeffs(t: np.ndarray, A: float = -0.75):
+    def cc1(v):
+        return ((A + 2) * v - (A + 3)) * v * v + 1
+
+    def cc2(v):
+        return ((A * v - 5 * A) * v + 8 * A) * v - 4 * A
+
+    return [cc2(t + 1), cc1(t), cc1(1 - t), cc2(2 - t)]
+
+
+def _area_scale(n_in, n_out, align_corners, scale, wd):
+    if align_corners:
+        return wd.type((n_in - 1) / (n_out - 1)) if n_out > 1 else wd.type(0)
+    if scale is not None and scale > 0:
+        return wd.type(1.0 / scale)
+    return wd.type(n_in) / wd.type(n_out)
+
+
+def interpolate(x: np.ndarray, size: Sequence[int], mode: str = "nearest",
+                align_corners: Optional[bool] = None,
+                scales: Optional[Sequence[Optional[float]]] = None) -> np.ndarray:
+    """Resize spatial dims (torch.nn.functional.interpolate semantics).
+
+    size: output spatial size (ints).  mode: 'nearest', 'nearest-exact',
+    'linear', 'bilinear', 'bicubic', 'trilinear'.  scales: the user's
+    per-dim scale_factor values (output/input), as torch passes them when
+    scale_factor is given and recompute_scale_factor is not True; when
+    present, 1/scale is used as the source step instead of in/out.
+    """
+    x = np.asarray(x)
+    size = tuple(int(s) for s in size)
+    nd = len(size)
+    lead = x.ndim - nd
+    S = x.shape[lead:]
+    if scales is None:
+        scales = (None,) * nd
+    else:
+        scales = tuple(None if s is None else float(s) for s in scales)
+        if len(scales) == 1 and nd > 1:
+            scales = scales * nd
+    out_dtype = x.dtype
+    mode = mode.lower()
+    if mode in ("nearest", "nearest-exact"):
+        if align_corners:
+            raise ValueError("align_corners option can only be set with the interpolating modes")
+        idxs = []
+        for i in range(nd):
+            n_in, n_out = S[i], size[i]
+            dst = np.arange(n_out)
+            # torch's 2-d nearest kernel short-cuts these two cases even when
+            # an explicit scale is given (1-d and 3-d use the scale).
+            short = mode == "nearest" and (nd == 2 or scales[i] is None)
+            if short and n_out == n_in:
+                src = dst
+            elif short and n_out == 2 * n_in:
+                src = dst >> 1
+            else:
+                sc = scales[i]
+                s32 = np.float32(1.0 / sc) if (sc is not None and sc > 0) else np.float32(n_in) / np.float32(n_out)
+                if mode == "nearest":
+                    f = dst.astype(np.float32) * s32
+                else:
+                    f = ((dst + 0.5) * np.float64(s32)).astype(np.float32)
+                src = np.minimum(np.floor(f).astype(np.int64), n_in - 1)
+            idxs.append(src)
+        ix = np.ix_(*idxs)
+        return _finish(x[(Ellipsis,) + ix], out_dtype)
+
+    if mode not in ("linear", "bilinear", "bicubic", "trilinear"):
+        raise ValueError(f"unsupported interpolation mode {mode!r}")
+    expected = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}[mode]
+    if nd != expected:
+        raise ValueError(f"mode {mode!r} expects {expected} spatial dims, got {nd}")
+    align_corners = bool(align_corners)
+    wd = _work_dtype(x.dtype)
+    cur = x.astype(wd, copy=False)
+    cubic = mode == "bicubic"
+    for i in range(nd):
+        ax = lead + i
+        n_in, n_out = S[i], size[i]
+        # torch's (bi/tri)linear kernels copy a dim whose size is unchanged even
+        # when an explicit scale is given; bicubic still honours the scale.
+        if n_in == n_out and (not cubic or align_corners or scales[i] is None
+                              or scales[i] <= 0 or scales[i] == 1.0):
+            continue
+        scale = _area_scale(n_in, n_out, align_corners, scales[i], wd)
+        dst = np.arange(n_out).astype(wd)
+        if align_corners:
+            src = scale * dst
+        else:
+            src = scale * (dst + wd.type(0.5)) - wd.type(0.5)
+            if not cubic:
+                src = np.maximum(src, wd.type(0))
+        i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+        lam = np.clip(src - i0.astype(wd), 0, 1).astype(wd)
+        shp = [1] * cur.ndim
+        shp[ax] = n_out
+        if cubic:
+            coeffs = _cubic_coeffs(lam)
+            res = None
+            for j in range(4):
+                ij = np.clip(i0 - 1 + j, 0, n_in - 1)
+                v = np.take(cur, ij, axis=ax)
+                v *= coeffs[j].astype(wd).reshape(shp)
+                if res is None:
+                    res = v
+                else:
+                    res += v
+        else:
+            i1 = np.where(i0 < n_in - 1, i0 + 1, i0)
+            v0 = np.take(cur, i0, axis=ax)
+            v1 = np.take(cur, i1, axis=ax)
+            v0 *= (wd.type(1) - lam).reshape(shp)
+            v1 *= lam.reshape(shp)
+            v0 += v1
+            res = v0
+        cur = res
+    return _finish(cur, out_dtype)
+
+
+# --------------------------------------------------------------------------
+# padding
+# --------------------------------------------------------------------------
+
+_NP_PAD_MODES = {"constant": "constant", "reflect": "reflect",
+                 "replicate": "edge", "edge": "edge", "circular": "wrap", "wrap": "wrap"}
+
+
+def pad(x: np.ndarray, pads: Sequence[Tuple[int, int]], mode: str = "constant",
+        value: float = 0.0) -> np.ndarray:
+    """Pad ``x``; ``pads`` holds (lo, hi) per dim in numpy order (one pair per
+    dim of x, or per trailing dims if shorter).  Modes: 'constant', 'reflect',
+    'replicate', 'circular'.  Negative pads crop.  Returns a new array."""
+    x = np.asarray(x)
+    pads = [tuple(int(v) for v in p) for p in pads]
+    if len(pads) < x.ndim:
+        pads = [(0, 0)] * (x.ndim - len(pads)) + pads
+    if len(pads) != x.ndim:
+        raise ValueError("too many pad entries")
+    if mode not in _NP_PAD_MODES:
+        raise ValueError(f"unsupported pad mode {mode!r}")
+    npmode = _NP_PAD_MODES[mode]
+    if npmode == "constant":
+        if value is None:
+            value = 0
+        out = _pad_zero(x, pads, 0, value=value)
+        if not any(lo > 0 or hi > 0 for lo, hi in pads):
+            return np.array(out, copy=True, order="C")  # pure crop / no-op
+        return out  # freshly allocated, contiguous
+    # crop negative pads first, then pad with numpy
+    sl = tuple(slice(max(-lo, 0), x.shape[i] - max(-hi, 0)) for i, (lo, hi) in enumerate(pads))
+    x = x[sl]
+    pp = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
+    if npmode == "reflect":
+        for i, (lo, hi) in enumerate(pp):
+            if (lo or hi) and (lo >= x.shape[i] or hi >= x.shape[i]):
+                raise ValueError("Padding size should be less than the corresponding input dimension")
+    if npmode == "wrap":
+        for i, (lo, hi) in enumerate(pp):
+            if (lo or hi) and (lo > x.shape[i] or hi > x.shape[i]):
+                raise ValueError("Padding value causes wrapping around more than once.")
+    if not any(lo or hi for lo, hi in pp):
+        return np.array(x, copy=True, order="C")
+    return np.ascontiguousarray(np.pad(x, pp, mode=npmode))
+
+
+# --------------------------------------------------------------------------
+# unfold / fold
+# --------------------------------------------------------------------------
+
+def unfold(x: np.ndarray, kernel_size: IntOrTuple, dilation: IntOrTuple = 1,
+           padding: IntOrTuple = 0, stride: IntOrTuple = 1) -> np.ndarray:
+    """torch.nn.functional.unfold (im2col): (N, C, H, W) -> (N, C*kh*kw, L).
+    Unbatched (C, H, W) input gives (C*kh*kw, L)."""
+    x = np.asarray(x)
+    x, unb = _unbatch(x, 2)
+    K = _tup(kernel_size, 2, "kernel_size")
+    dilation = _tup(dilation, 2, "dilation")
+    padding = _tup(padding, 2, "padding")
+    stride = _tup(stride, 2, "stride")
+    N, C, H, W = x.shape
+    O = tuple(_conv_out_size(x.shape[2 + i], padding[i], padding[i], K[i], stride[i], dilation[i])
+              for i in range(2))
+    if any(o <= 0 for o in O):
+        raise ValueError(f"unfold: computed output size {O} is too small")
+    xp = _pad_zero(x, [(p, p) for p in padding], 2)
+    cols = _windows_cf(xp, 1, K, O, stride, dilation).reshape(N, C * K[0] * K[1], O[0] * O[1])
+    cols = np.ascontiguousarray(cols)
+    if unb:
+        cols = cols[0]
+    return cols
+
+
+def fold(x: np.ndarray, output_size: IntOrTuple, kernel_size: IntOrTuple,
+         dilation: IntOrTuple = 1, padding: IntOrTuple = 0,
+         stride: IntOrTuple = 1) -> np.ndarray:
+    """torch.nn.functional.fold (col2im): (N, C*kh*kw, L) -> (N, C, H, W);
+    overlapping values are summed.  Unbatched (C*kh*kw, L) input supported."""
+    x = np.asarray(x)
+    unb = x.ndim == 2
+    if unb:
+        x = x[None]
+    out_size = _tup(output_size, 2, "output_size")
+    K = _tup(kernel_size, 2, "kernel_size")
+    dilation = _tup(dilation, 2, "dilation")
+    padding = _tup(padding, 2, "padding")
+    stride = _tup(stride, 2, "stride")
+    N, CK, L = x.shape
+    Kp = K[0] * K[1]
+    if CK % Kp:
+        raise ValueError("fold: input.size(1) must be divisible by prod(kernel_size)")
+    C = CK // Kp
+    O = tuple(_conv_out_size(out_size[i], padding[i], padding[i], K[i], stride[i], dilation[i])
+              for i in range(2))
+    if O[0] * O[1] != L:
+        raise ValueError(f"fold: expected L={O[0] * O[1]} blocks, got {L}")
+    out_dtype = x.dtype
+    wd = _work_dtype(x.dtype) if x.dtype.kind == "f" else x.dtype
+    xw = x.astype(wd, copy=False)
+    cols = xw.reshape((N, C) + K + O)
+    F = tuple(out_size[i] + 2 * padding[i] for i in range(2))
+    buf = np.zeros((N, C) + F, dtype=wd)
+    if N and C:
+        _col2im_add(buf, cols, K, O, stride, dilation)
+    y = buf[:, :, padding[0]:padding[0] + out_size[0], padding[1]:padding[1] + out_size[1]]
+    y = _finish(y, out_dtype)
+    if unb:
+        y = y[0]
+    return y

@@ -1,0 +1,49 @@
+"""ember plugin entry point for the flex backend (entry-point group ``ember``, name ``flex``)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ember.plugins import hookimpl
+
+from . import CONTRACT, __version__
+
+
+def _factory(index: int = 0, **options: Any) -> Any:
+    from .backend import FlexBackend
+
+    if index != 0:
+        from ember.errors import DeviceError
+
+        raise DeviceError(f"flex has a single device (index 0), got index {index}")
+    if options:
+        from ember.errors import DeviceError
+
+        raise DeviceError(f"flex takes no options, got {sorted(options)}")
+    return FlexBackend(index)
+
+
+@hookimpl
+def register_backends(register: Callable[..., None]) -> None:
+    register(
+        "flex",
+        _factory,
+        contract=CONTRACT,
+        kind="cpu",
+        priority=0,
+        description=f"numpy CPU backend (ember-flex {__version__})",
+    )
+
+
+@hookimpl
+def plugin_info() -> dict[str, Any]:
+    import numpy as np
+
+    info: dict[str, Any] = {"numpy": np.__version__}
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg.get("Build Dependencies", {}).get("blas", {})
+        info["blas"] = f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:  # older numpy: no dict mode
+        pass
+    return info

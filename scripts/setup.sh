@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Create (or refresh) the development environment: .venv at the repository root with every ember package
+# installed editable, the test extras (pytest, hypothesis, torch) and the dev tools (ruff, nox, Sphinx).
+# Idempotent: safe to run again; a second run only re-checks the installs.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    echo "setup: creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+# pip warns once per package about local index folders that lack it; that is not a problem, so hide it.
+pip_install() {
+    "${PIP[@]}" install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+
+pip_install --upgrade pip
+
+# First-party packages, editable. torch==2.13.0 comes with core's `test` extra (plain pip; it is a local file).
+PACKAGES=(
+    -e "packages/ember-core[test]"
+    -e "plugins/backends/ember-flex"
+    -e "packages/ember"
+)
+# The third-party example plugin used by the cross-plugin tests, once it exists.
+if [[ -f tests/example-backend/pyproject.toml ]]; then
+    PACKAGES+=(-e "tests/example-backend")
+fi
+
+DEV_TOOLS=(ruff nox sphinx pydata-sphinx-theme myst-parser)
+
+pip_install "${PACKAGES[@]}" "${DEV_TOOLS[@]}"
+echo "setup: .venv ready"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Set everything up, then run the whole test suite. Stops at the first failing step.
+#   1. lint (ruff)
+#   2. unit + cross-plugin tests (pytest testpaths from pyproject.toml)
+#   3. the conformance kit against the flex backend
+#   4. the code examples in the docs
+#   5. the docs build (warnings are errors)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+scripts/setup.sh
+
+# A plugin that fails to load is an error here, not a logged warning.
+export EMBER_STRICT_PLUGINS=1
+PY=.venv/bin/python
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "lint"
+.venv/bin/ruff check .
+
+step "tests"
+"$PY" -m pytest
+
+step "conformance kit (flex)"
+"$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=flex -q
+
+step "docs examples"
+# Exit code 5 means "no examples collected": not a failure while pages have none.
+rc=0
+"$PY" -m pytest -p no:cacheprovider --doctest-glob='*.md' docs -q || rc=$?
+if [[ $rc -ne 0 && $rc -ne 5 ]]; then
+    exit "$rc"
+fi
+
+step "docs build"
+.venv/bin/sphinx-build -W -b html docs docs/_build/html -q
+
+step "all checks passed"
