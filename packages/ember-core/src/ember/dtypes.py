@@ -6,9 +6,8 @@ ones. ``bfloat16`` is backed by ``ml_dtypes`` on the host so that numpy arrays o
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import builtins as _builtins
+from functools import cache
 
 import numpy as np
 
@@ -152,7 +151,7 @@ def set_default_dtype(dtype: DType | str) -> None:
     _default_float = d
 
 
-@lru_cache(maxsize=None)
+@cache
 def promote_types(a: DType, b: DType) -> DType:
     """PyTorch's ``torch.promote_types`` for ember dtypes."""
     if a is b:

@@ -1,7 +1,6 @@
 """Compare ember_flex.nn_kernels against torch.nn.functional."""
 
 import importlib.util
-import itertools
 import pathlib
 
 import numpy as np

@@ -111,7 +111,8 @@ def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool
 def _like(name: str, x: Tensor, dtype: Any, device: Any) -> tuple[tuple[int, ...], DType, Device]:
     if not isinstance(x, Tensor):
         raise DTypeError(f"{name}: expected a Tensor, got {type(x).__name__}")
-    return x.shape, (x._dtype if dtype is None else dt.as_dtype(dtype)), (x._device if device is None else as_device(device))
+    d = x._dtype if dtype is None else dt.as_dtype(dtype)
+    return x.shape, d, (x._device if device is None else as_device(device))
 
 
 def zeros_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:

@@ -295,6 +295,6 @@ TENSOR_METHODS["where"] = lambda self, condition, other: where(condition, self, 
 __all__ = _UNARY_NAMES + _BINARY_NAMES + [
     "negative", "absolute", "arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "arctan2", "multiply",
     "divide", "true_divide", "greater", "greater_equal", "less", "less_equal", "not_equal", "add", "sub",
-    "subtract", "rsub", "div", "round", "square", "frac", "positive", "clamp", "clip", "clamp_min", "clamp_max", "where",
-    "nan_to_num", "lerp", "xlogy", "logaddexp", "isclose", "allclose", "equal",
+    "subtract", "rsub", "div", "round", "square", "frac", "positive", "clamp", "clip", "clamp_min", "clamp_max",
+    "where", "nan_to_num", "lerp", "xlogy", "logaddexp", "isclose", "allclose", "equal",
 ]

@@ -11,9 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
 from ember import dtypes as dt
 from ember.backend import Backend
 from ember.dtypes import DType
+
+from . import nn_kernels
 
 ndarray = np.ndarray
 _asarray = np.asarray
@@ -345,6 +348,39 @@ class FlexBackend(Backend):
         e = np.exp(z)
         e /= np.sum(e, axis=dim, keepdims=True)
         return e
+
+    # -- neural-network kernels (im2col + BLAS; see nn_kernels) -------------------------------------------
+    def conv(self, x: ndarray, w: ndarray, b: ndarray | None, stride: tuple[int, ...],
+             padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> ndarray:
+        return nn_kernels.conv(x, w, b, stride, padding, dilation, groups)
+
+    def conv_transpose(self, x: ndarray, w: ndarray, b: ndarray | None, stride: tuple[int, ...],
+                       padding: tuple[int, ...], output_padding: tuple[int, ...], dilation: tuple[int, ...],
+                       groups: int) -> ndarray:
+        return nn_kernels.conv_transpose(x, w, b, stride, padding, output_padding, dilation, groups)
+
+    def max_pool(self, x: ndarray, kernel_size: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], dilation: tuple[int, ...], ceil_mode: bool,
+                 return_indices: bool) -> Any:
+        return nn_kernels.max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+    def avg_pool(self, x: ndarray, kernel_size: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], ceil_mode: bool, count_include_pad: bool,
+                 divisor_override: int | None) -> ndarray:
+        return nn_kernels.avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+    def adaptive_avg_pool(self, x: ndarray, output_size: tuple[int, ...]) -> ndarray:
+        return nn_kernels.adaptive_avg_pool(x, output_size)
+
+    def adaptive_max_pool(self, x: ndarray, output_size: tuple[int, ...], return_indices: bool) -> Any:
+        return nn_kernels.adaptive_max_pool(x, output_size, return_indices)
+
+    def interpolate(self, x: ndarray, size: tuple[int, ...], mode: str, align_corners: bool | None,
+                    scales: tuple[float, ...] | None) -> ndarray:
+        return nn_kernels.interpolate(x, size, mode, align_corners, scales)
+
+    def pad(self, h: ndarray, pads: tuple[tuple[int, int], ...], mode: str, value: Any) -> ndarray:
+        return nn_kernels.pad(h, pads, mode, 0 if value is None else value)
 
     # -- random numbers ----------------------------------------------------------------------------------------
     def seed(self, seed: int) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -40,7 +40,7 @@ __all__ = [
     "fold",
 ]
 
-IntOrTuple = Union[int, Sequence[int]]
+IntOrTuple = int | Sequence[int]
 
 # Below this many reduction elements (C_in/groups * prod(k)) the NC-spatial
 # ("channels-first") im2col layout is used; above it a channels-last layout
@@ -60,7 +60,7 @@ def _work_dtype(dt: np.dtype) -> np.dtype:
     return np.dtype(np.float32)
 
 
-def _tup(v, nd: int, name: str = "value") -> Tuple[int, ...]:
+def _tup(v, nd: int, name: str = "value") -> tuple[int, ...]:
     if isinstance(v, (int, np.integer)):
         return (int(v),) * nd
     t = tuple(int(e) for e in v)
@@ -71,7 +71,7 @@ def _tup(v, nd: int, name: str = "value") -> Tuple[int, ...]:
     return t
 
 
-def _pairs(p, nd: int) -> Tuple[Tuple[int, int], ...]:
+def _pairs(p, nd: int) -> tuple[tuple[int, int], ...]:
     """Normalise padding to per-dim (lo, hi) pairs."""
     if isinstance(p, (int, np.integer)):
         return ((int(p), int(p)),) * nd
@@ -125,7 +125,7 @@ def _pad_zero(x: np.ndarray, pads, lead: int, value=0.0,
     else:
         buf = np.full(shape, value, dtype=x.dtype)
     inner = [slice(None)] * x.ndim
-    for i, (lo, hi) in enumerate(pp):
+    for i, (lo, _hi) in enumerate(pp):
         inner[lead + i] = slice(lo, lo + x.shape[lead + i])
     buf[tuple(inner)] = x
     return buf
@@ -243,7 +243,7 @@ def _prep_conv(x, w, stride, padding, dilation, groups):
     return nd, stride, pads, dilation, groups
 
 
-def conv(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray],
+def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
          stride: IntOrTuple = 1, padding=0, dilation: IntOrTuple = 1,
          groups: int = 1) -> np.ndarray:
     """N-d convolution (cross-correlation), torch.nn.functional.convN semantics.
@@ -394,7 +394,7 @@ def conv_weight_grad(x: np.ndarray, grad_y: np.ndarray, w_shape: Sequence[int],
     return _finish(gw, out_dtype)
 
 
-def conv_transpose(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray],
+def conv_transpose(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                    stride: IntOrTuple = 1, padding: IntOrTuple = 0,
                    output_padding: IntOrTuple = 0, dilation: IntOrTuple = 1,
                    groups: int = 1) -> np.ndarray:
@@ -464,7 +464,6 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
     K = tuple(K)
     O = tuple(O)
     Li = math.prod(I)
-    Kp = math.prod(K)
     if N == 0 or Li == 0 or Cout == 0:
         return np.zeros((N, Cout) + O, dtype=wd)
     # gy -> (G, N*Li, Cig)
@@ -644,7 +643,7 @@ def max_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOr
 
 def avg_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOrTuple = 0,
              ceil_mode: bool = False, count_include_pad: bool = True,
-             divisor_override: Optional[int] = None) -> np.ndarray:
+             divisor_override: int | None = None) -> np.ndarray:
     """N-d average pooling (torch avg_poolNd)."""
     x, nd, K, stride, padding, _ = _pool_setup(x, kernel_size, stride, padding, 1)
     out_dtype = x.dtype
@@ -820,8 +819,8 @@ def _area_scale(n_in, n_out, align_corners, scale, wd):
 
 
 def interpolate(x: np.ndarray, size: Sequence[int], mode: str = "nearest",
-                align_corners: Optional[bool] = None,
-                scales: Optional[Sequence[Optional[float]]] = None) -> np.ndarray:
+                align_corners: bool | None = None,
+                scales: Sequence[float | None] | None = None) -> np.ndarray:
     """Resize spatial dims (torch.nn.functional.interpolate semantics).
 
     size: output spatial size (ints).  mode: 'nearest', 'nearest-exact',
@@ -929,7 +928,7 @@ _NP_PAD_MODES = {"constant": "constant", "reflect": "reflect",
                  "replicate": "edge", "edge": "edge", "circular": "wrap", "wrap": "wrap"}
 
 
-def pad(x: np.ndarray, pads: Sequence[Tuple[int, int]], mode: str = "constant",
+def pad(x: np.ndarray, pads: Sequence[tuple[int, int]], mode: str = "constant",
         value: float = 0.0) -> np.ndarray:
     """Pad ``x``; ``pads`` holds (lo, hi) per dim in numpy order (one pair per
     dim of x, or per trailing dims if shorter).  Modes: 'constant', 'reflect',
