@@ -146,7 +146,7 @@ def host_array(data: Any, dtype: DType) -> np.ndarray:
         arr = np.asarray(data)
         if arr.dtype.kind == "f" and dtype.category != 2 and np.isnan(arr).any():
             raise DTypeError(f"tensor(): cannot convert NaN to integer dtype {dtype}")
-        return np.ascontiguousarray(arr.astype(dtype.numpy, copy=False))
+        return np.require(arr.astype(dtype.numpy, copy=False), requirements='C')
     except ValueError as exc:
         raise ShapeError(f"tensor(): nested data is ragged or not numeric: {exc}") from None
     except TypeError as exc:
@@ -190,4 +190,4 @@ def transfer(t: Tensor, device: Device) -> Tensor:
             return Tensor._make(stack.from_dlpack(h), t._dtype, device)
         except (TypeError, BufferError, RuntimeError, NotImplementedError):
             pass  # fall through to the host path
-    return Tensor._make(stack.from_numpy(np.ascontiguousarray(t.numpy())), t._dtype, device)
+    return Tensor._make(stack.from_numpy(np.require(t.numpy(), requirements='C')), t._dtype, device)

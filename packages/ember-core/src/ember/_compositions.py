@@ -73,7 +73,12 @@ def _to_like(be, ref: Handle, table: Any, dtype: dt.DType | None = None, _cache:
     _, e = np.frexp(m)  # m < 2**e
     frac = a / (2.0 ** int(e))
     acc = None
-    for j in reversed(range(7)):  # 7 base-256 digits cover float64's 53 bits
+    nz = a[a > 0]
+    _, e_min = np.frexp(nz.min())
+    # enough base-256 digits for float64's 53 bits of the smallest nonzero magnitude (capped: tinier parts of
+    # a table are far below any float's resolution relative to its largest entry)
+    ndig = min(-(-(int(e) - int(e_min) + 54) // 8), 24)
+    for j in reversed(range(ndig)):
         c = np.floor(frac * (256.0 ** (j + 1))) % 256.0
         if not c.any():
             continue
@@ -89,6 +94,22 @@ def _to_like(be, ref: Handle, table: Any, dtype: dt.DType | None = None, _cache:
 
 def _i64(be, arr: Any) -> Handle:
     return be.from_numpy(np.ascontiguousarray(np.asarray(arr, dtype=np.int64)))
+
+
+def _take(be, h: Handle, axis: int, idx: np.ndarray) -> Handle:
+    """h indexed by the host int table idx along axis, with a full broadcast key (a fresh contiguous result)."""
+    shape = tuple(h.shape)
+    n = len(shape)
+    key = []
+    for d in range(n):
+        view = [1] * n
+        if d == axis:
+            view[d] = len(idx)
+            key.append(_i64(be, np.asarray(idx, dtype=np.int64).reshape(view)))
+        else:
+            view[d] = shape[d]
+            key.append(be.reshape(be.arange(0, shape[d], 1, dt.int64), tuple(view)))
+    return be.getitem(h, tuple(key))
 
 
 def _flatten_batch(be, x: Handle, nd: int) -> tuple[Handle, tuple[int, ...]]:
@@ -144,10 +165,14 @@ def pad(be, h: Handle, pads: Sequence[tuple[int, int]], mode: str, value: Any = 
         return out
     if mode not in ("reflect", "replicate", "circular"):
         raise UnsupportedError(f"pad mode {mode!r}")
+    # negative pads crop first; positive pads then wrap/reflect/replicate within the cropped extent (PyTorch)
     out = h
     for d, ((lo, hi), sz) in enumerate(zip(pads, shape)):
         if lo == 0 and hi == 0:
             continue
+        first = max(-lo, 0)
+        sz = sz - first - max(-hi, 0)
+        lo, hi = max(lo, 0), max(hi, 0)
         i = np.arange(sz + lo + hi, dtype=np.int64) - lo
         if mode == "replicate":
             i = np.clip(i, 0, sz - 1)
@@ -160,7 +185,7 @@ def pad(be, h: Handle, pads: Sequence[tuple[int, int]], mode: str, value: Any = 
             else:
                 i = np.mod(np.abs(i), 2 * m)
                 i = np.where(i > m, 2 * m - i, i)
-        out = be.getitem(out, (_ALL,) * d + (_i64(be, i),))
+        out = _take(be, out, d, i + first)
     return out
 
 
@@ -450,14 +475,13 @@ def interpolate(be, x: Handle, size: Sequence[int], mode: str, align_corners: bo
     ac = bool(align_corners)
     h = xb
     if mode in ("nearest", "nearest-exact"):
+        # one gather with broadcast index tables (batch, then every spatial dim): a single contiguous pass
+        B = xb.shape[0]
+        key = [be.reshape(be.arange(0, B, 1, dt.int64), (B,) + (1,) * nd)]
         for d in range(nd):
             idx = _nearest_index(S[d], size[d], _scale_of(scales, d), mode == "nearest-exact")
-            if size[d] == S[d] and np.array_equal(idx, np.arange(S[d])):
-                continue
-            h = be.getitem(h, (_ALL,) * (d + 1) + (_i64(be, idx),))
-        if h is xb:
-            h = be.copy(h)
-        return be.reshape(h, lead + size)
+            key.append(_i64(be, idx.reshape((1,) * (d + 1) + (size[d],) + (1,) * (nd - 1 - d))))
+        return be.reshape(be.getitem(xb, tuple(key)), lead + size)
     if mode not in ("linear", "bilinear", "trilinear", "bicubic"):
         raise UnsupportedError(f"interpolate mode {mode!r}")
     cubic = mode == "bicubic"
@@ -466,7 +490,6 @@ def interpolate(be, x: Handle, size: Sequence[int], mode: str, align_corners: bo
         n, o = S[d], size[d]
         i0, lam = _source_index(n, o, ac, _scale_of(scales, d), cubic)
         view = (1,) * (d + 1) + (o,) + (1,) * (nd - 1 - d)
-        pre = (_ALL,) * (d + 1)
         if cubic:
             idxs = [np.clip(i0 - 1 + j, 0, n - 1) for j in range(4)]
             ws = _cubic_coeffs(lam)
@@ -476,14 +499,14 @@ def interpolate(be, x: Handle, size: Sequence[int], mode: str, align_corners: bo
         terms = None
         if cubic:
             for idx, wt in zip(idxs, ws):
-                g = be.getitem(h, pre + (_i64(be, idx),))
+                g = _take(be, h, d + 1, idx)
                 t = be.binary("mul", g, be.reshape(_to_like(be, xb, wt, dtype, cache), view))
                 terms = t if terms is None else be.binary("add", terms, t)
         else:
             lam_h = be.reshape(_to_like(be, xb, lam, dtype, cache), view)
             w0 = be.binary("sub", 1.0, lam_h)
-            g0 = be.getitem(h, pre + (_i64(be, idxs[0]),))
-            g1 = be.getitem(h, pre + (_i64(be, idxs[1]),))
+            g0 = _take(be, h, d + 1, idxs[0])
+            g1 = _take(be, h, d + 1, idxs[1])
             terms = be.binary("add", be.binary("mul", g0, w0), be.binary("mul", g1, lam_h))
         h = terms
     return be.reshape(h, lead + size)

@@ -212,6 +212,21 @@ class PluginRegistry:
         self.ensure_loaded()
         return self.decorators.get(name)
 
+    def hook_results(self, name: str) -> dict[str, Any]:
+        """Call the argument-less hook ``name`` (``plugin_info``) on each loaded plugin: {plugin: result}.
+
+        A plugin whose hook raises gets ``{"error": "..."}``: ``ember info`` must work even when a plugin is broken.
+        """
+        self.ensure_loaded()
+        results: dict[str, Any] = {}
+        with self._lock:
+            for impl in getattr(self._manager().hook, name).get_hookimpls():
+                try:
+                    results[impl.plugin_name] = impl.function()
+                except Exception as exc:
+                    results[impl.plugin_name] = {"error": f"{type(exc).__name__}: {exc}"}
+        return results
+
     def reset(self) -> None:
         """Forget everything (tests). The next query rediscovers entry points."""
         with self._lock:

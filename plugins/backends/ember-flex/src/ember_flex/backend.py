@@ -2,7 +2,7 @@
 
 Handles are ``numpy.ndarray`` objects (never numpy scalars, so in-place ops and views keep working). Hot
 methods call numpy directly; convolution, pooling and interpolation come from :mod:`ember_flex.nn_kernels`
-(im2col + BLAS), erf/erfinv from scipy.special.
+(im2col + BLAS); erf/erfc/erfinv are plain numpy (scipy.special when installed).
 """
 
 from __future__ import annotations
@@ -34,13 +34,98 @@ def _sigmoid(x: ndarray) -> ndarray:
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
+# erf, erfc and erfinv in plain numpy (flex does not depend on scipy): a Chebyshev fit of erfc (Numerical
+# Recipes, 3rd ed., 6.2.2) with a Taylor series near 0, and Giles' erfinv start refined by Newton steps.
+_ERFC_COF = np.array([
+    -1.3026537197817094, 6.4196979235649026e-1, 1.9476473204185836e-2, -9.561514786808631e-3,
+    -9.46595344482036e-4, 3.66839497852761e-4, 4.2523324806907e-5, -2.0278578112534e-5, -1.624290004647e-6,
+    1.303655835580e-6, 1.5626441722e-8, -8.5238095915e-8, 6.529054439e-9, 5.059343495e-9, -9.91364156e-10,
+    -2.27365122e-10, 9.6467911e-11, 2.394038e-12, -6.886027e-12, 8.94487e-13, 3.13092e-13, -1.12708e-13,
+    3.81e-16, 7.106e-15, -1.523e-15, -9.4e-17, 1.21e-16, -2.8e-17,
+])
+
+
+def _erfc_pos(z: ndarray) -> ndarray:
+    t = 2.0 / (2.0 + z)
+    ty = 4.0 * t - 2.0
+    d = np.zeros_like(z)
+    dd = np.zeros_like(z)
+    for c in _ERFC_COF[:0:-1]:
+        d, dd = ty * d - dd + c, d
+    return t * np.exp(-z * z + 0.5 * (_ERFC_COF[0] + ty * d) - dd)
+
+
+def _erf_small(x: ndarray) -> ndarray:
+    x2 = x * x
+    term = x.copy()
+    total = x.copy()
+    for n in range(1, 18):
+        term = term * (-x2) / n
+        total = total + term / (2 * n + 1)
+    return total * (2.0 / np.sqrt(np.pi))
+
+
+def erf64(x: Any) -> ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    a = np.abs(x)
+    with np.errstate(all="ignore"):
+        big = np.sign(x) * (1.0 - _erfc_pos(a))
+        small = _erf_small(np.where(a < 0.5, x, 0.0))
+    return np.where(a < 0.5, small, big)
+
+
+def erfc64(x: Any) -> ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        r = _erfc_pos(np.abs(x))
+        return np.where(np.abs(x) < 0.5, 1.0 - erf64(x), np.where(x < 0, 2.0 - r, r))
+
+
+def erfinv64(y: Any) -> ndarray:
+    y = np.asarray(y, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        w = -np.log((1.0 - y) * (1.0 + y))
+        wa = w - 2.5
+        p = np.full_like(y, 2.81022636e-08)
+        for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+                  -0.00417768164, 0.246640727, 1.50140941):
+            p = c + p * wa
+        wb = np.sqrt(w) - 3.0
+        q = np.full_like(y, -0.000200214257)
+        for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+                  0.00943887047, 1.00167406, 2.83297682):
+            q = c + q * wb
+        x = np.where(w < 5.0, p, q) * y
+        # Newton steps take the float32-accurate start to float64 accuracy; near |y| = 1 they work on
+        # log(erfc), which is almost linear there, so the residual neither cancels nor converges slowly
+        a = np.abs(y)
+        tail = a >= 0.5
+        for _ in range(3):
+            ax = np.abs(x)
+            dens = 2.0 / np.sqrt(np.pi) * np.exp(-ax * ax)
+            ec = erfc64(ax)
+            step = np.where(tail, (np.log(ec) - np.log1p(-a)) * ec, a - erf64(ax)) / dens
+            x = np.copysign(ax + step, y)
+        x = np.where(np.abs(y) == 1.0, np.copysign(np.inf, y), x)
+        return np.where(np.abs(y) > 1.0, np.nan, x)
+
+
+_SPECIAL = {"erf": erf64, "erfc": erfc64, "erfinv": erfinv64}
+
+
 def _special(name: str) -> Any:
     def f(x: ndarray) -> ndarray:
-        import scipy.special as sp
+        try:  # scipy's kernels are faster where it happens to be installed
+            import scipy.special as sp
 
+            fn = getattr(sp, name)
+        except ImportError:
+            fn = _SPECIAL[name]
+        if x.dtype != np.float64 and fn is _SPECIAL[name]:
+            return fn(x.astype(np.float64)).astype(x.dtype)
         if x.dtype.itemsize < 4 or x.dtype.name == "bfloat16":
-            return getattr(sp, name)(x.astype(np.float32)).astype(x.dtype)
-        return getattr(sp, name)(x)
+            return fn(x.astype(np.float32)).astype(x.dtype)
+        return fn(x)
 
     return f
 
@@ -197,7 +282,7 @@ class FlexBackend(Backend):
         return np.array(h, copy=True, order="C")
 
     def contiguous(self, h: ndarray) -> ndarray:
-        return np.ascontiguousarray(h)
+        return np.require(h, requirements="C")
 
     def assign(self, dst: ndarray, src: Any) -> None:
         np.copyto(dst, src, casting="unsafe")
@@ -274,7 +359,7 @@ class FlexBackend(Backend):
     def topk(self, h: ndarray, k: int, dim: int, largest: bool, sorted_: bool) -> tuple[ndarray, ndarray]:
         v, i = self.sort(h, dim, largest, True)
         sl = (slice(None),) * dim + (slice(0, k),)
-        return np.ascontiguousarray(v[sl]), np.ascontiguousarray(i[sl])
+        return np.require(v[sl], requirements="C"), np.require(i[sl], requirements="C")
 
     # -- movement and indexing -------------------------------------------------------------------------------
     def reshape(self, h: ndarray, shape: tuple[int, ...]) -> ndarray:

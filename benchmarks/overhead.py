@@ -1,0 +1,232 @@
+"""Per-op eager overhead and cold import time (the foundation issue's measurement).
+
+Measures, in one run and side by side:
+
+* ``a + b`` on 1,000 float32 elements: ember on flex, numpy, and PyTorch (CPU, when installed). The frameworks
+  are timed alternately inside every repeat, so drift (turbo, other load) hits all of them alike. Each repeat
+  times a loop of ``number`` calls; the per-op time is the median over repeats, with min/max and IQR as spread.
+* cold ``import ember`` in fresh interpreters (median of 5), and whether that import pulled in a backend module
+  (``ember_flex``) or the plugin machinery (``pluggy``) -- discovery must be lazy.
+
+Usage::
+
+    python benchmarks/overhead.py                 # full run (about 5 s)
+    python benchmarks/overhead.py --quick         # CI smoke (about 2.5 s)
+    python benchmarks/overhead.py --json out.json # also write results + environment
+    ember bench [--quick] [--json PATH]           # the same, through the CLI
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+N_ELEMENTS = 1000
+
+_IMPORT_PROBE = """
+import sys, time, json
+t0 = time.perf_counter()
+import ember
+t1 = time.perf_counter()
+print(json.dumps({"seconds": t1 - t0, "ember_flex": "ember_flex" in sys.modules, "pluggy": "pluggy" in sys.modules,
+                  "torch": "torch" in sys.modules}))
+"""
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _numpy_blas() -> str:
+    import numpy as np
+
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg.get("Build Dependencies", {}).get("blas", {})
+        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:  # numpy < 1.26 has no dict mode
+        return "unknown"
+
+
+def environment() -> dict[str, Any]:
+    """Where the numbers come from (written with --json)."""
+    import numpy as np
+
+    import ember
+
+    env: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numpy_blas": _numpy_blas(),
+        "ember": ember.__version__,
+        "torch": None,
+        "torch_threads": None,
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    return env
+
+
+def _time_loop(fn: Callable[[], Any], number: int) -> float:
+    """Seconds per call of fn, over a loop of number calls."""
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - t0) / number
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    q = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else [s[0], s[0], s[0]]
+    return {"median": statistics.median(s), "min": s[0], "max": s[-1], "q1": q[0], "q3": q[2], "iqr": q[2] - q[0]}
+
+
+def bench_add(repeats: int, number: int) -> dict[str, dict[str, float]]:
+    """Per-op time of a + b (1,000 float32) for every framework present; values in seconds."""
+    import numpy as np
+
+    import ember
+
+    rng = np.random.default_rng(0)
+    a_np = rng.standard_normal(N_ELEMENTS, dtype=np.float32)
+    b_np = rng.standard_normal(N_ELEMENTS, dtype=np.float32)
+
+    dev = ember.Device.flex()
+    a_em = ember.tensor(a_np, device=dev)
+    b_em = ember.tensor(b_np, device=dev)
+    # check the thing we time computes the right answer before timing it
+    if not np.allclose((a_em + b_em).numpy(), a_np + b_np):
+        raise SystemExit("overhead: ember a + b disagrees with numpy")
+
+    cases: dict[str, Callable[[], Any]] = {
+        "ember (flex)": lambda: a_em + b_em,
+        "numpy": lambda: a_np + b_np,
+    }
+    try:
+        import torch
+
+        a_t = torch.from_numpy(a_np.copy())
+        b_t = torch.from_numpy(b_np.copy())
+        cases["torch (cpu)"] = lambda: a_t + b_t
+    except ImportError:
+        pass
+
+    for fn in cases.values():  # warm-up: caches, lazy imports, allocator pools
+        _time_loop(fn, max(number // 10, 10))
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(repeats):
+        # rotate the order each repeat so no framework always runs first (or right after another's garbage)
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            samples[name].append(_time_loop(cases[name], number))
+    return {name: _stats(s) for name, s in samples.items()}
+
+
+def bench_import(runs: int) -> dict[str, Any]:
+    """Cold `import ember` in fresh interpreters: seconds (in-process, without interpreter start-up)."""
+    times: list[float] = []
+    leaked: set[str] = set()
+    env = {k: v for k, v in os.environ.items() if k not in ("EMBER_DEVICE",)}
+    for _ in range(runs):
+        out = subprocess.run(
+            [sys.executable, "-c", _IMPORT_PROBE], capture_output=True, text=True, check=True, env=env
+        )
+        rec = json.loads(out.stdout.strip().splitlines()[-1])
+        times.append(rec["seconds"])
+        leaked.update(k for k in ("ember_flex", "pluggy", "torch") if rec[k])
+    return {**_stats(times), "runs": runs, "imported_by_import_ember": sorted(leaked)}
+
+
+def _us(x: float) -> str:
+    return f"{x * 1e6:8.2f}"
+
+
+def report(add: dict[str, dict[str, float]], imp: dict[str, Any], repeats: int, number: int) -> str:
+    lines = [
+        f"a + b, {N_ELEMENTS} float32 elements: per-op time in microseconds "
+        f"(median of {repeats} repeats x {number} calls, alternating)",
+        f"  {'framework':<14}{'median':>9}{'min':>9}{'max':>9}{'IQR':>9}",
+    ]
+    for name, s in add.items():
+        lines.append(f"  {name:<14}{_us(s['median'])} {_us(s['min'])} {_us(s['max'])} {_us(s['iqr'])}")
+    em = add["ember (flex)"]["median"]
+    lines.append(f"  ratio ember/numpy: {em / add['numpy']['median']:.2f}x")
+    if "torch (cpu)" in add:
+        lines.append(f"  ratio ember/torch: {em / add['torch (cpu)']['median']:.2f}x")
+    else:
+        lines.append("  ratio ember/torch: n/a (PyTorch not installed)")
+    lines.append("")
+    lines.append(
+        f"cold `import ember`: median {imp['median'] * 1e3:.1f} ms (min {imp['min'] * 1e3:.1f}, "
+        f"max {imp['max'] * 1e3:.1f}) over {imp['runs']} fresh interpreters"
+    )
+    leaked = imp["imported_by_import_ember"]
+    lines.append(
+        "  modules loaded by `import ember`: ember_flex "
+        + ("YES (discovery is not lazy!)" if "ember_flex" in leaked else "no")
+        + ", pluggy "
+        + ("YES" if "pluggy" in leaked else "no")
+        + ", torch "
+        + ("YES" if "torch" in leaked else "no")
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="ember per-op overhead and import time")
+    parser.add_argument("--quick", action="store_true", help="few, short repeats (CI smoke)")
+    parser.add_argument("--json", metavar="PATH", help="write results and environment to PATH")
+    args = parser.parse_args(argv)
+
+    repeats, number, import_runs = (7, 2000, 3) if args.quick else (15, 20000, 5)
+    add = bench_add(repeats, number)
+    imp = bench_import(import_runs)
+    print(report(add, imp, repeats, number))
+
+    if args.json:
+        result = {
+            "benchmark": "overhead",
+            "quick": args.quick,
+            "elements": N_ELEMENTS,
+            "repeats": repeats,
+            "number": number,
+            "add_seconds_per_op": add,
+            "ratio_ember_numpy": add["ember (flex)"]["median"] / add["numpy"]["median"],
+            "ratio_ember_torch": (
+                add["ember (flex)"]["median"] / add["torch (cpu)"]["median"] if "torch (cpu)" in add else None
+            ),
+            "import_ember_seconds": imp,
+            "environment": environment(),
+        }
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+        print(f"\nwrote {args.json}")
+    # a backend imported by `import ember` breaks the lazy-discovery guarantee: fail loudly
+    return 1 if "ember_flex" in imp["imported_by_import_ember"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

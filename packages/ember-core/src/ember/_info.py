@@ -1,0 +1,112 @@
+"""What ``ember.info()`` and ``ember info`` report: versions, plugins, backends, decorators, ops, load errors.
+
+Everything here is plain data (str, int, bool, None, lists and dicts) so that ``ember info --json`` can dump it.
+Collecting never raises for a broken plugin: the failure is part of the report.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any
+
+
+def _jsonable(value: Any) -> Any:
+    """Plugin-supplied facts made JSON-safe (unknown objects become their str)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def _default_device(errors: list[str]) -> str | None:
+    from . import device as _device
+    from .errors import EmberError
+
+    # an explicit set_default_device wins; otherwise ask Device.default() without caching its answer
+    if _device._default is not None:
+        return str(_device._default)
+    try:
+        return str(_device.Device.default())
+    except EmberError as exc:
+        errors.append(f"default device: {exc}")
+        return None
+
+
+def collect() -> dict[str, Any]:
+    """Gather the report (loads the plugins on first use)."""
+    import numpy as np
+
+    from . import __version__
+    from .errors import PluginError
+    from .plugins.hookspecs import CONTRACT_VERSION
+    from .plugins.manager import registry
+
+    errors: list[str] = []
+    try:
+        registry.ensure_loaded()
+    except PluginError as exc:  # EMBER_STRICT_PLUGINS=1: report the fatal error instead of dying
+        errors.append(str(exc))
+
+    plugins = [
+        {
+            "name": p.name,
+            "distribution": p.distribution,
+            "version": p.version,
+            "module": p.module,
+            "error": p.error or None,
+        }
+        for p in registry.plugins
+    ]
+    errors.extend(f"plugin {p.name!r} ({p.module}): {p.error}" for p in registry.plugins if p.error)
+
+    backends = [
+        {
+            "name": b.name,
+            "kind": b.kind,
+            "priority": b.priority,
+            "contract": b.contract,
+            "devices": b.device_count(),
+            "description": b.description,
+            "plugin": b.plugin,
+        }
+        for b in sorted(registry.backends.values(), key=lambda b: b.name)
+    ]
+    decorators = [
+        {"name": d.name, "contract": d.contract, "description": d.description, "plugin": d.plugin}
+        for d in sorted(registry.decorators.values(), key=lambda d: d.name)
+    ]
+    ops = [
+        {"name": o.name, "backends": sorted(o.backends), "description": o.description, "plugin": o.plugin}
+        for o in sorted(registry.ops.values(), key=lambda o: o.name)
+    ]
+
+    try:
+        raw_info = registry.hook_results("plugin_info")
+    except PluginError as exc:
+        errors.append(str(exc))
+        raw_info = {}
+    plugin_info = {name: _jsonable(raw_info[name]) for name in sorted(raw_info)}
+    for name, facts in plugin_info.items():
+        if isinstance(facts, dict) and set(facts) == {"error"}:
+            errors.append(f"plugin {name!r}: plugin_info() failed: {facts['error']}")
+
+    default = _default_device(errors)
+    return {
+        "ember": __version__,
+        "contract": CONTRACT_VERSION,
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "platform": platform.platform(),
+        "numpy": np.__version__,
+        "plugins": plugins,
+        "backends": backends,
+        "decorators": decorators,
+        "ops": ops,
+        "plugin_info": plugin_info,
+        "default_device": default,
+        "errors": errors,
+    }
