@@ -3,8 +3,9 @@
 #   1. lint (ruff)
 #   2. unit + cross-plugin tests (pytest testpaths from pyproject.toml)
 #   3. the conformance kit against the flex backend
-#   4. the code examples in the docs
-#   5. the docs build (warnings are errors)
+#   4. the conformance kit against tests/example-backend (toy), which proves the default compositions
+#   5. the code examples in the docs
+#   6. the docs build (warnings are errors)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +27,9 @@ step "tests"
 
 step "conformance kit (flex)"
 "$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=flex -q
+
+step "conformance kit (toy: the third-party example backend, required primitives only)"
+"$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=toy -q
 
 step "docs examples"
 # Exit code 5 means "no examples collected": not a failure while pages have none.

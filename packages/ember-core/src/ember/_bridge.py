@@ -74,7 +74,8 @@ def norm_dims(dims: Any, ndim: int, op: str) -> tuple[int, ...]:
     if dims is None:
         return tuple(range(ndim))
     if isinstance(dims, (int, np.integer)) and not isinstance(dims, bool):
-        return (norm_dim(dims, ndim, op),) if ndim else ()
+        d = norm_dim(dims, ndim, op)  # validates even for 0-d tensors, where the only dim is "no dim"
+        return (d,) if ndim else ()
     out = tuple(norm_dim(d, ndim, op) for d in dims)
     if len(set(out)) != len(out):
         raise DimError(f"{op}: dim {tuple(dims)} appears multiple times in the list of dims")
@@ -122,7 +123,10 @@ def infer_dtype(data: Any, device: Device | None = None) -> DType:
         return dt.int64
     if isinstance(data, float):
         return device.default_dtype if device is not None else dt.get_default_dtype()
-    arr = np.asarray(data)
+    try:
+        arr = np.asarray(data)
+    except ValueError as exc:
+        raise ShapeError(f"tensor(): nested data is ragged or not numeric: {exc}") from None
     if arr.dtype.kind == "b":
         return dt.bool_
     if arr.dtype.kind in "iu":

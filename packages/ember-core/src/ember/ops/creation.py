@@ -28,7 +28,18 @@ def tensor(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: b
     if isinstance(data, Tensor) and dtype is None and device is None:
         data = data.numpy().copy()
         return _finish(to_tensor(data, None, None), requires_grad)
-    return _finish(to_tensor(data, dtype, device), requires_grad)
+    t = to_tensor(data, dtype, device)
+    src = data.numpy() if isinstance(data, Tensor) else data
+    if type(t._h) is type(src) and _np().may_share_memory(t._h, src):
+        # host backends adopt arrays they are given; tensor() copies, as torch.tensor does (from_numpy shares)
+        t = Tensor._make(t._device.stack.copy(t._h), t._dtype, t._device)
+    return _finish(t, requires_grad)
+
+
+def _np() -> Any:
+    import numpy
+
+    return numpy
 
 
 def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:

@@ -13,7 +13,7 @@ import numpy as np
 from .. import dtypes as dt
 from .._bridge import broadcast_shapes2
 from ..dtypes import DType
-from ..errors import DeviceError, DTypeError, ShapeError
+from ..errors import DeviceError, DTypeError, ShapeError, ValueRangeError
 from ..tensor import Tensor
 
 _FLOAT_RESULT = frozenset({"div", "atan2", "hypot", "copysign"})
@@ -50,6 +50,10 @@ def _rule(op: str, a: Any, b: Any) -> tuple[DType, DType]:
     return r
 
 
+def _kind(x: Any) -> DType | None:
+    return x._dtype if isinstance(x, Tensor) else dt.bool_ if isinstance(x, bool) else None
+
+
 def _compute_rule(op: str, a: Any, b: Any) -> tuple[DType, DType]:
     promoted = dt.result_type(a, b)
     if op in _LOGICAL:
@@ -65,6 +69,12 @@ def _compute_rule(op: str, a: Any, b: Any) -> tuple[DType, DType]:
         if op in _SHIFTS and promoted is dt.bool_:
             raise DTypeError(f"{op}: not implemented for bool operands")
         return (promoted, promoted)
+    if op == "sub" and dt.bool_ in (_kind(a), _kind(b)):
+        # PyTorch refuses a bool operand even when the promoted type is an integer
+        raise DTypeError(
+            f"sub: subtraction, the `-` operator, with a bool operand is not supported ({_operand_desc(a)}, "
+            f"{_operand_desc(b)}); use ~ / logical_not to invert a mask, or logical_xor"
+        )
     if op in _FLOAT_RESULT and not promoted.is_floating_point:
         f = dt.get_default_dtype()
         return (f, f)
@@ -120,9 +130,12 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
             r = _same_cache.get((op, da))
             if r is None:
                 r = _same_cache[(op, da)] = _compute_rule(op, a, b)
-            if op == "pow" and da.category == 1:
-                _check_int_pow(a, b)
-            return Tensor._make((dev._stack or dev.stack).binary(op, ha, hb), r[1], dev)
+            stack = dev._stack or dev.stack
+            if da.category == 1 and op in _INT_CHECKED:
+                _check_int(op, a, b, stack)
+            if r[0] is not da:  # integer operands of div, atan2, ... compute in the default float dtype
+                ha, hb = stack.cast(ha, r[0]), stack.cast(hb, r[0])
+            return Tensor._make(stack.binary(op, ha, hb), r[1], dev)
         cdt, rdt = _rule(op, a, b)
         stack = dev._stack or dev.stack
         if da is not cdt:
@@ -143,8 +156,8 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
         stack = dev._stack or dev.stack
         ha = _scalar_for(a, cdt)
         hb = b._h if b._dtype is cdt else stack.cast(b._h, cdt)
-    if op == "pow" and cdt.category == 1:
-        _check_int_pow(a, b)
+    if cdt.category == 1 and op in _INT_CHECKED:
+        _check_int(op, a, b, stack, cdt)
     return Tensor._make(stack.binary(op, ha, hb), rdt, dev)
 
 
@@ -154,6 +167,29 @@ def _check_scalar(op: str, v: Any) -> Any:
     if isinstance(v, np.generic):
         return v.item()
     raise DTypeError(f"{op}: unsupported operand of type {type(v).__name__} (expected a Tensor or a Python number)")
+
+
+_INT_CHECKED = frozenset({"pow", "floor_divide", "remainder", "fmod"})
+
+
+def _check_int(op: str, a: Any, b: Any, stack: Any, cdt: DType | None = None) -> None:
+    """Integer pow and division need a look at the operands: PyTorch raises where numpy silently returns 0."""
+    if op == "pow":
+        _check_int_pow(a, b)
+        if cdt is not None and type(b) is int and not _INT_RANGE[cdt][0] <= b <= _INT_RANGE[cdt][1]:
+            raise ValueRangeError(f"pow: exponent {b} cannot be converted to {cdt.name} without overflow")
+        return
+    if isinstance(b, Tensor):
+        if not b.numel():
+            return
+        zero = stack.binary("eq", b._h, 0)
+        if b.ndim:
+            zero = stack.reduce("max", zero, tuple(range(b.ndim)), False)
+        hit = bool(stack.to_numpy(zero))
+    else:
+        hit = b == 0
+    if hit:
+        raise ValueRangeError(f"{op}: ZeroDivisionError: integer division by zero (divisor {_operand_desc(b)})")
 
 
 def _check_int_pow(a: Any, b: Any) -> None:
@@ -174,6 +210,8 @@ def inplace_binary(op: str, a: Tensor, b: Any) -> Tensor:
     else:
         b = _check_scalar(op + "_", b)
     cdt, rdt = _rule(op, a, b)
+    if cdt.category == 1 and op in _INT_CHECKED:
+        _check_int(op, a, b, a._device.stack, cdt)
     if not dt.can_cast(rdt, a._dtype):
         raise DTypeError(f"{op}_: result type {rdt.name} can't be cast to the desired output type {a._dtype.name}")
     _bump_version(a)

@@ -119,6 +119,10 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
     if rounding_mode == "floor":
         return binary("floor_divide", input, other)
     if rounding_mode == "trunc":
+        if not dt.result_type(input, other).is_floating_point:
+            from .elementwise import _check_int
+
+            _check_int("div", input, other, (input if isinstance(input, Tensor) else other)._device.stack)
         q = binary("div", input, other)
         r = unary("trunc", q)
         promoted = dt.result_type(input, other)

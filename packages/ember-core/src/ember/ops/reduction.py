@@ -13,10 +13,12 @@ import math
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from .. import dtypes as dt
 from .._bridge import norm_dim, norm_dims
 from ..dtypes import DType
-from ..errors import DTypeError, ShapeError, UnsupportedError, ValueRangeError
+from ..errors import DimError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ..tensor import Tensor
 from .elementwise import binary
 
@@ -25,11 +27,12 @@ Shape = tuple[int, ...]
 _HALF = (dt.float16, dt.bfloat16)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # result types (torch.return_types)
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def _values_indices(name: str) -> type:
-    t = NamedTuple(name, [("values", Tensor), ("indices", Tensor)])
+    # functional form: the eight types differ only in name
+    t = NamedTuple(name, [("values", Tensor), ("indices", Tensor)])  # noqa: UP014
     # pickle finds the type as ember.ops.reduction.return_types.<name>
     t.__qualname__ = f"return_types.{name}"
     t.__module__ = __name__
@@ -47,14 +50,15 @@ _AMinMax.__qualname__ = "return_types.aminmax"
 
 #: named result tuples with ``.values`` / ``.indices`` (PyTorch's ``torch.return_types``)
 return_types = SimpleNamespace(
-    **{n: _values_indices(n) for n in ("max", "min", "sort", "topk", "kthvalue", "median", "cummax", "cummin")},
+    **{n: _values_indices(n) for n in ("max", "min", "sort", "topk", "kthvalue", "median", "cummax",
+                                       "cummin")},
     aminmax=_AMinMax,
 )
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # helpers
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def _check(x: Any, op: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise DTypeError(f"{op}: expected a Tensor as input, got {type(x).__name__}")
@@ -66,6 +70,12 @@ def _dims(x: Tensor, dim: Any, op: str) -> tuple[int, ...]:
     nd = len(x._h.shape)
     if dim is None or (isinstance(dim, (list, tuple)) and not dim):
         return tuple(range(nd))
+    if isinstance(dim, (int, np.integer)):
+        # norm_dim validates too for 0-d tensors (norm_dims skips the check there)
+        d = norm_dim(dim, nd, op)
+        return (d,) if nd else ()
+    if not isinstance(dim, (list, tuple)):
+        raise DimError(f"{op}: dim must be an int or a tuple of ints, got {type(dim).__name__} {dim!r}")
     return norm_dims(dim, nd, op)
 
 
@@ -111,9 +121,9 @@ def _as_1d(stack: Any, h: Any) -> Any:
     return stack.reshape(h, (1,))
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # sum, prod, mean
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def _acc_dtype(d: DType) -> DType:
     """The dtype sum/prod produce without dtype=: integers and bool widen to int64."""
     return dt.int64 if d.category < 2 else d
@@ -146,7 +156,7 @@ def prod(input: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = 
 
 
 def _float_input(x: Tensor, dtype: Any, op: str) -> DType:
-    """The result dtype of a float-only reduction (mean, var, ...): dtype= or the input's, which must be float."""
+    """The result dtype of a float-only reduction (mean, var, ...): dtype= or the input's (must be float)."""
     if dtype is not None:
         d = dt.as_dtype(dtype)
         if not d.is_floating_point:
@@ -191,7 +201,8 @@ def _zero_nan(x: Tensor, h: Any) -> Any:
 def nansum(input: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
     """Sum treating NaN as zero."""
     x = _check(input, "nansum")
-    return _sum_like("sum", Tensor._make(_zero_nan(x, x._h), x._dtype, x._device), dim, keepdim, dtype, "nansum")
+    clean = Tensor._make(_zero_nan(x, x._h), x._dtype, x._device)
+    return _sum_like("sum", clean, dim, keepdim, dtype, "nansum")
 
 
 def nanmean(input: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
@@ -214,9 +225,9 @@ def nanmean(input: Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any
     return Tensor._make(r, out, x._device)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # max, min and friends
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def _all_dims(dim: Any) -> bool:
     return dim is None or (isinstance(dim, (list, tuple)) and not dim)
 
@@ -299,21 +310,22 @@ def _arg(op: str, input: Any, dim: Any, keepdim: bool) -> Tensor:
 
 
 def argmax(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
-    """Index of the maximum (the first one; NaN counts as the maximum); dim None: index into the flat tensor."""
+    """Index of the maximum (the first; NaN counts as the maximum); dim None: index into the flat tensor."""
     return _arg("argmax", input, dim, keepdim)
 
 
 def argmin(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
-    """Index of the minimum (the first one; NaN counts as the minimum); dim None: index into the flat tensor."""
+    """Index of the minimum (the first; NaN counts as the minimum); dim None: index into the flat tensor."""
     return _arg("argmin", input, dim, keepdim)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # logical reductions
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def _logical(op: str, x: Tensor, dim: Any, keepdim: bool) -> Tensor:
     _check(x, op)
-    dims = _dims(x, dim, op)
+    # unlike sum, PyTorch's all/any reduce nothing for dim=()
+    dims = () if isinstance(dim, (list, tuple)) and not dim else _dims(x, dim, op)
     stack = x._device.stack
     out = dt.uint8 if x._dtype is dt.uint8 else dt.bool_  # PyTorch keeps uint8 for uint8 inputs
     shape = x._h.shape
@@ -347,9 +359,9 @@ def count_nonzero(input: Tensor, dim: Any = None) -> Tensor:
     return Tensor._make(_reduce(stack, "sum", nz, dims, False), dt.int64, x._device)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # var, std
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def _correction(op: str, unbiased: Any, correction: Any) -> builtins.float:
     if unbiased is not None and correction is not None:
         raise ValueRangeError(f"{op}(): pass either unbiased= or correction=, not both")
@@ -360,7 +372,8 @@ def _correction(op: str, unbiased: Any, correction: Any) -> builtins.float:
     return 1.0 if unbiased is None or unbiased else 0.0
 
 
-def _var_mean(op: str, input: Any, dim: Any, unbiased: Any, keepdim: bool, correction: Any) -> tuple[Tensor, Tensor]:
+def _var_mean(op: str, input: Any, dim: Any, unbiased: Any, keepdim: bool,
+              correction: Any) -> tuple[Tensor, Tensor]:
     x = _check(input, op)
     if isinstance(dim, bool):  # var(x, True): the old unbiased-only overload
         dim, unbiased = None, dim
@@ -411,9 +424,9 @@ def std_mean(input: Tensor, dim: Any = None, unbiased: bool | None = None, keepd
     return Tensor._make(v._device.stack.unary("sqrt", v._h), v._dtype, v._device), m
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # logsumexp
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def logsumexp(input: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     """log(sum(exp(x))) over dim, computed stably; integer inputs give the default float dtype."""
     x = _check(input, "logsumexp")
@@ -434,9 +447,9 @@ def logsumexp(input: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     return Tensor._make(r, out, x._device)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # scans
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def _cumulative(op: str, input: Any, dim: Any, dtype: Any, name: str) -> Tensor:
     x = _check(input, name)
     d = norm_dim(dim, x.ndim, name)
@@ -465,7 +478,8 @@ def _scan(stack: Any, op: str, h: Any, dim: int) -> Any:
     s = 1
     while s < n:
         head = stack.getitem(h, pre + (slice(0, s),))
-        tail = stack.binary(op, stack.getitem(h, pre + (slice(s, None),)), stack.getitem(h, pre + (slice(0, n - s),)))
+        prev = stack.getitem(h, pre + (slice(0, n - s),))
+        tail = stack.binary(op, stack.getitem(h, pre + (slice(s, None),)), prev)
         h = stack.cat([head, tail], dim)
         s *= 2
     return h
@@ -505,9 +519,9 @@ def cummin(input: Tensor, dim: int) -> Any:
     return _cum_extreme("cummin", input, dim)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # sorting and selection
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def _sort_handles(x: Tensor, d: int, descending: bool, stable: bool) -> tuple[Any, Any]:
     stack = x._device.stack
     if not x.ndim:
@@ -547,14 +561,15 @@ def _check_k(op: str, k: Any, size: int, d: int, lo: int) -> int:
 def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:  # noqa: A002
     """The k largest (or smallest) values along dim and their indices; NaN counts as the largest."""
     x = _check(input, "topk")
+    if x._dtype is dt.bool_:
+        raise DTypeError("topk(): does not support bool tensors (cast to an integer dtype first)")
     d = norm_dim(dim, x.ndim, "topk")
     size = x._h.shape[d] if x.ndim else 1
     k = _check_k("topk", k, size, d, 0)
     stack = x._device.stack
     if not x.ndim:
-        h = stack.reshape(x._h, (1,))
-        v, i = stack.topk(h, k, 0, bool(largest), bool(sorted))
-        v, i = stack.reshape(v, (k,) if k != 1 else ()), stack.reshape(i, (k,) if k != 1 else ())
+        # PyTorch returns the element itself for k 0 or 1 on a 0-d tensor
+        v, i = stack.copy(x._h), stack.full((), 0, dt.int64)
     else:
         v, i = stack.topk(x._h, k, d, bool(largest), bool(sorted))
     return return_types.topk(Tensor._make(v, x._dtype, x._device), Tensor._make(i, dt.int64, x._device))
@@ -615,25 +630,24 @@ def median(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     return return_types.median(Tensor._make(v, x._dtype, x._device), Tensor._make(i, dt.int64, x._device))
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # norms
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def vector_norm(x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,  # noqa: A002
                 dtype: Any = None) -> Tensor:
-    """The ord-norm of x over dim (None: all elements): ord 2, 1, inf, -inf, 0 (count of non-zeros) or any p."""
+    """The ord-norm of x over dim (None: all elements): ord 2, 1, inf, -inf, 0 (non-zero count) or any p."""
     t = _check(x, "linalg.vector_norm")
     if isinstance(ord, bool) or not isinstance(ord, (int, builtins.float)):
         raise DTypeError(f"linalg.vector_norm: ord must be a number, got {type(ord).__name__} {ord!r}")
+    if not t._dtype.is_floating_point:
+        raise DTypeError(
+            f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {t._dtype.name}"
+        )
+    out = t._dtype
     if dtype is not None:
         out = dt.as_dtype(dtype)
         if not out.is_floating_point:
             raise DTypeError(f"linalg.vector_norm: dtype must be a floating point dtype, got {out.name}")
-    elif not t._dtype.is_floating_point:
-        raise DTypeError(
-            f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {t._dtype.name}"
-        )
-    else:
-        out = t._dtype
     dims = _dims(t, dim, "linalg.vector_norm")
     stack = t._device.stack
     cdt = dt.float32 if out in _HALF else out
@@ -642,8 +656,8 @@ def vector_norm(x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False,
     if ord < 0 or ord == math.inf:
         if _count(shape, dims) == 0 and (dims or t.numel() == 0):
             raise ShapeError(
-                f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor of shape {tuple(shape)} "
-                "because the operation does not have an identity"
+                f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor (shape "
+                f"{tuple(shape)}) because the operation does not have an identity"
             )
     a = stack.unary("abs", h)
     if ord == math.inf or ord == -math.inf:
@@ -678,7 +692,8 @@ def norm(input: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, 
 __all__ = [
     "sum", "prod", "mean", "nansum", "nanmean", "amax", "amin", "aminmax", "max", "min", "argmax", "argmin",
     "all", "any", "count_nonzero", "var", "std", "var_mean", "std_mean", "logsumexp", "cumsum", "cumprod",
-    "cummax", "cummin", "sort", "argsort", "topk", "kthvalue", "median", "vector_norm", "norm", "return_types",
+    "cummax", "cummin", "sort", "argsort", "topk", "kthvalue", "median", "vector_norm", "norm",
+    "return_types",
 ]
 
 TENSOR_METHODS: dict[str, Any] = {

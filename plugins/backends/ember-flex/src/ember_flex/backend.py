@@ -142,8 +142,22 @@ def _floor_divide(a: Any, b: Any) -> ndarray:
     return np.floor_divide(a, b)
 
 
-def _int_pow(a: Any, b: Any) -> ndarray:
-    return np.power(a, b)
+def _pow(a: Any, b: Any, out: ndarray | None = None) -> ndarray:
+    if out is not None and out.dtype.kind in "iub":  # the fallback below must still see the original a
+        np.copyto(out, _pow(a, b))
+        return out
+    try:
+        r = np.power(a, b, out=out)
+        if r.dtype.kind == "i" and getattr(a, "dtype", getattr(b, "dtype", None)) == np.bool_:
+            r = r.astype(np.bool_)  # numpy computes bool ** bool in int8; the contract keeps the operands' dtype
+        return r
+    except ValueError:
+        # numpy refuses integers to negative integer powers; PyTorch gives 1, -1 or 0 (truncated 1/a**|b|)
+        neg = b < 0
+        r = np.power(a, np.where(neg, 0, b))
+        ones = np.where(np.asarray(b) % 2 == 0, 1, np.where(np.asarray(a) == -1, -1, 1))
+        alt = np.where(np.abs(a) == 1, ones, 0)
+        return np.where(neg, alt, r).astype(r.dtype, copy=False)
 
 
 _UNARY = {
@@ -198,7 +212,7 @@ _BINARY = {
     "floor_divide": _floor_divide,
     "remainder": _remainder,
     "fmod": np.fmod,
-    "pow": np.power,
+    "pow": _pow,
     "maximum": np.maximum,
     "minimum": np.minimum,
     "fmax": np.fmax,
@@ -303,6 +317,11 @@ class FlexBackend(Backend):
                 r = self._binary[op](a, b)
         if type(r) is not ndarray:
             r = _asarray(r)
+        if type(b) is not ndarray or type(a) is not ndarray:
+            # a Python scalar operand: ml_dtypes' bfloat16 widens to float32 where numpy's own dtypes do not
+            h = a if type(a) is ndarray else b
+            if r.dtype != h.dtype and r.dtype != np.bool_:
+                r = r.astype(h.dtype)
         return r
 
     def inplace_binary(self, op: str, a: ndarray, b: Any) -> None:
@@ -337,7 +356,8 @@ class FlexBackend(Backend):
 
     def cumulative(self, op: str, h: ndarray, dim: int) -> ndarray:
         f = np.cumsum if op == "sum" else np.cumprod
-        return f(h, axis=dim, dtype=h.dtype)
+        with np.errstate(all="ignore"):
+            return f(h, axis=dim, dtype=h.dtype)
 
     def matmul(self, a: ndarray, b: ndarray) -> ndarray:
         if a.dtype.kind in "biu" or a.dtype.itemsize < 4:
@@ -482,5 +502,6 @@ class FlexBackend(Backend):
         return self._rng.standard_normal(shape, dtype=np.float32).astype(dtype.numpy)
 
     def randint(self, low: int, high: int, shape: tuple[int, ...], dtype: DType) -> ndarray:
-        return self._rng.integers(low, high, size=shape, dtype=dtype.numpy if dtype is not dt.bool_ else np.int8
-                                  ).astype(dtype.numpy, copy=False)
+        # numpy draws integer dtypes only: bool and float results (torch allows both) are drawn as int64
+        draw = dtype.numpy if dtype.is_integer else np.int64
+        return self._rng.integers(low, high, size=shape, dtype=draw).astype(dtype.numpy, copy=False)

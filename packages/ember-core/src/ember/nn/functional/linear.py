@@ -1,0 +1,203 @@
+"""Affine maps, lookups and dropout: linear, bilinear, embedding, one_hot, dropout(1d/2d/3d)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ... import dtypes as dt
+from ...errors import DTypeError, IndexOutOfRangeError, ShapeError, ValueRangeError
+from ...tensor import Tensor
+from ._util import check_float, check_like, check_tensor, host_minmax, is_int, like, prod, vector_norm, wrap
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """input @ weight.T + bias; input (*, in_features), weight (out_features, in_features) or (in_features,)."""
+    op = "linear"
+    check_float(input, op)
+    check_like(input, weight, op, "weight")
+    if weight.ndim not in (1, 2):
+        raise ShapeError(f"{op}: expected weight with 2 dims (out_features, in_features) or 1, got shape "
+                         f"{weight.shape}")
+    if input.ndim == 0:
+        raise ShapeError(f"{op}: expected input with at least 1 dim (*, in_features), got shape {input.shape}")
+    fin = weight.shape[-1]
+    if input.shape[-1] != fin:
+        raise ShapeError(f"{op}: input has {input.shape[-1]} features (shape {input.shape}) but weight expects "
+                         f"{fin} (weight shape {weight.shape})")
+    out_shape = input.shape[:-1] + weight.shape[:-1]
+    if bias is not None:
+        check_like(input, bias, op, "bias")
+        if bias.shape not in ((), weight.shape[:-1], (1,) * len(weight.shape[:-1])):
+            raise ShapeError(f"{op}: bias of shape {bias.shape} does not match out_features "
+                             f"{weight.shape[:-1]} (weight shape {weight.shape})")
+    s = input._device.stack
+    if weight.ndim == 2:
+        h = s.matmul(input._h, s.permute(weight._h, (1, 0)))
+    else:
+        h = s.matmul(input._h, weight._h)
+    if bias is not None:
+        h = s.binary("add", h, bias._h)
+    if tuple(h.shape) != out_shape:
+        h = s.reshape(h, out_shape)
+    return like(input, h)
+
+
+def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """y[..., o] = input1[..., i] * weight[o, i, j] * input2[..., j] + bias[o]."""
+    op = "bilinear"
+    check_float(input1, op, "input1")
+    check_like(input1, input2, op, "input2")
+    check_like(input1, weight, op, "weight")
+    if weight.ndim != 3:
+        raise ShapeError(f"{op}: expected weight with 3 dims (out_features, in1_features, in2_features), got "
+                         f"shape {weight.shape}")
+    o, i1, i2 = weight.shape
+    if input1.ndim == 0 or input1.shape[-1] != i1 or input2.ndim == 0 or input2.shape[-1] != i2:
+        raise ShapeError(f"{op}: input1 shape {input1.shape} and input2 shape {input2.shape} do not match weight "
+                         f"shape {weight.shape} (expected last dims {i1} and {i2})")
+    if input1.shape[:-1] != input2.shape[:-1]:
+        raise ShapeError(f"{op}: input1 and input2 must have the same batch dims, got {input1.shape} and "
+                         f"{input2.shape}")
+    if bias is not None:
+        check_like(input1, bias, op, "bias", (o,))
+    s = input1._device.stack
+    lead = input1.shape[:-1]
+    b = prod(lead)
+    x1 = s.reshape(input1._h, (b, i1))
+    x2 = s.reshape(input2._h, (b, 1, i2))
+    wm = s.reshape(s.permute(weight._h, (1, 0, 2)), (i1, o * i2))
+    t = s.reshape(s.matmul(x1, wm), (b, o, i2))
+    h = s.reduce("sum", s.binary("mul", t, x2), (2,), False) if i2 else s.full((b, o), 0.0, input1._dtype)
+    if bias is not None:
+        h = s.binary("add", h, bias._h)
+    return like(input1, s.reshape(h, lead + (o,)))
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,
+              norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """Rows of weight (num_embeddings, dim) picked by the integer indices in input; max_norm renormalises the
+    referenced rows of weight in place, as torch."""
+    op = "embedding"
+    check_tensor(input, op)
+    check_tensor(weight, op, "weight")
+    if input._dtype not in (dt.int64, dt.int32):
+        raise DTypeError(f"{op}: expected indices of dtype int64 or int32, got {input._dtype.name}")
+    if weight.ndim != 2:
+        raise ShapeError(f"{op}: expected weight with 2 dims (num_embeddings, embedding_dim), got shape "
+                         f"{weight.shape}")
+    if input._device is not weight._device:
+        from ...errors import DeviceError
+
+        raise DeviceError(f"{op}: indices are on {input._device} but weight is on {weight._device}")
+    num = weight.shape[0]
+    if padding_idx is not None:
+        if not is_int(padding_idx) or not -num <= padding_idx < num:
+            raise ValueRangeError(f"{op}: padding_idx must be within num_embeddings ({num}), got {padding_idx!r}")
+    s = input._device.stack
+    idx = input._h if input._dtype is dt.int64 else s.cast(input._h, dt.int64)
+    flat = s.reshape(idx, (input.numel(),))
+    if input.numel():
+        lo, hi = host_minmax(s, flat)
+        if lo < 0 or hi >= num:
+            raise IndexOutOfRangeError(f"{op}: index {lo if lo < 0 else hi} is out of range for weight with {num} "
+                                       f"rows (weight shape {weight.shape})")
+        if max_norm is not None:
+            _renorm_rows(s, weight, flat, float(max_norm), float(norm_type))
+    h = s.index_select(weight._h, 0, flat)
+    return like(weight, s.reshape(h, input.shape + (weight.shape[1],)))
+
+
+def _renorm_rows(s: Any, weight: Tensor, flat: Any, max_norm: float, norm_type: float) -> None:
+    rows = np.unique(np.asarray(s.to_numpy(flat)))
+    ridx = s.from_numpy(np.ascontiguousarray(rows.astype(np.int64)))
+    sel = s.index_select(weight._h, 0, ridx)
+    nrm = vector_norm(s, sel, norm_type, (1,), True)
+    scale = s.binary("div", max_norm, s.binary("add", nrm, 1e-7))
+    over = s.binary("gt", nrm, max_norm)
+    new = s.where(over, s.binary("mul", sel, scale), sel)
+    s.setitem(weight._h, (ridx,), new)
+
+
+def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
+    """int64 one-hot encoding with a trailing dim of num_classes (-1: max value + 1)."""
+    op = "one_hot"
+    check_tensor(tensor, op, "tensor")
+    if tensor._dtype is not dt.int64:
+        raise DTypeError(f"{op}: is only applicable to index tensors of dtype int64, got {tensor._dtype.name}")
+    if not is_int(num_classes) or num_classes < -1:
+        raise ValueRangeError(f"{op}: num_classes must be -1 or a non-negative int, got {num_classes!r}")
+    s = tensor._device.stack
+    if tensor.numel() == 0:
+        if num_classes == -1:
+            raise ValueRangeError(f"{op}: can not infer the total number of classes from an empty tensor")
+        return wrap(s.full(tensor.shape + (num_classes,), 0, dt.int64), dt.int64, tensor._device)
+    lo, hi = host_minmax(s, tensor._h)
+    if lo < 0:
+        raise IndexOutOfRangeError(f"{op}: class values must be non-negative, got {lo}")
+    c = hi + 1 if num_classes == -1 else int(num_classes)
+    if hi >= c:
+        raise IndexOutOfRangeError(f"{op}: class value {hi} is out of range for num_classes={c}")
+    ar = s.reshape(s.arange(0, c, 1, dt.int64), (1,) * tensor.ndim + (c,))
+    eq = s.binary("eq", s.reshape(tensor._h, tensor.shape + (1,)), ar)
+    return wrap(s.cast(eq, dt.int64), dt.int64, tensor._device)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# dropout
+# ----------------------------------------------------------------------------------------------------------
+def _dropout(op: str, input: Tensor, p: float, training: bool, inplace: bool, mask_shape: tuple[int, ...]) -> Tensor:
+    if not 0.0 <= p <= 1.0:
+        raise ValueRangeError(f"{op}: dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0 or input.numel() == 0:
+        return input
+    s = input._device.stack
+    if p == 1.0:
+        h = s.binary("mul", input._h, 0.0)
+    else:
+        # keep with probability 1 - p, scale kept values by 1 / (1 - p); one draw from the device stream
+        keep = s.binary("lt", s.rand(mask_shape, input._dtype), 1.0 - p)
+        scale = s.binary("mul", s.cast(keep, input._dtype), 1.0 / (1.0 - p))
+        h = s.binary("mul", input._h, scale)
+    if inplace:
+        s.assign(input._h, h)
+        return input
+    return like(input, h)
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1 / (1 - p) (identity when not training)."""
+    check_float(input, "dropout")
+    return _dropout("dropout", input, p, training, inplace, input.shape)
+
+
+def _feature_dropout(op: str, nd: int, input: Tensor, p: float, training: bool, inplace: bool) -> Tensor:
+    check_float(input, op)
+    if input.ndim not in (nd + 1, nd + 2):
+        raise ShapeError(f"{op}: expected input with {nd + 2} dims (N, C, *spatial) or {nd + 1} (C, *spatial), "
+                         f"got shape {input.shape}")
+    # one draw per channel: zero whole feature maps (unbatched inputs keep their leading channel dim)
+    lead = 1 if input.ndim == nd + 1 else 2
+    if nd == 2 and input.ndim == 3:
+        lead = 2  # torch keeps dropout2d's historical reading of 3-D input as (N, C, L)
+    mask = input.shape[:lead] + (1,) * (input.ndim - lead)
+    return _dropout(op, input, p, training, inplace, mask)
+
+
+def dropout1d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Channel-wise dropout of (N, C, L) or (C, L)."""
+    return _feature_dropout("dropout1d", 1, input, p, training, inplace)
+
+
+def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Channel-wise dropout of (N, C, H, W) or (C, H, W)."""
+    return _feature_dropout("dropout2d", 2, input, p, training, inplace)
+
+
+def dropout3d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Channel-wise dropout of (N, C, D, H, W) or (C, D, H, W)."""
+    return _feature_dropout("dropout3d", 3, input, p, training, inplace)
+
+
+__all__ = ["linear", "bilinear", "embedding", "one_hot", "dropout", "dropout1d", "dropout2d", "dropout3d"]

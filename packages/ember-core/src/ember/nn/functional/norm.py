@@ -1,0 +1,177 @@
+"""Normalisation layers as functions: layer_norm, rms_norm, batch_norm, group_norm, instance_norm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...errors import ShapeError, ValueRangeError
+from ...tensor import Tensor
+from ._util import check_float, check_like, is_int, like, mean, prod, var
+
+
+def _normalized_shape(op: str, input: Tensor, normalized_shape: Any) -> tuple[int, ...]:
+    if is_int(normalized_shape):
+        ns: tuple[int, ...] = (int(normalized_shape),)
+    elif isinstance(normalized_shape, (tuple, list)) and all(is_int(v) for v in normalized_shape):
+        ns = tuple(int(v) for v in normalized_shape)
+    else:
+        raise ValueRangeError(f"{op}: normalized_shape must be an int or a sequence of ints, "
+                              f"got {normalized_shape!r}")
+    k = len(ns)
+    if k == 0 or k > input.ndim or input.shape[input.ndim - k:] != ns:
+        raise ShapeError(f"{op}: normalized_shape {ns} does not match the last {k} dims of input shape "
+                         f"{input.shape}")
+    return ns
+
+
+def _affine(s: Any, h: Any, weight: Tensor | None, bias: Tensor | None, view: tuple[int, ...]) -> Any:
+    if weight is not None:
+        h = s.binary("mul", h, s.reshape(weight._h, view))
+    if bias is not None:
+        h = s.binary("add", h, s.reshape(bias._h, view))
+    return h
+
+
+def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the trailing normalized_shape dims, then weight and bias."""
+    op = "layer_norm"
+    check_float(input, op)
+    ns = _normalized_shape(op, input, normalized_shape)
+    if weight is not None:
+        check_like(input, weight, op, "weight", ns)
+    if bias is not None:
+        check_like(input, bias, op, "bias", ns)
+    s = input._device.stack
+    if input.numel() == 0:
+        return like(input, s.copy(input._h))
+    dims = tuple(range(input.ndim - len(ns), input.ndim))
+    m, v = var(s, input._h, dims)
+    h = s.binary("mul", s.binary("sub", input._h, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
+    return like(input, _affine(s, h, weight, bias, ns))
+
+
+def rms_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over the trailing dims; eps defaults to the dtype's machine epsilon."""
+    op = "rms_norm"
+    check_float(input, op)
+    ns = _normalized_shape(op, input, normalized_shape)
+    if weight is not None:
+        check_like(input, weight, op, "weight", ns)
+    if eps is None:
+        eps = float(np.finfo(input._dtype.numpy).eps)
+    s = input._device.stack
+    if input.numel() == 0:
+        return like(input, s.copy(input._h))
+    dims = tuple(range(input.ndim - len(ns), input.ndim))
+    ms = mean(s, s.binary("mul", input._h, input._h), dims, True)
+    h = s.binary("mul", input._h, s.unary("rsqrt", s.binary("add", ms, float(eps))))
+    return like(input, _affine(s, h, weight, None, ns))
+
+
+def _channel_params(op: str, input: Tensor, c: int, **params: Tensor | None) -> None:
+    for name, t in params.items():
+        if t is not None:
+            check_like(input, t, op, name, (c,))
+
+
+def _update_running(s: Any, running: Tensor, stat: Any, momentum: float) -> None:
+    """running = (1 - momentum) * running + momentum * stat, in place (as torch does under no_grad)."""
+    new = s.binary("add", s.binary("mul", running._h, 1.0 - momentum), s.binary("mul", stat, float(momentum)))
+    s.assign(running._h, new)
+
+
+def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalise (N, C, *) per channel; in training, batch stats are used and running stats updated in place
+    (running_var gets the unbiased variance, as torch)."""
+    op = "batch_norm"
+    check_float(input, op)
+    if input.ndim < 2:
+        raise ShapeError(f"{op}: expected input with at least 2 dims (N, C, *), got shape {input.shape}")
+    c = input.shape[1]
+    _channel_params(op, input, c, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
+    s = input._device.stack
+    view = (1, c) + (1,) * (input.ndim - 2)
+    dims = (0,) + tuple(range(2, input.ndim))
+    count = prod(input.shape[d] for d in dims)
+    if training:
+        if count <= 1:
+            raise ValueRangeError(f"{op}: expected more than 1 value per channel when training, got input "
+                                  f"shape {input.shape}")
+        m, v = var(s, input._h, dims)
+        if running_mean is not None:
+            _update_running(s, running_mean, s.reshape(m, (c,)), momentum)
+        if running_var is not None:
+            unbiased = s.binary("mul", s.reshape(v, (c,)), count / (count - 1))
+            _update_running(s, running_var, unbiased, momentum)
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueRangeError(f"{op}: running_mean and running_var must be given when training=False")
+        m = s.reshape(running_mean._h, view)
+        v = s.reshape(running_var._h, view)
+    h = s.binary("mul", s.binary("sub", input._h, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
+    return like(input, _affine(s, h, weight, bias, view))
+
+
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalise (N, C, *) over groups of C // num_groups channels (and all spatial positions)."""
+    op = "group_norm"
+    check_float(input, op)
+    if input.ndim < 2:
+        raise ShapeError(f"{op}: expected input with at least 2 dims (N, C, *), got shape {input.shape}")
+    if not is_int(num_groups) or num_groups < 1:
+        raise ValueRangeError(f"{op}: num_groups must be a positive int, got {num_groups!r}")
+    n, c = input.shape[:2]
+    if c % num_groups:
+        raise ShapeError(f"{op}: expected number of channels in input to be divisible by num_groups, but got "
+                         f"input of shape {input.shape} and num_groups={num_groups}")
+    _channel_params(op, input, c, weight=weight, bias=bias)
+    s = input._device.stack
+    if input.numel() == 0:
+        return like(input, s.copy(input._h))
+    g = s.reshape(input._h, (n, num_groups, input.numel() // n // num_groups))
+    m, v = var(s, g, (2,))
+    h = s.binary("mul", s.binary("sub", g, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
+    h = s.reshape(h, input.shape)
+    return like(input, _affine(s, h, weight, bias, (1, c) + (1,) * (input.ndim - 2)))
+
+
+def instance_norm(input: Tensor, running_mean: Tensor | None = None, running_var: Tensor | None = None,
+                  weight: Tensor | None = None, bias: Tensor | None = None, use_input_stats: bool = True,
+                  momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalise each (n, c) plane of (N, C, *) over its spatial positions."""
+    op = "instance_norm"
+    check_float(input, op)
+    if input.ndim < 3:
+        raise ShapeError(f"{op}: expected input with at least 3 dims (N, C, *spatial), got shape {input.shape}")
+    n, c = input.shape[:2]
+    _channel_params(op, input, c, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
+    s = input._device.stack
+    view = (1, c) + (1,) * (input.ndim - 2)
+    dims = tuple(range(2, input.ndim))
+    count = prod(input.shape[2:])
+    if use_input_stats:
+        if count <= 1:
+            raise ValueRangeError(f"{op}: expected more than 1 spatial element when training, got input shape "
+                                  f"{input.shape}")
+        m, v = var(s, input._h, dims)
+        if running_mean is not None:
+            _update_running(s, running_mean, mean(s, s.reshape(m, (n, c)), (0,), False), momentum)
+        if running_var is not None:
+            unbiased = s.binary("mul", s.reshape(v, (n, c)), count / (count - 1))
+            _update_running(s, running_var, mean(s, unbiased, (0,), False), momentum)
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueRangeError(f"{op}: running_mean and running_var must be given when use_input_stats=False")
+        m = s.reshape(running_mean._h, view)
+        v = s.reshape(running_var._h, view)
+    h = s.binary("mul", s.binary("sub", input._h, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
+    return like(input, _affine(s, h, weight, bias, view))
+
+
+__all__ = ["layer_norm", "rms_norm", "batch_norm", "group_norm", "instance_norm"]

@@ -1,0 +1,372 @@
+"""Plugin discovery across installed distributions: entry points, tolerance, strictness, contract checks,
+missing-plugin messages, the default device, lazy import, and the hookspec/doc agreement."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ember
+from ember import Device, PluginError
+from ember import device as device_mod
+from ember.plugins import CONTRACT_VERSION, hookimpl, manager
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[manager.PluginRegistry]:
+    """A fresh, empty plugin registry and empty device caches for one test; everything is restored afterwards.
+
+    The registry is swapped (not reset) so devices and tensors made by other tests keep working: interned
+    devices only lose their resolved stack, which they rebuild on next use.
+    """
+    for var in ("EMBER_DISABLE_PLUGINS", "EMBER_STRICT_PLUGINS", "EMBER_DEVICE"):
+        monkeypatch.delenv(var, raising=False)
+    fresh = manager.PluginRegistry()
+    monkeypatch.setattr(manager, "registry", fresh)
+    saved_cache = dict(device_mod._backend_cache)
+    saved_stacks = {key: dev._stack for key, dev in device_mod._interned.items()}
+    saved_default = device_mod._default
+    _clear_devices()
+    try:
+        yield fresh
+    finally:
+        device_mod._backend_cache.clear()
+        device_mod._backend_cache.update(saved_cache)
+        for key, dev in device_mod._interned.items():
+            dev._stack = saved_stacks.get(key)  # devices first made in this test resolve again later
+        device_mod._default = saved_default
+
+
+def _clear_devices() -> None:
+    device_mod._backend_cache.clear()
+    for dev in device_mod._interned.values():
+        dev._stack = None
+    device_mod._default = None
+
+
+def _backend_plugin(name: str, *, contract: int = CONTRACT_VERSION, kind: str = "emulated", priority: int = 0,
+                    count: int | None = None) -> Any:
+    """A programmatic plugin registering one backend built on flex (its factory is never the point here)."""
+
+    class Plugin:
+        @hookimpl
+        def register_backends(self, register: Any) -> None:
+            def factory(index: int = 0, **options: Any) -> Any:
+                from ember_flex.backend import FlexBackend
+
+                return FlexBackend(index)
+
+            register(name, factory, contract=contract, kind=kind, priority=priority,
+                     is_available=None if count is None else (lambda: count), description=f"test backend {name}")
+
+    return Plugin()
+
+
+class _RaisingPlugin:
+    @hookimpl
+    def register_backends(self, register: Any) -> None:
+        raise RuntimeError("driver exploded")
+
+
+# -- discovery ------------------------------------------------------------------------------------------------
+def test_discovery_finds_flex_through_its_entry_point(plugins: manager.PluginRegistry) -> None:
+    eps = {ep.name: ep.value for ep in metadata.entry_points(group="ember")}
+    assert eps.get("flex") == "ember_flex.plugin"
+    assert plugins.backends == {}  # nothing is discovered until asked
+    spec = plugins.backend("flex")
+    assert spec.kind == "cpu" and spec.contract == CONTRACT_VERSION and spec.plugin == "flex"
+    assert spec.device_count() == 1
+    record = next(p for p in plugins.plugins if p.name == "flex")
+    assert (record.distribution, record.module, record.error) == ("ember-flex", "ember_flex.plugin", "")
+    assert record.version == metadata.version("ember-flex")
+    assert Device.flex().stack.name == "flex"
+
+
+def test_example_backend_is_discovered_and_loses_to_real_hardware(plugins: manager.PluginRegistry) -> None:
+    pytest.importorskip("ember_example_backend")
+    spec = plugins.backend("toy")
+    assert (spec.kind, spec.contract, spec.plugin) == ("emulated", CONTRACT_VERSION, "toy")
+    # the toy backend is "emulated": flex ("cpu") is the better default
+    assert Device.default() is Device("flex")
+    x = ember.tensor([1.0, 2.0], device=Device.parse("toy"))
+    assert type(x._h).__name__ == "ToyArray"
+    assert (x + x).tolist() == [2.0, 4.0]
+
+
+def test_discovery_is_lazy_and_happens_once(plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = manager.metadata.entry_points
+
+    def counting(**kw: Any) -> Any:
+        calls.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(manager.metadata, "entry_points", counting)
+    Device.flex()
+    assert Device.flex().stack is not None
+    Device.default()
+    assert calls == [{"group": "ember"}]
+
+
+def test_disabled_plugin_is_skipped_and_device_names_the_extra(
+    plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBER_DISABLE_PLUGINS", " flex ,something-else")
+    with pytest.raises(PluginError) as err:
+        Device.flex()
+    msg = str(err.value)
+    assert "pip install 'ember[flex]'" in msg and "'flex'" in msg
+    assert all(p.name != "flex" for p in plugins.plugins)
+    assert "flex" not in plugins.backends
+
+
+# -- broken plugins -------------------------------------------------------------------------------------------
+def test_plugin_whose_hook_raises_is_logged_and_skipped(
+    plugins: manager.PluginRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = _RaisingPlugin()
+    with caplog.at_level(logging.WARNING, logger="ember.plugins"):
+        plugins.register_plugin(broken, name="exploding")
+    record = next(p for p in plugins.plugins if p.name == "exploding")
+    assert "RuntimeError" in record.error and "driver exploded" in record.error
+    assert any("exploding" in r.getMessage() and "driver exploded" in r.getMessage() for r in caplog.records)
+    assert not plugins._manager().is_registered(broken)  # its hooks must not run again (plugin_info, ...)
+    # the rest still works
+    plugins.register_plugin(_backend_plugin("fine"), name="fine")
+    assert plugins.backend("fine").plugin == "fine"
+
+
+def test_plugin_whose_hook_raises_is_fatal_when_strict(
+    plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBER_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match=r"'exploding'.*driver exploded"):
+        plugins.register_plugin(_RaisingPlugin(), name="exploding")
+
+
+def _with_fake_entry_point(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    real = manager.metadata.entry_points
+
+    def entry_points(**kw: Any) -> list[Any]:
+        return [*real(**kw), metadata.EntryPoint(name=name, value=value, group=manager.ENTRY_POINT_GROUP)]
+
+    monkeypatch.setattr(manager.metadata, "entry_points", entry_points)
+
+
+def test_entry_point_that_fails_to_import_is_skipped(
+    plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _with_fake_entry_point(monkeypatch, "ghost", "ember_ghost_plugin_that_does_not_exist.plugin")
+    with caplog.at_level(logging.WARNING, logger="ember.plugins"):
+        assert Device.flex() is Device("flex")  # the good plugin still loads
+    record = next(p for p in plugins.plugins if p.name == "ghost")
+    assert record.error.startswith("import failed: ModuleNotFoundError")
+    assert any("ghost" in r.getMessage() for r in caplog.records)
+    with pytest.raises(PluginError) as err:
+        Device.parse("ghost")
+    assert "failed to load" in str(err.value) and "ModuleNotFoundError" in str(err.value)
+    assert "pip install 'ember[ghost]'" in str(err.value)
+
+
+def test_entry_point_that_fails_to_import_is_fatal_when_strict(
+    plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBER_STRICT_PLUGINS", "1")
+    _with_fake_entry_point(monkeypatch, "ghost", "ember_ghost_plugin_that_does_not_exist.plugin")
+    with pytest.raises(PluginError, match=r"'ghost'.*ember_ghost_plugin_that_does_not_exist.*import failed"):
+        Device.flex()
+
+
+def test_contract_mismatch_is_skipped_with_a_clear_message(
+    plugins: manager.PluginRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    future = CONTRACT_VERSION + 1
+    with caplog.at_level(logging.WARNING, logger="ember.plugins"):
+        plugins.register_plugin(_backend_plugin("future", contract=future), name="futureplugin")
+    assert "future" not in plugins.backends
+    record = next(p for p in plugins.plugins if p.name == "futureplugin")
+    for part in (f"contract {future}", f"implements contract {CONTRACT_VERSION}", "'future'", "upgrade"):
+        assert part in record.error
+    assert any("futureplugin" in r.getMessage() and f"contract {future}" in r.getMessage() for r in caplog.records)
+    with pytest.raises(PluginError, match="no backend named 'future'"):
+        Device("future")._checked()
+
+
+def test_decorator_contract_mismatch_is_skipped(plugins: manager.PluginRegistry) -> None:
+    class Plugin:
+        @hookimpl
+        def register_decorators(self, register: Any) -> None:
+            register("olddeco", lambda inner, **kw: inner, contract=0)
+
+    plugins.register_plugin(Plugin(), name="olddeco-plugin")
+    assert plugins.decorator("olddeco") is None
+    assert "contract 0" in next(p for p in plugins.plugins if p.name == "olddeco-plugin").error
+
+
+# -- missing plugins name the pip extra -------------------------------------------------------------------------
+@pytest.mark.parametrize("make, extra", [
+    (lambda: Device.cuda(0), "cuda"),
+    (lambda: Device.rocm(), "rocm"),
+    (lambda: Device.opencl(0), "opencl"),
+    (lambda: Device.parse("cuda:1"), "cuda"),
+])
+def test_missing_backend_names_the_extra(plugins: manager.PluginRegistry, make: Any, extra: str) -> None:
+    plugins.ensure_loaded()
+    if extra in plugins.backends:
+        pytest.skip(f"the {extra} plugin is installed here")
+    with pytest.raises(PluginError) as err:
+        make()
+    assert f"pip install 'ember[{extra}]'" in str(err.value)
+    assert "flex" in str(err.value)  # lists what *is* installed
+
+
+def test_unknown_decorator_names_the_extra(plugins: manager.PluginRegistry) -> None:
+    plugins.ensure_loaded()
+    if "autodiff" in plugins.decorators:
+        pytest.skip("the autodiff plugin is installed here")
+    with pytest.raises(AttributeError) as err:
+        Device.flex().autodiff()
+    assert "pip install 'ember[autodiff]'" in str(err.value) and "'autodiff'" in str(err.value)
+    with pytest.raises(AttributeError, match="ember.fusion"):
+        Device.parse("flex+fusion")
+
+
+def test_private_attributes_do_not_trigger_discovery(plugins: manager.PluginRegistry) -> None:
+    with pytest.raises(AttributeError):
+        Device("flex")._no_such_thing  # noqa: B018
+    assert not plugins._loaded
+
+
+def test_registered_decorator_wraps_the_backend(plugins: manager.PluginRegistry) -> None:
+    class Wrapper:
+        def __init__(self, inner: Any, **options: Any) -> None:
+            self.inner, self.options = inner, options
+
+    class Plugin:
+        @hookimpl
+        def register_decorators(self, register: Any) -> None:
+            register("wrapped", Wrapper, contract=CONTRACT_VERSION)
+
+    plugins.register_plugin(Plugin(), name="wrapper-plugin")
+    dev = Device.flex().wrapped(level=2)
+    assert str(dev) == "flex+wrapped" and dev.base is Device.flex()
+    assert isinstance(dev.stack, Wrapper) and dev.stack.options == {"level": 2}
+    assert dev.stack.inner is Device.flex().stack  # one backend shared by every decoration
+
+
+# -- the default device -----------------------------------------------------------------------------------------
+def test_default_device_honours_ember_device(plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugins.register_plugin(_backend_plugin("fakeemu"), name="fakeemu")
+    assert Device.default() is Device("flex")
+    monkeypatch.setenv("EMBER_DEVICE", "fakeemu")
+    assert Device.default() is Device("fakeemu", 0)
+    monkeypatch.setenv("EMBER_DEVICE", "flex")
+    assert Device.default() is Device("flex")
+    monkeypatch.setenv("EMBER_DEVICE", "nosuchbackend:0")
+    with pytest.raises(PluginError, match=r"ember\[nosuchbackend\]"):
+        Device.default()
+
+
+def test_default_device_prefers_present_gpus(plugins: manager.PluginRegistry) -> None:
+    plugins.register_plugin(_backend_plugin("absentgpu", kind="gpu", count=0), name="absentgpu")
+    assert Device.default() is Device("flex")  # a GPU plugin without hardware is not a candidate
+    plugins.register_plugin(_backend_plugin("slowgpu", kind="gpu", count=1, priority=1), name="slowgpu")
+    plugins.register_plugin(_backend_plugin("fastgpu", kind="gpu", count=2, priority=5), name="fastgpu")
+    assert Device.default() is Device("fastgpu", 0)
+
+
+def test_default_device_without_any_backend_names_flex(
+    plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(manager.metadata, "entry_points", lambda **kw: [])
+    with pytest.raises(PluginError, match=r"pip install 'ember\[flex\]'"):
+        Device.default()
+
+
+# -- plugin_info and ember.info() ---------------------------------------------------------------------------------
+def test_hook_results_collects_plugin_info_and_survives_a_broken_hook(plugins: manager.PluginRegistry) -> None:
+    class Bad:
+        @hookimpl
+        def plugin_info(self) -> dict[str, Any]:
+            raise ValueError("no driver")
+
+    plugins.register_plugin(Bad(), name="bad-info")
+    results = plugins.hook_results("plugin_info")
+    assert results["flex"]["numpy"] == __import__("numpy").__version__
+    assert results["bad-info"] == {"error": "ValueError: no driver"}
+
+
+def test_info_reports_plugins_backends_and_errors(
+    plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_fake_entry_point(monkeypatch, "ghost", "ember_ghost_plugin_that_does_not_exist.plugin")
+    info = ember.info()
+    json.dumps(info)  # plain data only
+    assert info["ember"] == ember.__version__ and info["contract"] == CONTRACT_VERSION
+    flex = next(b for b in info["backends"] if b["name"] == "flex")
+    assert flex == {**flex, "kind": "cpu", "devices": 1, "contract": CONTRACT_VERSION, "plugin": "flex"}
+    names = {p["name"]: p for p in info["plugins"]}
+    assert names["flex"]["error"] is None and names["flex"]["distribution"] == "ember-flex"
+    assert "import failed" in names["ghost"]["error"]
+    assert any("ghost" in e for e in info["errors"])
+    assert info["default_device"] == "flex"
+    assert "numpy" in info["plugin_info"]["flex"]
+
+
+def test_info_reports_strict_failures_instead_of_raising(
+    plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBER_STRICT_PLUGINS", "1")
+    _with_fake_entry_point(monkeypatch, "ghost", "ember_ghost_plugin_that_does_not_exist.plugin")
+    info = ember.info()
+    assert any("ghost" in e and "import failed" in e for e in info["errors"])
+
+
+# -- import cost and the documented contract --------------------------------------------------------------------
+def test_import_ember_loads_no_backend_and_no_plugin_machinery() -> None:
+    code = (
+        "import sys, json; import ember; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('ember_flex', 'ember_example_backend', 'pluggy', 'torch') or m == 'ember.plugins')))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert json.loads(out.stdout) == []
+
+
+def _documented_signatures() -> list[tuple[str, str]]:
+    from ember.plugins import hookspecs
+
+    found = []
+    for name in dir(hookspecs):
+        fn = getattr(hookspecs, name)
+        if callable(fn) and hasattr(fn, "ember_spec"):
+            for sig in re.findall(r"``(register\(.*?\))``", fn.__doc__ or ""):
+                found.append((name, sig))
+    return found
+
+
+def test_every_hookspec_signature_appears_verbatim_in_the_plugin_author_docs() -> None:
+    from ember.plugins import hookspecs
+
+    doc = (ROOT / "docs" / "plugin-authors.md").read_text(encoding="utf-8")
+    sigs = _documented_signatures()
+    assert {name for name, _ in sigs} == {"register_backends", "register_decorators", "register_ops"}
+    for name, sig in sigs:
+        assert f"`{name}(register)`" in doc, f"docs/plugin-authors.md does not document the hook {name}"
+        assert f"`{sig}`" in doc, f"docs/plugin-authors.md lacks the {name} signature {sig!r}"
+    hooks = [n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), "ember_spec")]
+    for name in hooks:
+        assert f"`{name}(" in doc, f"docs/plugin-authors.md does not mention the hook {name}"
