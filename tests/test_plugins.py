@@ -370,3 +370,20 @@ def test_every_hookspec_signature_appears_verbatim_in_the_plugin_author_docs() -
     hooks = [n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), "ember_spec")]
     for name in hooks:
         assert f"`{name}(" in doc, f"docs/plugin-authors.md does not mention the hook {name}"
+
+
+def test_example_backend_implements_only_the_required_primitives() -> None:
+    """tests/example-backend proves the default compositions: it must not override any of them."""
+    import inspect
+
+    from ember.backend import Backend
+
+    toy = pytest.importorskip("ember_example_backend.backend")
+    required = {
+        name for name, fn in vars(Backend).items()
+        if inspect.isfunction(fn) and "raise self._missing(" in inspect.getsource(fn)
+    }
+    assert {"from_numpy", "getitem", "matmul", "randn"} <= required and "softmax" not in required
+    own = {name for name, fn in vars(toy.ToyBackend).items() if inspect.isfunction(fn) and name != "__init__"}
+    assert own == required | {"describe"}
+    assert not hasattr(toy.ToyArray, "ndim") and not hasattr(toy.ToyArray, "dtype")

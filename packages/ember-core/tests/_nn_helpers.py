@@ -29,7 +29,7 @@ def E(a, layout="contiguous"):
 
 
 def T(a):
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(a)))
+    return torch.from_numpy(np.array(a, order="C", copy=True))  # ascontiguousarray would make 0-d 1-d
 
 
 def check(out, ref, dtype=None, **kw):

@@ -174,8 +174,16 @@ class ToyBackend(Backend):
             return _wrap(_UNARY[op](h.a))
 
     def binary(self, op: str, a: Any, b: Any) -> ToyArray:
+        x, y = _unwrap(a), _unwrap(b)
         with np.errstate(all="ignore"):
-            return _wrap(_BINARY[op](_unwrap(a), _unwrap(b)))
+            r = np.asarray(_BINARY[op](x, y))
+        if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
+            # a Python scalar operand must not change the handle's dtype (ml_dtypes' bfloat16 widens to float32,
+            # bool ** True gives int8); comparisons are the exception: they return bool
+            ref = x if isinstance(x, np.ndarray) else y
+            if r.dtype != ref.dtype and r.dtype != np.bool_:
+                r = r.astype(ref.dtype)
+        return ToyArray(r)
 
     def where(self, cond: ToyArray, a: Any, b: Any) -> ToyArray:
         x, y = _unwrap(a), _unwrap(b)

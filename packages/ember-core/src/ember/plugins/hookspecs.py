@@ -55,7 +55,8 @@ def register_ops(register: Callable[..., None]) -> None:
     ``register(name, default, *, backends=None, description="")``
 
     ``default(backend, *args, **kwargs)`` is the composition used on every backend; ``backends`` maps a backend
-    name to a faster implementation with the same signature. Call registered ops with ``ember.dispatch.call(name, ...)``.
+    name to a faster implementation with the same signature.
+    Call registered ops with ``ember.dispatch.call(name, ...)``.
     """
 
 

@@ -40,6 +40,8 @@ __all__ = [
     "torch_dtype",
     "torch_or_skip",
     "ember_dtype",
+    "noncontiguous",
+    "pairs",
 ]
 
 ALL_DTYPES: tuple[DType, ...] = dt.ALL_DTYPES
@@ -161,3 +163,23 @@ def pairs(items: Iterable[Any]) -> list[tuple[Any, Any]]:
     """Every ordered pair of items (for exhaustive dtype-pair tests)."""
     seq = list(items)
     return [(a, b) for a in seq for b in seq]
+
+
+def noncontiguous(array: Any, device: Any) -> Any:
+    """An ember Tensor on ``device`` equal to ``array`` whose handle is a strided, transposed view.
+
+    Built with the backend's required ``getitem`` and ``permute`` primitives, so it works before (and
+    independently of) the public shape ops: every elementwise op must give the same answer on such views.
+    """
+    from ..tensor import Tensor
+
+    a = np.asarray(array)
+    d = dt.from_numpy_dtype(a.dtype)
+    if a.ndim == 0:
+        return Tensor._make(device.stack.from_numpy(a.copy()), d, device)
+    rev = tuple(reversed(range(a.ndim)))
+    junk = np.ones_like(a) if a.dtype == np.bool_ else a + 1
+    base = np.ascontiguousarray(np.stack([a.transpose(rev), junk.transpose(rev)], axis=-1))
+    stack = device.stack
+    h = stack.getitem(stack.from_numpy(base), (Ellipsis, 0))
+    return Tensor._make(stack.permute(h, rev), d, device)

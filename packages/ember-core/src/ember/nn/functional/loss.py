@@ -47,6 +47,16 @@ def _pair(op: str, input: Any, target: Any, same_shape: bool = False) -> tuple[A
     return s, a, b, d, input._device
 
 
+def _check_bcast(op: str, name: str, t: Tensor, shape: tuple[int, ...]) -> None:
+    """t's shape must broadcast to shape (the input's) without growing it."""
+    try:
+        ok = broadcast_shapes2(t.shape, shape, op) == shape
+    except ShapeError:
+        ok = False
+    if not ok:
+        raise ShapeError(f"{op}: {name} of shape {t.shape} does not broadcast to input shape {shape}")
+
+
 def _weighted(op: str, s: Any, loss: Any, weight: Tensor | None, d: dt.DType, reduction: str,
               mean_by_weight: bool) -> Any:
     """Apply an optional elementwise weight (same shape as the loss, as torch requires) and the reduction."""
@@ -144,9 +154,7 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     loss = s.unary("neg", s.binary("add", s.binary("mul", t, lx), s.binary("mul", s.binary("sub", 1.0, t), l1x)))
     if weight is not None:
         check_like(input, weight, op, "weight")
-        broadcast_shapes2(weight.shape, input.shape, op)
-        if broadcast_shapes2(weight.shape, input.shape, op) != input.shape:
-            raise ShapeError(f"{op}: weight of shape {weight.shape} does not broadcast to input shape {input.shape}")
+        _check_bcast(op, "weight", weight, input.shape)
         loss = s.binary("mul", loss, weight._h)
     return like(input, reduce_loss(s, loss, reduction))
 
@@ -168,16 +176,13 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tens
                   s.binary("maximum", s.unary("neg", x), 0.0))
     if pos_weight is not None:
         check_like(input, pos_weight, op, "pos_weight")
-        if broadcast_shapes2(pos_weight.shape, input.shape, op) != input.shape:
-            raise ShapeError(f"{op}: pos_weight of shape {pos_weight.shape} does not broadcast to input shape "
-                             f"{input.shape}")
+        _check_bcast(op, "pos_weight", pos_weight, input.shape)
         lw = s.binary("add", s.binary("mul", s.binary("sub", pos_weight._h, 1.0), t), 1.0)
         sp = s.binary("mul", sp, lw)
     loss = s.binary("add", s.binary("mul", s.binary("sub", 1.0, t), x), sp)
     if weight is not None:
         check_like(input, weight, op, "weight")
-        if broadcast_shapes2(weight.shape, input.shape, op) != input.shape:
-            raise ShapeError(f"{op}: weight of shape {weight.shape} does not broadcast to input shape {input.shape}")
+        _check_bcast(op, "weight", weight, input.shape)
         loss = s.binary("mul", loss, weight._h)
     return like(input, reduce_loss(s, loss, reduction))
 
