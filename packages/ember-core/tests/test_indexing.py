@@ -1,5 +1,5 @@
-"""ember.ops.indexing against PyTorch: getitem/setitem with every index kind, gather/scatter, index ops, masks,
-nonzero, take, and every error path (type and message)."""
+"""ember.ops.indexing against PyTorch: getitem/setitem with every index kind, gather/scatter, index ops,
+masks, nonzero, take, and every error path (type and message)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from ember import (  # noqa: E402
 RNG = np.random.default_rng(7)
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # helpers
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 class Idx:
     """An index array in a key template: becomes an ember tensor / a torch tensor of the same values."""
 
@@ -69,26 +69,73 @@ def check(e: Tensor, t: Any) -> None:
     np.testing.assert_array_equal(e.numpy(), t.numpy())
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # getitem
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 I2 = Idx([0, 2])
 I3 = Idx([1, -1, 0])
 M4 = Idx([True, False, True, True], "bool")
 KEYS = [
-    0, -1, 2, (1, 2), (1, 2, 3), (-2, -3, -4),
-    slice(None), slice(1, None), slice(None, None, 2), slice(-2, None), slice(5, 10), slice(2, 1), slice(-100, 100),
-    (slice(None), 1), (Ellipsis, 0), (0, Ellipsis), (Ellipsis,), (None,), (None, 0), (0, None, Ellipsis, None),
-    (slice(1, None), None, I2, Ellipsis), (Ellipsis, None), (slice(None), slice(None), slice(None), None),
-    I2, I3, (I2, I2), (I2, slice(None), I2), (I2, 0), (0, slice(None), I2), (slice(None), I2, 0),
-    (0, I2), (I2, slice(None), 0), (slice(None), slice(None), I2), (Ellipsis, I2), (Ellipsis, M4),
-    (slice(None), slice(None), M4), (0, 1, M4), (1, slice(None), M4),
-    Idx([[0, 1], [2, 0]]), (Idx([[0], [1]]), slice(None), Idx([0, 1, 2])), (Idx([[0], [1]]), Idx([0, 1, 2])),
-    (slice(None), I2, None, I2), (I2, None, I2), (None, I2, I2), (slice(None), None, I2),
-    Idx(np.ones((3, 3), bool), "bool"), Idx(np.eye(3, dtype=bool), "bool"), (Idx([[True, False, True]] * 3, "bool"),),
-    True, False, (True, 0), (slice(None), True), (Ellipsis, False), (I2, True), (None, False),
-    Idx([], "int64"), (slice(None), Idx([], "int64")), Idx([0, 1, 2], "int32"),
-    Idx([1, 0, 1], "uint8"), Idx(np.zeros(3, bool), "bool"),
+    0,
+    -1,
+    2,
+    (1, 2),
+    (1, 2, 3),
+    (-2, -3, -4),
+    slice(None),
+    slice(1, None),
+    slice(None, None, 2),
+    slice(-2, None),
+    slice(5, 10),
+    slice(2, 1),
+    slice(-100, 100),
+    (slice(None), 1),
+    (Ellipsis, 0),
+    (0, Ellipsis),
+    (Ellipsis,),
+    (None,),
+    (None, 0),
+    (0, None, Ellipsis, None),
+    (slice(1, None), None, I2, Ellipsis),
+    (Ellipsis, None),
+    (slice(None), slice(None), slice(None), None),
+    I2,
+    I3,
+    (I2, I2),
+    (I2, slice(None), I2),
+    (I2, 0),
+    (0, slice(None), I2),
+    (slice(None), I2, 0),
+    (0, I2),
+    (I2, slice(None), 0),
+    (slice(None), slice(None), I2),
+    (Ellipsis, I2),
+    (Ellipsis, M4),
+    (slice(None), slice(None), M4),
+    (0, 1, M4),
+    (1, slice(None), M4),
+    Idx([[0, 1], [2, 0]]),
+    (Idx([[0], [1]]), slice(None), Idx([0, 1, 2])),
+    (Idx([[0], [1]]), Idx([0, 1, 2])),
+    (slice(None), I2, None, I2),
+    (I2, None, I2),
+    (None, I2, I2),
+    (slice(None), None, I2),
+    Idx(np.ones((3, 3), bool), "bool"),
+    Idx(np.eye(3, dtype=bool), "bool"),
+    (Idx([[True, False, True]] * 3, "bool"),),
+    True,
+    False,
+    (True, 0),
+    (slice(None), True),
+    (Ellipsis, False),
+    (I2, True),
+    (None, False),
+    Idx([], "int64"),
+    (slice(None), Idx([], "int64")),
+    Idx([0, 1, 2], "int32"),
+    Idx([1, 0, 1], "uint8"),
+    Idx(np.zeros(3, bool), "bool"),
 ]
 
 
@@ -203,7 +250,7 @@ def test_index_tensor_forms() -> None:
     check(x[ember.tensor(2)], t[torch.tensor(2)])  # 0-d int tensor acts as an int
     check(x[ember.tensor(True)], t[torch.tensor(True)])
     check(x[np.int64(1), np.int32(2)], t[1, 2])
-    check(x[ember.tensor(1):ember.tensor(3)], t[1:3])
+    check(x[ember.tensor(1) : ember.tensor(3)], t[1:3])
     check(x[[[0, 1], [1, 0]], [[2], [0]]], t[[[0, 1], [1, 0]], [[2], [0]]])
 
 
@@ -253,7 +300,7 @@ def test_setitem_int_placement_value_layout() -> None:
     check(x, t)
 
 
-# -- getitem / setitem errors -----------------------------------------------------------------------------------
+# -- getitem / setitem errors --------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("key", "exc", "msg"),
     [
@@ -269,14 +316,29 @@ def test_setitem_int_placement_value_layout() -> None:
         ("a", IndexOutOfRangeError, "valid indices (got str)"),
         (Idx([0, 3]), IndexOutOfRangeError, "index 3 is out of bounds for dimension 0 with size 3"),
         (Idx([-4, 0]), IndexOutOfRangeError, "index -4 is out of bounds for dimension 0 with size 3"),
-        ((slice(None), Idx([9])), IndexOutOfRangeError, "index 9 is out of bounds for dimension 1 with size 4"),
-        (Idx([0.0, 1.0], "float32"), IndexOutOfRangeError, "must be long, int, byte or bool tensors, got float32"),
+        (
+            (slice(None), Idx([9])),
+            IndexOutOfRangeError,
+            "index 9 is out of bounds for dimension 1 with size 4",
+        ),
+        (
+            Idx([0.0, 1.0], "float32"),
+            IndexOutOfRangeError,
+            "must be long, int, byte or bool tensors, got float32",
+        ),
         (Idx([0, 1], "int16"), IndexOutOfRangeError, "must be long, int, byte or bool tensors, got int16"),
-        (Idx([True, False], "bool"), IndexOutOfRangeError,
-         "the shape of the mask [2] at index 0 does not match the shape of the indexed tensor [3, 4] at index 0"),
+        (
+            Idx([True, False], "bool"),
+            IndexOutOfRangeError,
+            "the shape of the mask [2] at index 0 does not match the shape of the indexed tensor [3, 4] at "
+            "index 0",
+        ),
         ((0, Idx([True], "bool")), IndexOutOfRangeError, "at index 1"),
-        ((Idx([0, 1]), Idx([0, 1, 2])), IndexOutOfRangeError,
-         "indexing tensors could not be broadcast together with shapes [2], [3]"),
+        (
+            (Idx([0, 1]), Idx([0, 1, 2])),
+            IndexOutOfRangeError,
+            "indexing tensors could not be broadcast together with shapes [2], [3]",
+        ),
     ],
 )
 def test_index_errors(key: Any, exc: type, msg: str) -> None:
@@ -305,8 +367,10 @@ def test_index_error_classes_match_torch_builtins() -> None:
 
 def test_setitem_errors() -> None:
     x = ember.zeros(3, 4)
-    with pytest.raises(ShapeError, match=_re("value tensor of shape [3] cannot be broadcast to indexing result of "
-                                             "shape [3, 4]")):
+    with pytest.raises(
+        ShapeError,
+        match=_re("value tensor of shape [3] cannot be broadcast to indexing result of shape [3, 4]"),
+    ):
         x[:] = ember.zeros(3)
     with pytest.raises(ShapeError, match=_re("value tensor of shape [2, 3, 4]")):
         x[:] = ember.zeros(2, 3, 4)
@@ -343,20 +407,25 @@ def test_device_mismatch() -> None:
         x.scatter(0, ember.tensor([0]), _elsewhere(ember.ones(1)))
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # gather / scatter
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_gather(dim: int) -> None:
     a = data(3, 4)
     idx = RNG.integers(0, a.shape[dim], size=(2, 3)).astype(np.int64)
-    check(ember.gather(ember.tensor(a), dim, ember.tensor(idx)),
-          torch.gather(torch.from_numpy(a), dim, torch.from_numpy(idx)))
+    check(
+        ember.gather(ember.tensor(a), dim, ember.tensor(idx)),
+        torch.gather(torch.from_numpy(a), dim, torch.from_numpy(idx)),
+    )
     check(NC(a).gather(dim, ember.tensor(idx)), torch.from_numpy(a).gather(dim, torch.from_numpy(idx)))
 
 
 def test_gather_edge_cases() -> None:
-    check(ember.gather(ember.tensor(5.0), 0, ember.tensor(0)), torch.gather(torch.tensor(5.0), 0, torch.tensor(0)))
+    check(
+        ember.gather(ember.tensor(5.0), 0, ember.tensor(0)),
+        torch.gather(torch.tensor(5.0), 0, torch.tensor(0)),
+    )
     e = ember.gather(ember.zeros(3, 4), 1, ember.zeros(3, 0, dtype=ember.int64))
     assert e.shape == (3, 0)
 
@@ -367,8 +436,9 @@ def test_gather_errors() -> None:
         ember.gather(x, 0, ember.zeros(2, 2, dtype=ember.int32))
     with pytest.raises(ShapeError, match="same number of dimensions"):
         ember.gather(x, 0, ember.zeros(2, dtype=ember.int64))
-    with pytest.raises(ShapeError, match=_re("expected index [2, 5] to be no larger than self [3, 4] apart from "
-                                             "dimension 0")):
+    with pytest.raises(
+        ShapeError, match=_re("expected index [2, 5] to be no larger than self [3, 4] apart from dimension 0")
+    ):
         ember.gather(x, 0, ember.zeros(2, 5, dtype=ember.int64))
     with pytest.raises(IndexOutOfRangeError, match="index 3 is out of bounds for dimension 0 with size 3"):
         ember.gather(x, 0, ember.tensor([[3]]))
@@ -428,19 +498,25 @@ def test_scatter_errors() -> None:
         ember.scatter(x, 0, ember.tensor([0]), value=1.0)
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # index_select / index_add / index_put
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_index_select(dim: int) -> None:
     a = data(3, 4, 2)
     idx = np.array([1, 0, 1], np.int64)
-    check(ember.index_select(ember.tensor(a), dim, ember.tensor(idx)),
-          torch.index_select(torch.from_numpy(a), dim, torch.from_numpy(idx)))
-    check(NC(a).index_select(dim, ember.tensor(idx.astype(np.int32))),
-          torch.from_numpy(a).index_select(dim, torch.from_numpy(idx.astype(np.int32))))
-    check(ember.index_select(ember.tensor(5.0), 0, ember.tensor([0])),
-          torch.index_select(torch.tensor(5.0), 0, torch.tensor([0])))
+    check(
+        ember.index_select(ember.tensor(a), dim, ember.tensor(idx)),
+        torch.index_select(torch.from_numpy(a), dim, torch.from_numpy(idx)),
+    )
+    check(
+        NC(a).index_select(dim, ember.tensor(idx.astype(np.int32))),
+        torch.from_numpy(a).index_select(dim, torch.from_numpy(idx.astype(np.int32))),
+    )
+    check(
+        ember.index_select(ember.tensor(5.0), 0, ember.tensor([0])),
+        torch.index_select(torch.tensor(5.0), 0, torch.tensor([0])),
+    )
 
 
 def test_index_select_errors() -> None:
@@ -471,8 +547,9 @@ def test_index_put() -> None:
     i0, i1 = np.array([0, 1, 0]), np.array([2, 2, 2])
     v = np.array([1.0, 2.0, 3.0], np.float32)
     for acc in (False, True):
-        t = torch.from_numpy(a.copy()).index_put_((torch.from_numpy(i0), torch.from_numpy(i1)), torch.from_numpy(v),
-                                                  accumulate=acc)
+        t = torch.from_numpy(a.copy()).index_put_(
+            (torch.from_numpy(i0), torch.from_numpy(i1)), torch.from_numpy(v), accumulate=acc
+        )
         x = ember.tensor(a)
         if acc:
             x.index_put_((ember.tensor(i0), ember.tensor(i1)), ember.tensor(v), accumulate=True)
@@ -480,8 +557,9 @@ def test_index_put() -> None:
         else:
             # duplicates without accumulate are unspecified: compare the unique positions only
             x.index_put_((ember.tensor(i0[1:]), ember.tensor(i1[1:])), ember.tensor(v[1:]))
-            t2 = torch.from_numpy(a.copy()).index_put_((torch.from_numpy(i0[1:]), torch.from_numpy(i1[1:])),
-                                                       torch.from_numpy(v[1:]))
+            t2 = torch.from_numpy(a.copy()).index_put_(
+                (torch.from_numpy(i0[1:]), torch.from_numpy(i1[1:])), torch.from_numpy(v[1:])
+            )
             check(x, t2)
     # accumulate over a leading index with trailing full dims, and with a bool mask
     t = torch.from_numpy(a.copy()).index_put_((torch.tensor([1, 1]),), torch.tensor(1.0), accumulate=True)
@@ -491,24 +569,32 @@ def test_index_put() -> None:
     check(ember.index_put(ember.tensor(a), (ember.tensor(m),), ember.tensor(2.0), accumulate=True), t)
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # masks, nonzero, take
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def test_masked_fill() -> None:
     a = data(3, 4)
     m = RNG.random((3, 4)) > 0.5
-    check(ember.masked_fill(ember.tensor(a), ember.tensor(m), -1.0),
-          torch.from_numpy(a).masked_fill(torch.from_numpy(m), -1.0))
+    check(
+        ember.masked_fill(ember.tensor(a), ember.tensor(m), -1.0),
+        torch.from_numpy(a).masked_fill(torch.from_numpy(m), -1.0),
+    )
     mrow = np.array([True, False, False, True])
-    check(ember.tensor(a).masked_fill(ember.tensor(mrow), ember.tensor(9.0)),
-          torch.from_numpy(a).masked_fill(torch.from_numpy(mrow), torch.tensor(9.0)))
+    check(
+        ember.tensor(a).masked_fill(ember.tensor(mrow), ember.tensor(9.0)),
+        torch.from_numpy(a).masked_fill(torch.from_numpy(mrow), torch.tensor(9.0)),
+    )
     # out-of-place broadcasts input too
     mcol = np.array([[True], [False]])
-    check(ember.tensor(a[0]).masked_fill(ember.tensor(mcol), 0.0),
-          torch.from_numpy(a[0]).masked_fill(torch.from_numpy(mcol), 0.0))
+    check(
+        ember.tensor(a[0]).masked_fill(ember.tensor(mcol), 0.0),
+        torch.from_numpy(a[0]).masked_fill(torch.from_numpy(mcol), 0.0),
+    )
     ints = np.arange(4)
-    check(ember.tensor(ints).masked_fill(ember.tensor(mrow), 1.7),
-          torch.from_numpy(ints).masked_fill(torch.from_numpy(mrow), 1.7))
+    check(
+        ember.tensor(ints).masked_fill(ember.tensor(mrow), 1.7),
+        torch.from_numpy(ints).masked_fill(torch.from_numpy(mrow), 1.7),
+    )
     x = NC(a)
     r = x.masked_fill_(ember.tensor(mrow), 5.0)
     assert r is x
@@ -523,19 +609,27 @@ def test_masked_fill_errors() -> None:
         x.masked_fill(ember.tensor([True] * 4), ember.ones(1))
     with pytest.raises(ShapeError, match="not broadcastable"):
         x.masked_fill(ember.tensor([True] * 3), 1.0)
-    with pytest.raises(ShapeError, match=_re("mask of shape [2, 1, 4] cannot be broadcast to the tensor's shape")):
+    with pytest.raises(
+        ShapeError, match=_re("mask of shape [2, 1, 4] cannot be broadcast to the tensor's shape")
+    ):
         x.masked_fill_(ember.zeros(2, 1, 4, dtype=ember.bool_), 1.0)
 
 
 def test_masked_select() -> None:
     a = data(3, 4)
     m = RNG.random((3, 4)) > 0.5
-    check(ember.masked_select(ember.tensor(a), ember.tensor(m)),
-          torch.masked_select(torch.from_numpy(a), torch.from_numpy(m)))
-    check(ember.masked_select(ember.tensor(a), ember.tensor(m[0])),
-          torch.masked_select(torch.from_numpy(a), torch.from_numpy(m[0])))
-    check(ember.masked_select(ember.tensor(2.0), ember.tensor(True)),
-          torch.masked_select(torch.tensor(2.0), torch.tensor(True)))
+    check(
+        ember.masked_select(ember.tensor(a), ember.tensor(m)),
+        torch.masked_select(torch.from_numpy(a), torch.from_numpy(m)),
+    )
+    check(
+        ember.masked_select(ember.tensor(a), ember.tensor(m[0])),
+        torch.masked_select(torch.from_numpy(a), torch.from_numpy(m[0])),
+    )
+    check(
+        ember.masked_select(ember.tensor(2.0), ember.tensor(True)),
+        torch.masked_select(torch.tensor(2.0), torch.tensor(True)),
+    )
 
 
 @pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 3, 2), (0, 3), ()])
@@ -564,7 +658,9 @@ def test_nonzero_bool_and_where_one_arg() -> None:
 def test_take() -> None:
     a = data(3, 4)
     idx = np.array([[0, -1], [5, 11]])
-    check(ember.take(ember.tensor(a), ember.tensor(idx)), torch.take(torch.from_numpy(a), torch.from_numpy(idx)))
+    check(
+        ember.take(ember.tensor(a), ember.tensor(idx)), torch.take(torch.from_numpy(a), torch.from_numpy(idx))
+    )
     check(NC(a).take(ember.tensor(idx)), torch.take(torch.from_numpy(a), torch.from_numpy(idx)))
     assert ember.take(ember.tensor(a), ember.zeros(0, dtype=ember.int64)).shape == (0,)
     with pytest.raises(IndexOutOfRangeError, match="index 12 is out of bounds for dimension 0 with size 12"):
@@ -576,12 +672,16 @@ def test_take_along_dim() -> None:
     idx = np.argsort(a, axis=1)
     for dim in (0, 1, None):
         i = idx if dim != 0 else np.argsort(a, axis=0)
-        check(ember.take_along_dim(ember.tensor(a), ember.tensor(i), dim),
-              torch.take_along_dim(torch.from_numpy(a), torch.from_numpy(i), dim))
+        check(
+            ember.take_along_dim(ember.tensor(a), ember.tensor(i), dim),
+            torch.take_along_dim(torch.from_numpy(a), torch.from_numpy(i), dim),
+        )
     # indices broadcast against input outside dim
     i1 = np.array([[0], [2], [1]])
-    check(ember.take_along_dim(ember.tensor(a), ember.tensor(i1), 1),
-          torch.take_along_dim(torch.from_numpy(a), torch.from_numpy(i1), 1))
+    check(
+        ember.take_along_dim(ember.tensor(a), ember.tensor(i1), 1),
+        torch.take_along_dim(torch.from_numpy(a), torch.from_numpy(i1), 1),
+    )
     with pytest.raises(ShapeError, match="same number of dimensions"):
         ember.take_along_dim(ember.tensor(a), ember.tensor([0]), 1)
 
@@ -591,3 +691,47 @@ def test_errors_name_the_op_for_non_tensor_args() -> None:
         ember.gather(ember.zeros(2), 0, [0])
     with pytest.raises(DTypeError, match="masked_fill: mask must be a Tensor"):
         ember.masked_fill(ember.zeros(2), [True, False], 0.0)
+
+
+def _random_key(rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[Any, ...]:
+    """A random mix of ints, slices, None, one Ellipsis and index arrays that PyTorch accepts."""
+    key: list[Any] = []
+    d = 0
+    used_ellipsis = False
+    while d < len(shape) and rng.random() < 0.85:
+        r = rng.random()
+        n = shape[d]
+        if r < 0.2:
+            key.append(int(rng.integers(-n, n)))
+            d += 1
+        elif r < 0.45:
+            lo, hi = sorted(int(v) for v in rng.integers(-n - 1, n + 2, size=2))
+            key.append(slice(lo, hi, int(rng.integers(1, 3))))
+            d += 1
+        elif r < 0.55:
+            key.append(None)
+        elif r < 0.6 and not used_ellipsis:
+            key.append(Ellipsis)
+            used_ellipsis = True
+            d = int(rng.integers(d, len(shape) + 1))  # the dims the ellipsis stands for
+        else:
+            # distinct positions (some negative), so the setitem comparison is well defined
+            vals = rng.choice(n, size=2, replace=False) - n * rng.integers(0, 2, size=2)
+            key.append(Idx(vals))
+            d += 1
+    return tuple(key)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_keys_match_torch(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    a = data(3, 4, 5, 2)
+    key = _random_key(rng, a.shape)
+    want = torch.from_numpy(a)[to_torch(key)]
+    check(ember.tensor(a)[to_ember(key)], want)
+    t = torch.from_numpy(a.copy())
+    val = np.asarray(rng.standard_normal(tuple(want.shape)), np.float32)
+    t[to_torch(key)] = torch.from_numpy(val)
+    e = NC(a)
+    e[to_ember(key)] = ember.tensor(val)
+    check(e, t)

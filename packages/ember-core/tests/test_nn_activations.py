@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _nn_helpers import DTYPES, E, T, check, rand, raises, torch  # noqa: E402
+from _nn_helpers import DTYPES, E, T, check, raises, rand, torch  # noqa: E402
 
 import ember  # noqa: E402
 from ember.nn import functional as F  # noqa: E402

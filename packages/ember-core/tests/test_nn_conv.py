@@ -9,12 +9,29 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _nn_helpers import DTYPES, E, T, check, rand, raises, torch  # noqa: E402
+from _nn_helpers import DTYPES, E, T, check, raises, rand, torch  # noqa: E402
 
 import ember  # noqa: E402
 from ember.nn import functional as F  # noqa: E402
 
 TF = torch.nn.functional
+
+_NN_METHODS = ("conv", "conv_transpose", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool",
+               "interpolate", "pad")
+
+
+@pytest.fixture(autouse=True, params=["backend", "compositions"])
+def impl(request, monkeypatch):
+    """Run every test on the device's own kernels and again on core's default compositions."""
+    if request.param == "compositions":
+        from ember.backend import Backend
+
+        cls = type(ember.Device.flex().stack)
+        for name in _NN_METHODS:
+            monkeypatch.setattr(cls, name, getattr(Backend, name))
+    return request.param
+
+
 CONV_TOL = {np.float32: dict(rtol=1e-4, atol=1e-4), np.float64: dict(rtol=1e-9, atol=1e-10)}
 
 CONV_CASES = [
@@ -129,7 +146,8 @@ def test_max_pool_integer_input():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_adaptive_pools(nd, shape, out, dtype):
     x = rand(shape, dtype)
-    check(getattr(F, f"adaptive_avg_pool{nd}d")(E(x, "strided"), out), getattr(TF, f"adaptive_avg_pool{nd}d")(T(x), out))
+    check(getattr(F, f"adaptive_avg_pool{nd}d")(E(x, "strided"), out),
+          getattr(TF, f"adaptive_avg_pool{nd}d")(T(x), out))
     v, i = getattr(F, f"adaptive_max_pool{nd}d")(E(x), out, return_indices=True)
     rv, ri = getattr(TF, f"adaptive_max_pool{nd}d")(T(x), out, return_indices=True)
     check(v, rv)
@@ -195,7 +213,8 @@ def test_pad_integer_constant():
     check(F.pad(E(x), (1, 1), value=7), TF.pad(T(x), (1, 1), value=7))
 
 
-@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=(2, 3), dilation=(1, 2), padding=1, stride=(2, 1)),
+@pytest.mark.parametrize("kw", [dict(kernel_size=2),
+                                dict(kernel_size=(2, 3), dilation=(1, 2), padding=1, stride=(2, 1)),
                                 dict(kernel_size=3, stride=2, padding=(0, 1))])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_unfold_fold(kw, dtype):

@@ -53,9 +53,9 @@ def rx(s: str) -> str:
     return re.escape(s)
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # reshape / view / flatten
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(6, 4), (-1,), (2, -1, 3), (24,), (4, 3, 2), (1, 24, 1)])
 def test_reshape(shape: tuple[int, ...]) -> None:
     a = data(2, 3, 4)
@@ -113,8 +113,10 @@ def test_view() -> None:
     assert shares(t.view(2, 2, 2, 3), x)
     with pytest.raises(RuntimeError):
         tt.view(2, 12)
-    with pytest.raises(ShapeError, match=rx("view size [2, 12] is not compatible with input tensor's size "
-                                            "[2, 4, 3] and stride")) as info:
+    with pytest.raises(
+        ShapeError,
+        match=rx("view size [2, 12] is not compatible with input tensor's size [2, 4, 3] and stride"),
+    ) as info:
         t.view(2, 12)
     assert "Use .reshape(...) instead" in str(info.value)
     # a stride-0 (expanded) dim can be viewed as long as it is not merged with others
@@ -138,7 +140,10 @@ def test_flatten(s: int, e: int) -> None:
     a = data(2, 3, 4)
     for x in both(a):
         check(x.flatten(s, e), torch.from_numpy(a).flatten(s, e))
-        check(ember.flatten(x, start_dim=s, end_dim=e), torch.flatten(torch.from_numpy(a), start_dim=s, end_dim=e))
+        check(
+            ember.flatten(x, start_dim=s, end_dim=e),
+            torch.flatten(torch.from_numpy(a), start_dim=s, end_dim=e),
+        )
 
 
 def test_flatten_edge_and_errors() -> None:
@@ -146,7 +151,9 @@ def test_flatten_edge_and_errors() -> None:
     check(ember.zeros(0, 2).flatten(), torch.zeros(0, 2).flatten())
     with pytest.raises(DimError, match=rx("flatten: start_dim (2) cannot come after end_dim (1)")):
         ember.zeros(2, 3, 4).flatten(2, 1)
-    with pytest.raises(DimError, match=rx("dimension out of range (expected to be in range of [-3, 2], but got 3)")):
+    with pytest.raises(
+        DimError, match=rx("dimension out of range (expected to be in range of [-3, 2], but got 3)")
+    ):
         ember.zeros(2, 3, 4).flatten(3)
 
 
@@ -155,15 +162,17 @@ def test_unflatten() -> None:
     for x in both(a):
         check(x.unflatten(1, (3, 4)), torch.from_numpy(a).unflatten(1, (3, 4)))
         check(x.unflatten(-1, (2, -1, 3)), torch.from_numpy(a).unflatten(-1, (2, -1, 3)))
-    with pytest.raises(ShapeError, match=rx("provided sizes [5, 2] don't multiply up to the size of dim 1 (12)")):
+    with pytest.raises(
+        ShapeError, match=rx("provided sizes [5, 2] don't multiply up to the size of dim 1 (12)")
+    ):
         ember.tensor(a).unflatten(1, (5, 2))
     with pytest.raises(ShapeError, match="sizes must be non-empty"):
         ember.tensor(a).unflatten(1, ())
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # permutations
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("perm", [(2, 0, 1), (0, 1, 2), (-1, -2, -3), (1, 0, 2)])
 def test_permute(perm: tuple[int, ...]) -> None:
     a = data(2, 3, 4)
@@ -242,9 +251,9 @@ def test_movedim_errors() -> None:
         x.movedim(3, 0)
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # squeeze / unsqueeze / atleast
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dim", [None, 0, 2, -1, (0, 2), (1,), (0, 1, 2, 3)])
 def test_squeeze(dim: Any) -> None:
     a = data(1, 3, 1, 2)
@@ -289,9 +298,9 @@ def test_atleast() -> None:
     check(got, torch.atleast_2d(torch.tensor(1.0), torch.from_numpy(data(3))))
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # expand / broadcast / repeat / tile
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sizes", [(3, 4), (2, 3, 4), (-1, 4), (2, -1, -1), (3, 1), (0, 3, 4)])
 def test_expand(sizes: tuple[int, ...]) -> None:
     a = data(3, 1)
@@ -308,12 +317,22 @@ def test_expand(sizes: tuple[int, ...]) -> None:
 
 def test_expand_errors() -> None:
     x = ember.zeros(3, 1)
-    with pytest.raises(ShapeError, match=rx("the expanded size of the tensor (4) must match the existing size (3) at "
-                                            "non-singleton dimension 0.  Target sizes: [4, 2].  Tensor sizes: "
-                                            "[3, 1]")):
+    with pytest.raises(
+        ShapeError,
+        match=rx(
+            "the expanded size of the tensor (4) must match the existing size (3) at "
+            "non-singleton dimension 0.  Target sizes: [4, 2].  Tensor sizes: "
+            "[3, 1]"
+        ),
+    ):
         x.expand(4, 2)
-    with pytest.raises(ShapeError, match=rx("the number of sizes provided (1) must be greater or equal to the number "
-                                            "of dimensions in the tensor (2)")):
+    with pytest.raises(
+        ShapeError,
+        match=rx(
+            "the number of sizes provided (1) must be greater or equal to the number "
+            "of dimensions in the tensor (2)"
+        ),
+    ):
         x.expand(3)
     with pytest.raises(ShapeError, match="isn't allowed in a leading, non-existing dimension 0"):
         x.expand(-1, 3, 2)
@@ -328,10 +347,14 @@ def test_broadcast_tensors_and_shapes() -> None:
     want = torch.broadcast_tensors(torch.from_numpy(a), torch.from_numpy(b), torch.tensor(c))
     got = ember.broadcast_tensors(ember.tensor(a), NC(b) if b.ndim > 1 else ember.tensor(b), ember.tensor(c))
     check(got, want)
-    check(ember.broadcast_tensors([ember.tensor(a), ember.tensor(b)]),
-          torch.broadcast_tensors(torch.from_numpy(a), torch.from_numpy(b)))
+    check(
+        ember.broadcast_tensors([ember.tensor(a), ember.tensor(b)]),
+        torch.broadcast_tensors(torch.from_numpy(a), torch.from_numpy(b)),
+    )
     assert ember.broadcast_shapes((3, 1), (4,), 4) == tuple(torch.broadcast_shapes((3, 1), (4,), 4))
-    with pytest.raises(ShapeError, match=r"broadcast_tensors: shapes \(3, 1\) and \(2, 2\) are not broadcastable"):
+    with pytest.raises(
+        ShapeError, match=r"broadcast_tensors: shapes \(3, 1\) and \(2, 2\) are not broadcastable"
+    ):
         ember.broadcast_tensors(ember.tensor(a), ember.zeros(2, 2))
     with pytest.raises(ShapeError, match="not broadcastable"):
         ember.broadcast_shapes((2,), (3,))
@@ -354,8 +377,13 @@ def test_repeat(reps: tuple[int, ...]) -> None:
 
 def test_repeat_tile_errors_and_tile() -> None:
     a = data(2, 3)
-    with pytest.raises(ShapeError, match=rx("number of dimensions of repeat dims (1) can not be smaller than number "
-                                            "of dimensions of tensor (2)")):
+    with pytest.raises(
+        ShapeError,
+        match=rx(
+            "number of dimensions of repeat dims (1) can not be smaller than number "
+            "of dimensions of tensor (2)"
+        ),
+    ):
         ember.tensor(a).repeat(2)
     with pytest.raises(ValueRangeError, match="repeats must be non-negative"):
         ember.tensor(a).repeat(-1, 2)
@@ -364,9 +392,9 @@ def test_repeat_tile_errors_and_tile() -> None:
         check(NC(a).tile(reps), torch.from_numpy(a).tile(reps))
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # flip / roll
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dims", [(0,), (1, 2), (-1,), [0, 1, 2], ()])
 def test_flip(dims: Any) -> None:
     a = data(2, 3, 4)
@@ -387,8 +415,9 @@ def test_flip_errors() -> None:
         ember.flipud(ember.tensor(1.0))
 
 
-@pytest.mark.parametrize(("shifts", "dims"), [(1, 0), (-2, 1), (5, None), ((1, 2), (0, 1)), (7, -1), (0, 1),
-                                              ((-1, 3), (1, 1))])
+@pytest.mark.parametrize(
+    ("shifts", "dims"), [(1, 0), (-2, 1), (5, None), ((1, 2), (0, 1)), (7, -1), (0, 1), ((-1, 3), (1, 1))]
+)
 def test_roll(shifts: Any, dims: Any) -> None:
     a = data(3, 4)
     want = torch.roll(torch.from_numpy(a), shifts, dims)
@@ -406,9 +435,9 @@ def test_roll_errors() -> None:
         ember.zeros(2, 3).roll(1, 2)
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # narrow / select / split / chunk / unbind
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def test_narrow_select() -> None:
     a = data(4, 5)
     t = torch.from_numpy(a)
@@ -429,14 +458,17 @@ def test_narrow_select_errors() -> None:
     x = ember.zeros(4, 6)
     with pytest.raises(IndexOutOfRangeError, match=rx("start (5) + length (2) exceeds dimension size (6).")):
         x.narrow(1, 5, 2)
-    with pytest.raises(IndexOutOfRangeError, match=rx("start out of range (expected to be in range of [-6, 6], but "
-                                                      "got 7)")):
+    with pytest.raises(
+        IndexOutOfRangeError, match=rx("start out of range (expected to be in range of [-6, 6], but got 7)")
+    ):
         x.narrow(1, 7, 0)
     with pytest.raises(ValueRangeError, match="length must be non-negative"):
         x.narrow(0, 0, -1)
     with pytest.raises(DimError, match="narrow: cannot be applied to a 0-dim tensor"):
         ember.tensor(1.0).narrow(0, 0, 1)
-    with pytest.raises(IndexOutOfRangeError, match="select: index 4 is out of bounds for dimension 0 with size 4"):
+    with pytest.raises(
+        IndexOutOfRangeError, match="select: index 4 is out of bounds for dimension 0 with size 4"
+    ):
         x.select(0, 4)
 
 
@@ -463,8 +495,9 @@ def test_split_edge_and_errors() -> None:
         x.split([2, 3])
     with pytest.raises(ShapeError, match=rx("but got split_sizes=[7, -1]")):
         x.split([7, -1])
-    with pytest.raises(ValueRangeError, match="split_size can only be 0 if dimension size is 0, but got dimension "
-                                              "size of 6"):
+    with pytest.raises(
+        ValueRangeError, match="split_size can only be 0 if dimension size is 0, but got dimension size of 6"
+    ):
         x.split(0)
     with pytest.raises(ValueRangeError, match="split_size must be non-negative"):
         x.split(-1)
@@ -505,27 +538,41 @@ def test_unbind() -> None:
         ember.tensor(1.0).unbind()
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # cat / stack
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def test_cat() -> None:
     a, b = data(2, 3), data(4, 3) + 100
     t = torch.cat([torch.from_numpy(a), torch.from_numpy(b)])
     check(ember.cat([ember.tensor(a), NC(b)]), t)
-    check(ember.cat((ember.tensor(a.T.copy()), ember.tensor(b.T.copy())), dim=-1),
-          torch.cat((torch.from_numpy(a.T.copy()), torch.from_numpy(b.T.copy())), dim=-1))
+    check(
+        ember.cat((ember.tensor(a.T.copy()), ember.tensor(b.T.copy())), dim=-1),
+        torch.cat((torch.from_numpy(a.T.copy()), torch.from_numpy(b.T.copy())), dim=-1),
+    )
     check(ember.concat([ember.tensor(a)], 0), torch.concat([torch.from_numpy(a)], 0))
-    check(ember.concatenate([ember.tensor(a), ember.tensor(a)], axis=1),
-          torch.concatenate([torch.from_numpy(a), torch.from_numpy(a)], axis=1))
+    check(
+        ember.concatenate([ember.tensor(a), ember.tensor(a)], axis=1),
+        torch.concatenate([torch.from_numpy(a), torch.from_numpy(a)], axis=1),
+    )
     single = ember.tensor(a)
     assert not shares(ember.cat([single]), single)  # always a new tensor
 
 
-@pytest.mark.parametrize(("da", "db"), [(np.int32, np.float32), (np.int64, np.float16), (np.bool_, np.int8),
-                                        (np.uint8, np.int8), (np.float32, np.float64)])
+@pytest.mark.parametrize(
+    ("da", "db"),
+    [
+        (np.int32, np.float32),
+        (np.int64, np.float16),
+        (np.bool_, np.int8),
+        (np.uint8, np.int8),
+        (np.float32, np.float64),
+    ],
+)
 def test_cat_promotes(da: Any, db: Any) -> None:
     a, b = data(2, 2, dtype=da), data(1, 2, dtype=db)
-    check(ember.cat([ember.tensor(a), ember.tensor(b)]), torch.cat([torch.from_numpy(a), torch.from_numpy(b)]))
+    check(
+        ember.cat([ember.tensor(a), ember.tensor(b)]), torch.cat([torch.from_numpy(a), torch.from_numpy(b)])
+    )
 
 
 def test_cat_skips_legacy_empty() -> None:
@@ -533,19 +580,35 @@ def test_cat_skips_legacy_empty() -> None:
     e = np.zeros((0,), np.float64)
     want = torch.cat([torch.from_numpy(e), torch.from_numpy(a), torch.from_numpy(e)], 1)
     check(ember.cat([ember.tensor(e), ember.tensor(a), ember.tensor(e)], 1), want)
-    check(ember.cat([ember.tensor(e), ember.tensor(e)]), torch.cat([torch.from_numpy(e), torch.from_numpy(e)]))
-    check(ember.cat([ember.zeros(0, 3), ember.tensor(a)]), torch.cat([torch.zeros(0, 3), torch.from_numpy(a)]))
+    check(
+        ember.cat([ember.tensor(e), ember.tensor(e)]), torch.cat([torch.from_numpy(e), torch.from_numpy(e)])
+    )
+    check(
+        ember.cat([ember.zeros(0, 3), ember.tensor(a)]), torch.cat([torch.zeros(0, 3), torch.from_numpy(a)])
+    )
 
 
 def test_cat_errors() -> None:
-    with pytest.raises(ShapeError, match=rx("sizes of tensors must match except in dimension 0. Expected size 3 but "
-                                            "got size 4 for tensor number 1 in the list (shapes [2, 3] and [2, 4], "
-                                            "dim 1)")):
+    with pytest.raises(
+        ShapeError,
+        match=rx(
+            "sizes of tensors must match except in dimension 0. Expected size 3 but "
+            "got size 4 for tensor number 1 in the list (shapes [2, 3] and [2, 4], "
+            "dim 1)"
+        ),
+    ):
         ember.cat([ember.zeros(2, 3), ember.zeros(2, 4)])
-    with pytest.raises(ShapeError, match=rx("tensors must have same number of dimensions: got 2 (tensor 0, shape "
-                                            "[2, 3]) and 3 (tensor 1, shape [1, 2, 3])")):
+    with pytest.raises(
+        ShapeError,
+        match=rx(
+            "tensors must have same number of dimensions: got 2 (tensor 0, shape "
+            "[2, 3]) and 3 (tensor 1, shape [1, 2, 3])"
+        ),
+    ):
         ember.cat([ember.zeros(2, 3), ember.zeros(1, 2, 3)])
-    with pytest.raises(ShapeError, match="zero-dimensional tensor \\(at position 1\\) cannot be concatenated"):
+    with pytest.raises(
+        ShapeError, match="zero-dimensional tensor \\(at position 1\\) cannot be concatenated"
+    ):
         ember.cat([ember.zeros(2), ember.tensor(1.0)])
     with pytest.raises(ValueRangeError, match="expected a non-empty list of Tensors"):
         ember.cat([])
@@ -555,7 +618,9 @@ def test_cat_errors() -> None:
         ember.cat([ember.zeros(2), [1.0]])
     with pytest.raises(DimError, match="dimension out of range"):
         ember.cat([ember.zeros(2, 3)], 2)
-    other = Tensor._make(ember.zeros(2)._h, ember.float32, ember.Device("flex", 0, (("test_only_variant", 1),)))
+    other = Tensor._make(
+        ember.zeros(2)._h, ember.float32, ember.Device("flex", 0, (("test_only_variant", 1),))
+    )
     with pytest.raises(ember.DeviceError, match="cat: expected all tensors on the same device"):
         ember.cat([ember.zeros(2), other])
 
@@ -565,12 +630,19 @@ def test_stack(dim: int) -> None:
     a, b = data(2, 3), data(2, 3) + 50
     want = torch.stack([torch.from_numpy(a), torch.from_numpy(b)], dim)
     check(ember.stack([ember.tensor(a), NC(b)], dim), want)
-    check(ember.stack([ember.tensor(1.0), ember.tensor(2.0)]), torch.stack([torch.tensor(1.0), torch.tensor(2.0)]))
+    check(
+        ember.stack([ember.tensor(1.0), ember.tensor(2.0)]),
+        torch.stack([torch.tensor(1.0), torch.tensor(2.0)]),
+    )
 
 
 def test_stack_errors() -> None:
-    with pytest.raises(ShapeError, match=rx("stack: expects each tensor to be equal size, but got [2, 3] at entry 0 "
-                                            "and [2, 4] at entry 1")):
+    with pytest.raises(
+        ShapeError,
+        match=rx(
+            "stack: expects each tensor to be equal size, but got [2, 3] at entry 0 and [2, 4] at entry 1"
+        ),
+    ):
         ember.stack([ember.zeros(2, 3), ember.zeros(2, 4)])
     with pytest.raises(DimError, match="dimension out of range"):
         ember.stack([ember.zeros(2, 3)], 3)
@@ -580,23 +652,32 @@ def test_hstack_vstack_dstack_column_stack() -> None:
     for shapes in (((3,), (2,)), ((2, 3), (2, 1)), ((1.0,), (1.0,))):
         arrs = [data(*s) if isinstance(s[0], int) else np.float32(2.0) for s in shapes]
         if all(np.ndim(a) == 1 for a in arrs) or all(np.ndim(a) == 0 for a in arrs):
-            check(ember.hstack([ember.tensor(a) for a in arrs]), torch.hstack([torch.tensor(a) for a in arrs]))
+            check(
+                ember.hstack([ember.tensor(a) for a in arrs]), torch.hstack([torch.tensor(a) for a in arrs])
+            )
         elif arrs[0].shape[0] == arrs[1].shape[0]:
-            check(ember.hstack([ember.tensor(a) for a in arrs]), torch.hstack([torch.tensor(a) for a in arrs]))
+            check(
+                ember.hstack([ember.tensor(a) for a in arrs]), torch.hstack([torch.tensor(a) for a in arrs])
+            )
     for arrs in ((data(3), data(3)), (data(2, 3), data(3)), (np.float32(1), np.float32(2))):
         check(ember.vstack([ember.tensor(a) for a in arrs]), torch.vstack([torch.tensor(a) for a in arrs]))
         check(ember.row_stack([ember.tensor(a) for a in arrs]), torch.vstack([torch.tensor(a) for a in arrs]))
         if np.ndim(arrs[0]) == np.ndim(arrs[1]):
-            check(ember.dstack([ember.tensor(a) for a in arrs]), torch.dstack([torch.tensor(a) for a in arrs]))
+            check(
+                ember.dstack([ember.tensor(a) for a in arrs]), torch.dstack([torch.tensor(a) for a in arrs])
+            )
     arrs = (data(3), data(3, 2))
-    check(ember.column_stack([ember.tensor(a) for a in arrs]), torch.column_stack([torch.tensor(a) for a in arrs]))
+    check(
+        ember.column_stack([ember.tensor(a) for a in arrs]),
+        torch.column_stack([torch.tensor(a) for a in arrs]),
+    )
     with pytest.raises(ShapeError, match="sizes of tensors must match"):
         ember.vstack([ember.zeros(3), ember.zeros(4)])
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # triangles, diagonals, meshgrid, unfold
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [0, 1, -1, 3, -5])
 def test_tril_triu(k: int) -> None:
     a = data(2, 3, 4)
@@ -605,17 +686,22 @@ def test_tril_triu(k: int) -> None:
         check(ember.triu(x, diagonal=k), torch.triu(torch.from_numpy(a), diagonal=k))
     ints = data(4, 4, dtype=np.int64)
     check(ember.tril(ember.tensor(ints), k), torch.tril(torch.from_numpy(ints), k))
-    with pytest.raises(ShapeError, match=rx("tril: input tensor must have at least 2 dimensions, got shape [3]")):
+    with pytest.raises(
+        ShapeError, match=rx("tril: input tensor must have at least 2 dimensions, got shape [3]")
+    ):
         ember.zeros(3).tril()
 
 
-@pytest.mark.parametrize(("off", "d1", "d2"), [(0, 0, 1), (1, 0, 1), (-1, 0, 1), (0, 1, 2), (2, -1, 0), (9, 0, 1),
-                                               (-2, 2, 1)])
+@pytest.mark.parametrize(
+    ("off", "d1", "d2"), [(0, 0, 1), (1, 0, 1), (-1, 0, 1), (0, 1, 2), (2, -1, 0), (9, 0, 1), (-2, 2, 1)]
+)
 def test_diagonal(off: int, d1: int, d2: int) -> None:
     a = data(3, 4, 5)
     for x in both(a):
         check(x.diagonal(off, d1, d2), torch.from_numpy(a).diagonal(off, d1, d2))
-    with pytest.raises(DimError, match="diagonal dimensions cannot be identical|dimensions cannot be identical"):
+    with pytest.raises(
+        DimError, match="diagonal dimensions cannot be identical|dimensions cannot be identical"
+    ):
         ember.tensor(a).diagonal(0, 1, 1)
     with pytest.raises(ShapeError, match="diagonal: input must have at least 2 dimensions"):
         ember.zeros(3).diagonal()
@@ -641,7 +727,10 @@ def test_meshgrid(indexing: str) -> None:
     check(ember.meshgrid(ember.tensor(a), ember.tensor(b), ember.tensor(c), indexing=indexing), want)
     want2 = torch.meshgrid([torch.from_numpy(a), torch.tensor(np.float32(1.0))], indexing=indexing)
     check(ember.meshgrid([ember.tensor(a), ember.tensor(np.float32(1.0))], indexing=indexing), want2)
-    check(ember.meshgrid(ember.tensor(a), indexing=indexing), torch.meshgrid(torch.from_numpy(a), indexing=indexing))
+    check(
+        ember.meshgrid(ember.tensor(a), indexing=indexing),
+        torch.meshgrid(torch.from_numpy(a), indexing=indexing),
+    )
 
 
 def test_meshgrid_errors() -> None:
@@ -653,8 +742,9 @@ def test_meshgrid_errors() -> None:
         ember.meshgrid(ember.zeros(2), ember.arange(3))
 
 
-@pytest.mark.parametrize(("dim", "size", "step"), [(0, 2, 1), (1, 3, 2), (-1, 4, 1), (2, 1, 3), (1, 5, 5),
-                                                   (0, 0, 1)])
+@pytest.mark.parametrize(
+    ("dim", "size", "step"), [(0, 2, 1), (1, 3, 2), (-1, 4, 1), (2, 1, 3), (1, 5, 5), (0, 0, 1)]
+)
 def test_unfold(dim: int, size: int, step: int) -> None:
     a = data(3, 5, 4)
     for x in both(a):
@@ -674,15 +764,34 @@ def test_unfold_errors() -> None:
         x.unfold(2, 1, 1)
 
 
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # module conventions
-# ------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def test_exports_and_methods() -> None:
     for name in shape_ops.__all__:
         assert getattr(ember, name) is getattr(shape_ops, name), name
     for name, fn in shape_ops.TENSOR_METHODS.items():
         assert getattr(Tensor, name) is fn, name
     # PyTorch has these as functions too, with the same names
-    for name in ("reshape", "permute", "transpose", "squeeze", "unsqueeze", "flatten", "cat", "stack", "split",
-                 "chunk", "tril", "triu", "roll", "flip", "narrow", "movedim", "meshgrid", "diag", "t"):
+    for name in (
+        "reshape",
+        "permute",
+        "transpose",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "cat",
+        "stack",
+        "split",
+        "chunk",
+        "tril",
+        "triu",
+        "roll",
+        "flip",
+        "narrow",
+        "movedim",
+        "meshgrid",
+        "diag",
+        "t",
+    ):
         assert hasattr(torch, name) and name in shape_ops.__all__, name

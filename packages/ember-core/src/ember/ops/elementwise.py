@@ -259,7 +259,7 @@ def unary(op: str, x: Tensor) -> Tensor:
             val = op == "isfinite"
             return Tensor._make(stack.full(x.shape, val, dt.bool_), dt.bool_, x._device)
         return Tensor._make(stack.unary(op, h), dt.bool_, x._device)
-    if op in _INT_IDENTITY and not d.is_floating_point:
+    if (op in _INT_IDENTITY and not d.is_floating_point) or (op == "sign" and d is dt.bool_):
         return Tensor._make(stack.copy(h), d, x._device)
     if op == "bitwise_not" and d.is_floating_point:
         raise DTypeError(f"bitwise_not: not implemented for {d.name} (integer or bool tensors only)")

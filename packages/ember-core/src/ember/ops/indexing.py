@@ -1,5 +1,5 @@
-"""Indexing with PyTorch's semantics: ``x[key]``, ``x[key] = value``, gather/scatter, index_select, masked ops,
-nonzero, take.
+"""Indexing with PyTorch's semantics: ``x[key]``, ``x[key] = value``, gather/scatter, index_select,
+masked ops, nonzero, take.
 
 ``x[key]`` accepts ints, slices (positive steps), None, Ellipsis, Python bools, integer and bool tensors,
 and nested lists / numpy arrays of ints or bools. The key is validated here (bounds, mask shapes, index
@@ -19,7 +19,14 @@ import numpy as np
 
 from .. import dtypes as dt
 from .._bridge import broadcast_shapes2, norm_dim, same_device, transfer
-from ..errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
+from ..errors import (
+    DeviceError,
+    DTypeError,
+    IndexOutOfRangeError,
+    ShapeError,
+    UnsupportedError,
+    ValueRangeError,
+)
 from ..tensor import Tensor
 
 Shape = tuple[int, ...]
@@ -85,7 +92,8 @@ def _key_tensor(x: Tensor, obj: Any) -> Tensor:
     if arr.dtype.kind in "iu":
         return to_tensor(arr, dt.int64, x._device)
     raise IndexOutOfRangeError(
-        f"index: tensors used as indices must be long, int, byte or bool tensors, got a sequence of {arr.dtype}"
+        "index: tensors used as indices must be long, int, byte or bool tensors, got a sequence of "
+        f"{arr.dtype}"
     )
 
 
@@ -128,7 +136,8 @@ def _parse(x: Tensor, key: Any, op: str) -> _Plan:
                     k = _key_tensor(x, k)
                 else:
                     raise IndexOutOfRangeError(
-                        f"{op}: only integers, slices (`:`), ellipsis (`...`), None and long or bool tensors are "
+                        f"{op}: only integers, slices (`:`), ellipsis (`...`), None and long or bool "
+                        "tensors are "
                         f"valid indices (got {type(k).__name__})"
                     )
             d = k._dtype
@@ -151,7 +160,9 @@ def _parse(x: Tensor, key: Any, op: str) -> _Plan:
                 consumed += 1
     ndim = x.ndim
     if consumed > ndim:
-        raise IndexOutOfRangeError(f"{op}: too many indices for tensor of dimension {ndim} (shape {_fmt(x.shape)})")
+        raise IndexOutOfRangeError(
+            f"{op}: too many indices for tensor of dimension {ndim} (shape {_fmt(x.shape)})"
+        )
     fill = [(_SLICE, slice(None))] * (ndim - consumed)
     if ellipsis_at >= 0:
         items[ellipsis_at:ellipsis_at] = fill
@@ -173,7 +184,9 @@ def _plan(x: Tensor, items: list[tuple[int, Any]], op: str) -> _Plan:
         if kind == _INT:
             n = shape[d]
             if not -n <= v < n:
-                raise IndexOutOfRangeError(f"{op}: index {v} is out of bounds for dimension {d} with size {n}")
+                raise IndexOutOfRangeError(
+                    f"{op}: index {v} is out of bounds for dimension {d} with size {n}"
+                )
             out_key.append(v % n)
             d += 1
         elif kind == _SLICE:
@@ -199,7 +212,7 @@ def _plan(x: Tensor, items: list[tuple[int, Any]], op: str) -> _Plan:
             d += 1
         else:  # mask
             k = v.ndim
-            if v.shape != shape[d:d + k]:
+            if v.shape != shape[d : d + k]:
                 raise IndexOutOfRangeError(
                     f"{op}: the shape of the mask {_fmt(v.shape)} at index 0 does not match the shape of the "
                     f"indexed tensor {_fmt(shape)} at index {d}"
@@ -207,8 +220,15 @@ def _plan(x: Tensor, items: list[tuple[int, Any]], op: str) -> _Plan:
             m = v if v._device is x._device else transfer(v, x._device)
             mh = m._h if m._dtype is dt.bool_ else stack.cast(m._h, dt.bool_)
             out_key.append(mh)
-            count = int(stack.to_numpy(stack.reduce("sum", stack.cast(mh, dt.int64), tuple(range(k)), False))
-                        .item()) if v.numel() else 0
+            count = (
+                int(
+                    stack.to_numpy(
+                        stack.reduce("sum", stack.cast(mh, dt.int64), tuple(range(k)), False)
+                    ).item()
+                )
+                if v.numel()
+                else 0
+            )
             adv_shapes.append((count,))
             d += k
         seq.append(kind)
@@ -234,8 +254,11 @@ def _plan(x: Tensor, items: list[tuple[int, Any]], op: str) -> _Plan:
         def np_axis(i: int) -> int:
             return i if i < pn else i + na
 
-        perm = (tuple(np_axis(i) for i in range(pt)) + tuple(range(pn, pn + na))
-                + tuple(np_axis(i) for i in range(pt, len(basic))))
+        perm = (
+            tuple(np_axis(i) for i in range(pt))
+            + tuple(range(pn, pn + na))
+            + tuple(np_axis(i) for i in range(pt, len(basic)))
+        )
     return _Plan(tuple(out_key), t_shape, perm, True)
 
 
@@ -257,7 +280,7 @@ def _position(seq: list[int], include_ints: bool) -> int:
     pos = [i for i, k in enumerate(kinds) if k in adv_kinds]
     if pos[-1] - pos[0] + 1 != len(pos):
         return 0
-    return sum(1 for k in kinds[:pos[0]] if k in (_SLICE, _NONE))
+    return sum(1 for k in kinds[: pos[0]] if k in (_SLICE, _NONE))
 
 
 def getitem(x: Tensor, key: Any) -> Tensor:
@@ -289,7 +312,9 @@ def _fill_scalar(v: Any, dtype: dt.DType, op: str) -> Any:
         v = int(v)
         lo, hi = _INT_RANGE[dtype]
         if not lo <= v <= hi:
-            raise ValueRangeError(f"{op}: value {v} cannot be converted to type {dtype.name} without overflow")
+            raise ValueRangeError(
+                f"{op}: value {v} cannot be converted to type {dtype.name} without overflow"
+            )
         return v
     return float(v)
 
@@ -299,7 +324,8 @@ def _check_writable(x: Tensor, op: str) -> None:
     if strides is not None and x.numel() > 1 and any(st == 0 and n > 1 for st, n in zip(strides, x._h.shape)):
         raise UnsupportedError(
             f"{op}: unsupported operation: more than one element of the written-to tensor (shape "
-            f"{_fmt(x.shape)}) refers to a single memory location (an expanded tensor?). Please clone() the tensor "
+            f"{_fmt(x.shape)}) refers to a single memory location (an expanded tensor?). Please clone() the "
+            "tensor "
             "before performing the operation."
         )
 
@@ -334,7 +360,8 @@ def _value_handle(x: Tensor, value: Any, target: Shape, op: str) -> tuple[Any, b
         ok = False
     if not ok:
         raise ShapeError(
-            f"{op}: shape mismatch: value tensor of shape {_fmt(value.shape)} cannot be broadcast to indexing "
+            f"{op}: shape mismatch: value tensor of shape {_fmt(value.shape)} cannot be broadcast to "
+            "indexing "
             f"result of shape {_fmt(target)}"
         )
     return h, True
@@ -413,9 +440,9 @@ def index_put(input: Tensor, indices: Any, values: Any, accumulate: bool = False
     return index_put_(clone(_t(input, "index_put")), indices, values, accumulate)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # gather / scatter
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def _int64_index(index: Any, op: str) -> Tensor:
     if not isinstance(index, Tensor):
         raise DTypeError(f"{op}: index must be a Tensor, got {type(index).__name__}")
@@ -455,7 +482,8 @@ def gather(input: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False)
     for k in range(len(ixs)):
         if k != d and ixs[k] > xs[k]:
             raise ShapeError(
-                f"gather: size does not match at dimension {k} expected index {_fmt(idx.shape)} to be no larger "
+                f"gather: size does not match at dimension {k} expected index {_fmt(idx.shape)} to be no "
+                "larger "
                 f"than self {_fmt(x.shape)} apart from dimension {d}"
             )
     stack = x._device.stack
@@ -468,8 +496,9 @@ def gather(input: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False)
     return Tensor._make(h, x._dtype, x._device)
 
 
-def _scatter_args(x: Tensor, dim: int, index: Any, src: Any, value: Any, reduce: str | None,
-                  op: str) -> tuple[int, Any, Any]:
+def _scatter_args(
+    x: Tensor, dim: int, index: Any, src: Any, value: Any, reduce: str | None, op: str
+) -> tuple[int, Any, Any]:
     idx = _int64_index(index, op)
     same_device(op, x, idx)
     if reduce not in (None, "add", "multiply"):
@@ -490,27 +519,33 @@ def _scatter_args(x: Tensor, dim: int, index: Any, src: Any, value: Any, reduce:
     if isinstance(src, Tensor):
         same_device(op, x, src)
         if src._dtype is not x._dtype:
-            raise DTypeError(f"{op}: expected self.dtype to be equal to src.dtype, got {x._dtype.name} and "
-                             f"{src._dtype.name}")
+            raise DTypeError(
+                f"{op}: expected self.dtype to be equal to src.dtype, got {x._dtype.name} and "
+                f"{src._dtype.name}"
+            )
         ss = src.shape or (1,)
         if len(ss) != len(ixs) and not (src.ndim <= 1 and idx.ndim <= 1):
-            raise ShapeError(f"{op}: index shape {_fmt(idx.shape)} and src shape {_fmt(src.shape)} must have the "
-                             "same number of dimensions")
+            raise ShapeError(
+                f"{op}: index shape {_fmt(idx.shape)} and src shape {_fmt(src.shape)} must have the "
+                "same number of dimensions"
+            )
         sv: Any = _as1(src._h, stack)
     else:
         if src is not None:
             value = src
         if isinstance(value, Tensor):
             if value.numel() != 1:
-                raise ShapeError(f"{op}: value must be a number or a 1-element tensor, got shape "
-                                 f"{_fmt(value.shape)}")
+                raise ShapeError(
+                    f"{op}: value must be a number or a 1-element tensor, got shape {_fmt(value.shape)}"
+                )
             value = value.item()
         sv = _fill_scalar(value, x._dtype, op)
         ss = None
     for k in range(len(ixs)):
         if (k != d and ixs[k] > xs[k]) or (ss is not None and ixs[k] > ss[k]):
             raise ShapeError(
-                f"{op}: expected index {_fmt(idx.shape)} to be no larger than self {_fmt(x.shape)} apart from "
+                f"{op}: expected index {_fmt(idx.shape)} to be no larger than self {_fmt(x.shape)} apart "
+                "from "
                 f"dimension {d}" + (f" and to be no larger size than src {_fmt(src.shape)}" if ss else "")
             )
     _check_index_values(stack, idx._h, xs[d], d, op)
@@ -527,15 +562,19 @@ def _scatter(x: Tensor, dim: int, index: Any, src: Any, value: Any, reduce: str 
     return stack.reshape(h, ()) if not x.ndim else h
 
 
-def scatter(input: Tensor, dim: int, index: Tensor, src: Any = None, *, value: Any = None,
-            reduce: str | None = None) -> Tensor:
+def scatter(
+    input: Tensor, dim: int, index: Tensor, src: Any = None, *, value: Any = None, reduce: str | None = None
+) -> Tensor:
     """A copy of input with src (a tensor) or value (a number) written at index along dim; reduce=None
     replaces, 'add' / 'multiply' combine with what is there."""
-    return Tensor._make(_scatter(input, dim, index, src, value, reduce, "scatter"), input._dtype, input._device)
+    return Tensor._make(
+        _scatter(input, dim, index, src, value, reduce, "scatter"), input._dtype, input._device
+    )
 
 
-def scatter_(input: Tensor, dim: int, index: Tensor, src: Any = None, *, value: Any = None,
-             reduce: str | None = None) -> Tensor:
+def scatter_(
+    input: Tensor, dim: int, index: Tensor, src: Any = None, *, value: Any = None, reduce: str | None = None
+) -> Tensor:
     """In-place scatter."""
     h = _scatter(input, dim, index, src, value, reduce, "scatter_")
     _check_writable(input, "scatter_")
@@ -587,10 +626,14 @@ def _index_add(x: Tensor, dim: int, index: Any, source: Any, alpha: Any, op: str
     ss = src.shape or (1,)
     k = idx.numel()
     if len(ss) != len(xs) or ss[d] != k or any(ss[i] != xs[i] for i in range(len(xs)) if i != d):
-        raise ShapeError(f"{op}: source shape {_fmt(src.shape)} must match self shape {_fmt(x.shape)} except at "
-                         f"dim {d}, where it must equal the number of indices ({k})")
+        raise ShapeError(
+            f"{op}: source shape {_fmt(src.shape)} must match self shape {_fmt(x.shape)} except at "
+            f"dim {d}, where it must equal the number of indices ({k})"
+        )
     if src._dtype is not x._dtype:
-        raise DTypeError(f"{op}: self ({x._dtype.name}) and source ({src._dtype.name}) must have the same dtype")
+        raise DTypeError(
+            f"{op}: self ({x._dtype.name}) and source ({src._dtype.name}) must have the same dtype"
+        )
     stack = x._device.stack
     ih = idx._h if idx._dtype is dt.int64 else stack.cast(idx._h, dt.int64)
     _check_index_values(stack, ih, xs[d], d, op)
@@ -607,7 +650,9 @@ def _index_add(x: Tensor, dim: int, index: Any, source: Any, alpha: Any, op: str
 
 def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: Any = 1) -> Tensor:
     """A copy of input with alpha * source added at index (a vector) along dim; repeated indices add up."""
-    return Tensor._make(_index_add(input, dim, index, source, alpha, "index_add"), input._dtype, input._device)
+    return Tensor._make(
+        _index_add(input, dim, index, source, alpha, "index_add"), input._dtype, input._device
+    )
 
 
 def index_add_(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: Any = 1) -> Tensor:
@@ -616,9 +661,9 @@ def index_add_(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha:
     return input
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # masks
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def _mask(x: Tensor, mask: Any, op: str) -> Tensor:
     if not isinstance(mask, Tensor):
         raise DTypeError(f"{op}: mask must be a Tensor, got {type(mask).__name__}")
@@ -631,8 +676,10 @@ def _mask(x: Tensor, mask: Any, op: str) -> Tensor:
 def _mask_value(x: Tensor, value: Any, op: str) -> Any:
     if isinstance(value, Tensor):
         if value.ndim != 0:
-            raise ShapeError(f"{op}: only supports a 0-dimensional value tensor, but got tensor with "
-                             f"{value.ndim} dimension(s)")
+            raise ShapeError(
+                f"{op}: only supports a 0-dimensional value tensor, but got tensor with "
+                f"{value.ndim} dimension(s)"
+            )
         value = value.item()
     return _fill_scalar(value, x._dtype, op)
 
@@ -654,8 +701,10 @@ def masked_fill_(input: Tensor, mask: Tensor, value: Any) -> Tensor:
     m = _mask(x, mask, "masked_fill_")
     v = _mask_value(x, value, "masked_fill_")
     if broadcast_shapes2(x.shape, m.shape, "masked_fill_") != x.shape:
-        raise ShapeError(f"masked_fill_: mask of shape {_fmt(m.shape)} cannot be broadcast to the tensor's shape "
-                         f"{_fmt(x.shape)} in place")
+        raise ShapeError(
+            f"masked_fill_: mask of shape {_fmt(m.shape)} cannot be broadcast to the tensor's shape "
+            f"{_fmt(x.shape)} in place"
+        )
     _check_writable(x, "masked_fill_")
     stack = x._device.stack
     mh = m._h if m.shape == x.shape else stack.expand(m._h, x.shape)
@@ -726,34 +775,63 @@ def take_along_dim(input: Tensor, indices: Tensor, dim: int | None = None) -> Te
     same_device("take_along_dim", x, idx)
     stack = x._device.stack
     if dim is None:
-        return take_along_dim(Tensor._make(stack.reshape(x._h, (x.numel(),)), x._dtype, x._device),
-                              Tensor._make(stack.reshape(idx._h, (idx.numel(),)), idx._dtype, idx._device), 0)
+        return take_along_dim(
+            Tensor._make(stack.reshape(x._h, (x.numel(),)), x._dtype, x._device),
+            Tensor._make(stack.reshape(idx._h, (idx.numel(),)), idx._dtype, idx._device),
+            0,
+        )
     if x.ndim != idx.ndim:
-        raise ShapeError(f"take_along_dim: input and indices should have the same number of dimensions, but got "
-                         f"{x.ndim} dimensions for input (shape {_fmt(x.shape)}), and {idx.ndim} dimensions for "
-                         f"indices (shape {_fmt(idx.shape)})")
+        raise ShapeError(
+            f"take_along_dim: input and indices should have the same number of dimensions, but got "
+            f"{x.ndim} dimensions for input (shape {_fmt(x.shape)}), and {idx.ndim} dimensions for "
+            f"indices (shape {_fmt(idx.shape)})"
+        )
     d = norm_dim(dim, x.ndim, "take_along_dim")
     if x.ndim == 0:
         return gather(x, 0, idx)
     xs, ixs = list(x.shape), list(idx.shape)
     xs[d] = ixs[d] = 1
     b = list(broadcast_shapes2(tuple(xs), tuple(ixs), "take_along_dim"))
-    xshape = tuple(b[:d] + [x.shape[d]] + b[d + 1:])
-    ishape = tuple(b[:d] + [idx.shape[d]] + b[d + 1:])
+    xshape = tuple(b[:d] + [x.shape[d]] + b[d + 1 :])
+    ishape = tuple(b[:d] + [idx.shape[d]] + b[d + 1 :])
     xb = Tensor._make(stack.expand(x._h, xshape) if xshape != x.shape else x._h, x._dtype, x._device)
-    ib = Tensor._make(stack.expand(idx._h, ishape) if ishape != idx.shape else idx._h, idx._dtype, idx._device)
+    ib = Tensor._make(
+        stack.expand(idx._h, ishape) if ishape != idx.shape else idx._h, idx._dtype, idx._device
+    )
     return gather(xb, d, ib)
 
 
 __all__ = [
-    "gather", "scatter", "scatter_add", "index_select", "index_add", "index_put", "masked_fill",
-    "masked_select", "nonzero", "argwhere", "take", "take_along_dim",
+    "gather",
+    "scatter",
+    "scatter_add",
+    "index_select",
+    "index_add",
+    "index_put",
+    "masked_fill",
+    "masked_select",
+    "nonzero",
+    "argwhere",
+    "take",
+    "take_along_dim",
 ]
 
 TENSOR_METHODS: dict[str, Any] = {
-    "gather": gather, "scatter": scatter, "scatter_": scatter_, "scatter_add": scatter_add,
-    "scatter_add_": scatter_add_, "index_select": index_select, "index_add": index_add,
-    "index_add_": index_add_, "index_put": index_put, "index_put_": index_put_, "masked_fill": masked_fill,
-    "masked_fill_": masked_fill_, "masked_select": masked_select, "nonzero": nonzero, "argwhere": argwhere,
-    "take": take, "take_along_dim": take_along_dim,
+    "gather": gather,
+    "scatter": scatter,
+    "scatter_": scatter_,
+    "scatter_add": scatter_add,
+    "scatter_add_": scatter_add_,
+    "index_select": index_select,
+    "index_add": index_add,
+    "index_add_": index_add_,
+    "index_put": index_put,
+    "index_put_": index_put_,
+    "masked_fill": masked_fill,
+    "masked_fill_": masked_fill_,
+    "masked_select": masked_select,
+    "nonzero": nonzero,
+    "argwhere": argwhere,
+    "take": take,
+    "take_along_dim": take_along_dim,
 }

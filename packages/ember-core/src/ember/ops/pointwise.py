@@ -256,7 +256,9 @@ def logaddexp(input: Tensor, other: Tensor) -> Tensor:
 def isclose(input: Tensor, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
     diff = unary("abs", binary("sub", input, other))
     tol = binary("add", binary("mul", unary("abs", other) if isinstance(other, Tensor) else abs(other), rtol), atol)
-    close = binary("logical_or", binary("eq", input, other), binary("le", diff, tol))
+    # an infinite difference is never within tolerance (inf vs -inf), only exact equality is
+    within = binary("logical_and", unary("isfinite", diff), binary("le", diff, tol))
+    close = binary("logical_or", binary("eq", input, other), within)
     if equal_nan:
         both = binary("logical_and", unary("isnan", input),
                       unary("isnan", other) if isinstance(other, Tensor) else other != other)

@@ -24,9 +24,9 @@ from ..tensor import Tensor
 Shape = tuple[int, ...]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # helpers
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def _t(x: Any, op: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise DTypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
@@ -87,7 +87,7 @@ def _infer_shape(shape: tuple[int, ...], numel: int, op: str) -> Shape:
                 "unspecified dimension size -1 can be any value and is ambiguous"
             )
         if numel % known == 0:
-            return shape[:infer] + (numel // known,) + shape[infer + 1:]
+            return shape[:infer] + (numel // known,) + shape[infer + 1 :]
     elif known == numel:
         return shape
     raise ShapeError(f"{op}: shape '{_fmt(shape)}' is invalid for input of size {numel}")
@@ -123,9 +123,9 @@ def _reshape_h(x: Tensor, shape: Shape) -> Any:
     return x._device.stack.reshape(h, shape)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # reshape / view
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def reshape(input: Tensor, *shape: Any) -> Tensor:
     """Same data in a new shape (one size may be -1); a view when the data allows it, else a copy."""
     x = _t(input, "reshape")
@@ -134,17 +134,20 @@ def reshape(input: Tensor, *shape: Any) -> Tensor:
 
 
 def view(input: Tensor, *shape: Any) -> Tensor:
-    """Like reshape, but never copies: ShapeError when the input's strides do not allow a view (as PyTorch)."""
+    """Like reshape, but never copies: ShapeError when the strides do not allow a view (as PyTorch)."""
     x = _t(input, "view")
     if len(shape) == 1 and isinstance(shape[0], (dt.DType, str)):
-        raise UnsupportedError("view(dtype): reinterpreting a tensor's bits as another dtype is not supported")
+        raise UnsupportedError(
+            "view(dtype): reinterpreting a tensor's bits as another dtype is not supported"
+        )
     s = _infer_shape(_int_args(shape, "view"), x.numel(), "view")
     strides = getattr(x._h, "strides", None)
     if strides is not None and tuple(x.shape) != s:
         item = x._h.dtype.itemsize if hasattr(x._h, "dtype") else x._dtype.itemsize
         if not _view_strides(tuple(x.shape), [st // item for st in strides], s):
             raise ShapeError(
-                f"view: view size {_fmt(s)} is not compatible with input tensor's size {_fmt(x.shape)} and stride "
+                f"view: view size {_fmt(s)} is not compatible with input tensor's size {_fmt(x.shape)} and "
+                "stride "
                 "(at least one dimension spans across two contiguous subspaces). Use .reshape(...) instead."
             )
     return _make(x, _reshape_h(x, s))
@@ -175,7 +178,7 @@ def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if n == 0:
         return _make(x, _reshape_h(x, (1,)))
     shape = x.shape
-    new = shape[:s] + (_numel(shape[s:e + 1]),) + shape[e + 1:]
+    new = shape[:s] + (_numel(shape[s : e + 1]),) + shape[e + 1 :]
     return _make(x, _reshape_h(x, new))
 
 
@@ -193,15 +196,16 @@ def unflatten(input: Tensor, dim: int, sizes: Sequence[int]) -> Tensor:
         resolved = _infer_shape(sizes_t, n, "unflatten")
     except ShapeError:
         raise ShapeError(
-            f"unflatten: provided sizes {_fmt(sizes_t)} don't multiply up to the size of dim {dim} ({n}) in the "
+            f"unflatten: provided sizes {_fmt(sizes_t)} don't multiply up to the size of dim {dim} ({n}) in "
+            "the "
             f"input tensor of shape {_fmt(x.shape)}"
         ) from None
-    return _make(x, _reshape_h(x, x.shape[:d] + resolved + x.shape[d + 1:]))
+    return _make(x, _reshape_h(x, x.shape[:d] + resolved + x.shape[d + 1 :]))
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # permutations
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def _permute_h(x: Tensor, perm: tuple[int, ...]) -> Any:
     if perm == tuple(range(len(perm))):
         return x._h
@@ -215,7 +219,8 @@ def permute(input: Tensor, *dims: Any) -> Tensor:
     n = x.ndim
     if len(raw) != n:
         raise DimError(
-            f"permute: number of dims don't match in permute: the tensor has {n} dims (shape {_fmt(x.shape)}) "
+            f"permute: number of dims don't match in permute: the tensor has {n} dims (shape "
+            f"{_fmt(x.shape)}) "
             f"but {len(raw)} dims were given: {raw}"
         )
     perm = tuple(norm_dim(d, n, "permute") for d in raw)
@@ -249,8 +254,9 @@ def t(input: Tensor) -> Tensor:
     """Transpose a tensor of at most 2 dims (0-d and 1-d are returned as they are)."""
     x = _t(input, "t")
     if x.ndim > 2:
-        raise ShapeError(f"t: expects a tensor with <= 2 dimensions, but got a {x.ndim}-d tensor of shape "
-                         f"{_fmt(x.shape)}")
+        raise ShapeError(
+            f"t: expects a tensor with <= 2 dimensions, but got a {x.ndim}-d tensor of shape {_fmt(x.shape)}"
+        )
     return transpose(x, 0, -1) if x.ndim == 2 else _make(x, x._h)
 
 
@@ -293,9 +299,9 @@ def moveaxis(input: Tensor, source: int | Sequence[int], destination: int | Sequ
     return movedim(input, source, destination)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # squeeze / unsqueeze
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def squeeze(input: Tensor, dim: int | Sequence[int] | None = None) -> Tensor:
     """Remove size-1 dims (all of them, or those in dim; dims of other sizes are left alone)."""
     x = _t(input, "squeeze")
@@ -344,14 +350,15 @@ def _atleast(tensors: tuple[Any, ...], n: int) -> Any:
     return out[0] if single else tuple(out)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # broadcasting
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def _expand_shape(shape: Shape, sizes: tuple[int, ...], op: str) -> Shape:
     n, k = len(shape), len(sizes)
     if k < n:
         raise ShapeError(
-            f"{op}: the number of sizes provided ({k}) must be greater or equal to the number of dimensions in "
+            f"{op}: the number of sizes provided ({k}) must be greater or equal to the number of dimensions "
+            "in "
             f"the tensor ({n}); sizes {_fmt(sizes)}, tensor shape {_fmt(shape)}"
         )
     out = []
@@ -359,8 +366,10 @@ def _expand_shape(shape: Shape, sizes: tuple[int, ...], op: str) -> Shape:
         j = i - (k - n)
         if j < 0:
             if s < 0:
-                raise ShapeError(f"{op}: the expanded size of the tensor ({s}) isn't allowed in a leading, "
-                                 f"non-existing dimension {i}")
+                raise ShapeError(
+                    f"{op}: the expanded size of the tensor ({s}) isn't allowed in a leading, "
+                    f"non-existing dimension {i}"
+                )
             out.append(s)
             continue
         have = shape[j]
@@ -449,9 +458,9 @@ def tile(input: Tensor, dims: Sequence[int]) -> Tensor:
     return repeat(x, reps)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # flips and rolls
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def flip(input: Tensor, dims: Any) -> Tensor:
     """Reverse the order of elements along dims (a copy, as in PyTorch)."""
     x = _t(input, "flip")
@@ -503,9 +512,9 @@ def roll(input: Tensor, shifts: int | Sequence[int], dims: int | Sequence[int] |
     return _make(x, h)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # slicing views
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def narrow(input: Tensor, dim: int, start: Any, length: int) -> Tensor:
     """The slice [start, start + length) of dim (a view)."""
     x = _t(input, "narrow")
@@ -634,9 +643,9 @@ def unbind(input: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
     return tuple(_make(x, stack.getitem(x._h, pre + (i,))) for i in range(x.shape[d]))
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # joining
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def _tensor_list(tensors: Any, op: str) -> list[Tensor]:
     if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
         raise DTypeError(f"{op}: expected a sequence of Tensors, got {type(tensors).__name__}")
@@ -674,13 +683,15 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     for i, v in keep[1:]:
         if v.ndim != n:
             raise ShapeError(
-                f"cat: tensors must have same number of dimensions: got {n} (tensor {i0}, shape {_fmt(rshape)}) "
+                f"cat: tensors must have same number of dimensions: got {n} (tensor {i0}, shape "
+                f"{_fmt(rshape)}) "
                 f"and {v.ndim} (tensor {i}, shape {_fmt(v.shape)})"
             )
         for k in range(n):
             if k != d and v.shape[k] != rshape[k]:
                 raise ShapeError(
-                    f"cat: sizes of tensors must match except in dimension {d}. Expected size {rshape[k]} but "
+                    f"cat: sizes of tensors must match except in dimension {d}. Expected size {rshape[k]} "
+                    "but "
                     f"got size {v.shape[k]} for tensor number {i} in the list (shapes {_fmt(rshape)} and "
                     f"{_fmt(v.shape)}, dim {k})"
                 )
@@ -739,9 +750,9 @@ def column_stack(tensors: Sequence[Tensor]) -> Tensor:
     return cat(cols, 1)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # triangles, diagonals, grids, windows
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def _tri(input: Tensor, diagonal: int, upper: bool) -> Tensor:
     op = "triu" if upper else "tril"
     x = _t(input, op)
@@ -766,7 +777,7 @@ def _arange(x: Tensor, start: int, n: int) -> Any:
 
 
 def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
-    """The offset-th diagonal of the (dim1, dim2) planes, as a new last dim (a copy here; a view in PyTorch)."""
+    """The offset-th diagonal of the (dim1, dim2) planes as a new last dim (a copy; PyTorch makes a view)."""
     x = _t(input, "diagonal")
     if x.ndim < 2:
         raise ShapeError(f"diagonal: input must have at least 2 dimensions, got shape {_fmt(x.shape)}")
@@ -792,7 +803,9 @@ def diag(input: Tensor, diagonal: int = 0) -> Tensor:
     if x.ndim == 2:
         return globals()["diagonal"](x, k)
     if x.ndim != 1:
-        raise ShapeError(f"diag: supports 1-d or 2-d tensors, got a {x.ndim}-d tensor of shape {_fmt(x.shape)}")
+        raise ShapeError(
+            f"diag: supports 1-d or 2-d tensors, got a {x.ndim}-d tensor of shape {_fmt(x.shape)}"
+        )
     n = x.shape[0]
     m = n + abs(k)
     stack = x._device.stack
@@ -831,10 +844,14 @@ def meshgrid(*tensors: Any, indexing: str = "ij") -> tuple[Tensor, ...]:
     ts = _tensor_list(list(tensors), "meshgrid")
     for i, v in enumerate(ts):
         if v.ndim > 1:
-            raise ShapeError(f"meshgrid: expects 0-d or 1-d tensors, got shape {_fmt(v.shape)} at position {i}")
+            raise ShapeError(
+                f"meshgrid: expects 0-d or 1-d tensors, got shape {_fmt(v.shape)} at position {i}"
+            )
         if v._dtype is not ts[0]._dtype:
-            raise DTypeError(f"meshgrid: expects all tensors to have the same dtype, got {ts[0]._dtype.name} and "
-                             f"{v._dtype.name}")
+            raise DTypeError(
+                f"meshgrid: expects all tensors to have the same dtype, got {ts[0]._dtype.name} and "
+                f"{v._dtype.name}"
+            )
     sizes = [v.numel() for v in ts]
     swap = indexing == "xy" and len(ts) >= 2
     if swap:
@@ -860,8 +877,10 @@ def _unfold(self: Tensor, dimension: int, size: int, step: int) -> Tensor:
     if size < 0:
         raise ValueRangeError(f"unfold: size is {size} but must be >= 0")
     if size > n:
-        raise ShapeError(f"unfold: maximum size for tensor at dimension {d} is {n} but size is {size} "
-                         f"(shape {_fmt(x.shape)})")
+        raise ShapeError(
+            f"unfold: maximum size for tensor at dimension {d} is {n} but size is {size} "
+            f"(shape {_fmt(x.shape)})"
+        )
     if step <= 0:
         raise ValueRangeError(f"unfold: step is {step} but must be > 0")
     if x.ndim == 0:
@@ -877,21 +896,94 @@ def _unfold(self: Tensor, dimension: int, size: int, step: int) -> Tensor:
 
 
 __all__ = [
-    "reshape", "view_as", "reshape_as", "ravel", "flatten", "unflatten", "permute", "transpose", "swapaxes",
-    "swapdims", "t", "movedim", "moveaxis", "squeeze", "unsqueeze", "atleast_1d", "atleast_2d", "atleast_3d",
-    "expand_as", "broadcast_to", "broadcast_shapes", "broadcast_tensors", "tile", "flip", "fliplr",
-    "flipud", "roll", "narrow", "select", "split", "chunk", "tensor_split", "unbind", "cat", "concat",
-    "concatenate", "stack", "hstack", "vstack", "row_stack", "dstack", "column_stack", "tril", "triu",
-    "diagonal", "diag", "diag_embed", "meshgrid",
+    "reshape",
+    "view_as",
+    "reshape_as",
+    "ravel",
+    "flatten",
+    "unflatten",
+    "permute",
+    "transpose",
+    "swapaxes",
+    "swapdims",
+    "t",
+    "movedim",
+    "moveaxis",
+    "squeeze",
+    "unsqueeze",
+    "atleast_1d",
+    "atleast_2d",
+    "atleast_3d",
+    "expand_as",
+    "broadcast_to",
+    "broadcast_shapes",
+    "broadcast_tensors",
+    "tile",
+    "flip",
+    "fliplr",
+    "flipud",
+    "roll",
+    "narrow",
+    "select",
+    "split",
+    "chunk",
+    "tensor_split",
+    "unbind",
+    "cat",
+    "concat",
+    "concatenate",
+    "stack",
+    "hstack",
+    "vstack",
+    "row_stack",
+    "dstack",
+    "column_stack",
+    "tril",
+    "triu",
+    "diagonal",
+    "diag",
+    "diag_embed",
+    "meshgrid",
 ]
 
 TENSOR_METHODS: dict[str, Any] = {
-    "reshape": reshape, "view": view, "view_as": view_as, "reshape_as": reshape_as, "ravel": ravel,
-    "flatten": flatten, "unflatten": unflatten, "permute": permute, "transpose": transpose,
-    "swapaxes": swapaxes, "swapdims": swapdims, "t": t, "T": property(_T), "mT": property(_mT),
-    "movedim": movedim, "moveaxis": moveaxis, "squeeze": squeeze, "unsqueeze": unsqueeze, "expand": expand,
-    "expand_as": expand_as, "broadcast_to": broadcast_to, "repeat": repeat, "tile": tile, "flip": flip,
-    "fliplr": fliplr, "flipud": flipud, "roll": roll, "narrow": narrow, "select": select, "split": split,
-    "chunk": chunk, "tensor_split": tensor_split, "unbind": unbind, "tril": tril, "triu": triu,
-    "diagonal": diagonal, "diag": diag, "diag_embed": diag_embed, "unfold": _unfold,
+    "reshape": reshape,
+    "view": view,
+    "view_as": view_as,
+    "reshape_as": reshape_as,
+    "ravel": ravel,
+    "flatten": flatten,
+    "unflatten": unflatten,
+    "permute": permute,
+    "transpose": transpose,
+    "swapaxes": swapaxes,
+    "swapdims": swapdims,
+    "t": t,
+    "T": property(_T),
+    "mT": property(_mT),
+    "movedim": movedim,
+    "moveaxis": moveaxis,
+    "squeeze": squeeze,
+    "unsqueeze": unsqueeze,
+    "expand": expand,
+    "expand_as": expand_as,
+    "broadcast_to": broadcast_to,
+    "repeat": repeat,
+    "tile": tile,
+    "flip": flip,
+    "fliplr": fliplr,
+    "flipud": flipud,
+    "roll": roll,
+    "narrow": narrow,
+    "select": select,
+    "split": split,
+    "chunk": chunk,
+    "tensor_split": tensor_split,
+    "unbind": unbind,
+    "tril": tril,
+    "triu": triu,
+    "diagonal": diagonal,
+    "diag": diag,
+    "diag_embed": diag_embed,
+    "unfold": _unfold,
 }

@@ -23,7 +23,7 @@ _asarray = np.asarray
 
 
 def _rsqrt(x: ndarray) -> ndarray:
-    r = np.sqrt(x)
+    r = _asarray(np.sqrt(x))  # a 0-d input gives a numpy scalar, which cannot be an out= target
     np.reciprocal(r, out=r)
     return r
 
@@ -130,6 +130,13 @@ def _special(name: str) -> Any:
     return f
 
 
+def _sign(x: ndarray) -> ndarray:
+    r = np.sign(x)
+    if x.dtype.kind in "fV":  # PyTorch: sign(NaN) is 0, numpy gives NaN
+        r = np.where(np.isnan(r), 0, r).astype(x.dtype, copy=False)
+    return r
+
+
 def _round(x: ndarray) -> ndarray:
     return np.round(x)  # numpy rounds half to even, as PyTorch does
 
@@ -163,7 +170,7 @@ def _pow(a: Any, b: Any, out: ndarray | None = None) -> ndarray:
 _UNARY = {
     "neg": np.negative,
     "abs": np.abs,
-    "sign": np.sign,
+    "sign": _sign,
     "exp": np.exp,
     "exp2": np.exp2,
     "expm1": np.expm1,
