@@ -698,7 +698,8 @@ def _random_key(rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[Any, 
     key: list[Any] = []
     d = 0
     used_ellipsis = False
-    while d < len(shape) and rng.random() < 0.85:
+    # after an ellipsis the key must run to the last dim, so that its items line up with the trailing dims
+    while d < len(shape) and (used_ellipsis or rng.random() < 0.85):
         r = rng.random()
         n = shape[d]
         if r < 0.2:

@@ -283,8 +283,37 @@ def _position(seq: list[int], include_ints: bool) -> int:
     return sum(1 for k in kinds[: pos[0]] if k in (_SLICE, _NONE))
 
 
+def _fast_key(shape: Shape, key: Any) -> tuple[Any, ...] | None:
+    """The backend key for the common all-int / all-slice keys (positive steps, in range), else None."""
+    items = key if type(key) is tuple else (key,)
+    if len(items) > len(shape):
+        return None
+    out = []
+    for k, n in zip(items, shape):
+        tk = type(k)
+        if tk is int:
+            if not -n <= k < n:
+                return None
+            out.append(k % n)
+        elif tk is slice:
+            step = k.step
+            if step is not None and (type(step) is not int or step <= 0):
+                return None
+            start, stop = k.start, k.stop
+            if (start is not None and type(start) is not int) or (stop is not None and type(stop) is not int):
+                return None
+            out.append(slice(*k.indices(n)))
+        else:
+            return None
+    out.append(Ellipsis)  # keeps an all-int key a 0-d view
+    return tuple(out)
+
+
 def getitem(x: Tensor, key: Any) -> Tensor:
     """``x[key]``: basic indexing returns a view (where the backend makes one); advanced indexing copies."""
+    fast = _fast_key(x._h.shape, key)
+    if fast is not None:
+        return Tensor._make(x._device.stack.getitem(x._h, fast), x._dtype, x._device)
     plan = _parse(x, key, "index")
     stack = x._device.stack
     h = stack.getitem(x._h, plan.key)
