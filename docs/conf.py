@@ -32,7 +32,8 @@ myst_heading_anchors = 3
 # autodoc / napoleon (docstrings in Google or NumPy style).
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "show-inheritance": True}
+# Members are listed per page (docs/api.md): the top-level ember namespace re-exports hundreds of names.
+autodoc_default_options: dict[str, object] = {}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = True
 

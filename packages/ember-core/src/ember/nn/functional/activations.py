@@ -152,7 +152,7 @@ def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tenso
 
 
 def softsign(input: Tensor) -> Tensor:
-    """x / (1 + |x|)."""
+    """``x / (1 + |x|)``."""
     check_float(input, "softsign")
     s = input._device.stack
     return like(input, s.binary("div", input._h, s.binary("add", s.unary("abs", input._h), 1.0)))
@@ -182,7 +182,7 @@ def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
 
 
 def logsigmoid(input: Tensor) -> Tensor:
-    """log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)), stable for large |x|."""
+    """``log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|))``, stable for large ``|x|``."""
     check_float(input, "logsigmoid")
     s = input._device.stack
     h = input._h
@@ -198,7 +198,7 @@ def tanhshrink(input: Tensor) -> Tensor:
 
 
 def hardshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
-    """x where |x| > lambd, else 0."""
+    """``x`` where ``|x| > lambd``, else 0."""
     check_float(input, "hardshrink")
     s = input._device.stack
     h = input._h

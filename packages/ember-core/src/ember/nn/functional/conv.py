@@ -387,7 +387,7 @@ _MODES = ("nearest", "nearest-exact", "linear", "bilinear", "bicubic", "trilinea
 def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
                 align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
                 antialias: bool = False) -> Tensor:
-    """Resize the spatial dims of (N, C, *spatial) input to size, or by scale_factor."""
+    """Resize the spatial dims of ``(N, C, *spatial)`` input to size, or by scale_factor."""
     op = "interpolate"
     check_tensor(input, op)
     if mode not in _MODES:

@@ -13,7 +13,8 @@ from ._util import check_float, check_like, check_tensor, host_minmax, is_int, l
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """input @ weight.T + bias; input (*, in_features), weight (out_features, in_features) or (in_features,)."""
+    """``input @ weight.T + bias``; input ``(*, in_features)``, weight ``(out_features, in_features)`` or
+    ``(in_features,)``."""
     op = "linear"
     check_float(input, op)
     check_like(input, weight, op, "weight")

@@ -87,7 +87,7 @@ def mse_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: An
 
 def l1_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
             weight: Tensor | None = None) -> Tensor:
-    """|input - target|, reduced."""
+    """``|input - target|``, reduced."""
     check_reduction(reduction, "l1_loss")
     s, a, b, d, dev = _pair("l1_loss", input, target)
     return wrap(_weighted("l1_loss", s, s.unary("abs", s.binary("sub", a, b)), weight, d, reduction, True), d, dev)
@@ -95,7 +95,7 @@ def l1_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any
 
 def smooth_l1_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None,
                    reduction: str = "mean", beta: float = 1.0) -> Tensor:
-    """0.5 * d^2 / beta where |d| < beta, else |d| - 0.5 * beta."""
+    """``0.5 * d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 * beta``."""
     check_reduction(reduction, "smooth_l1_loss")
     if beta < 0:
         raise ValueRangeError(f"smooth_l1_loss: beta must be non-negative, got {beta}")
@@ -110,7 +110,7 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average: Any = None, redu
 
 def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,
                weight: Tensor | None = None) -> Tensor:
-    """0.5 * d^2 where |d| < delta, else delta * (|d| - 0.5 * delta)."""
+    """``0.5 * d^2`` where ``|d| < delta``, else ``delta * (|d| - 0.5 * delta)``."""
     check_reduction(reduction, "huber_loss")
     if not delta > 0:
         raise ValueRangeError(f"huber_loss: delta must be positive, got {delta}")

@@ -86,7 +86,7 @@ def _update_running(s: Any, running: Tensor, stat: Any, momentum: float) -> None
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
                weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
-    """Normalise (N, C, *) per channel; in training, batch stats are used and running stats updated in place
+    """Normalise ``(N, C, *)`` per channel; in training, batch stats are used and running stats updated in place
     (running_var gets the unbiased variance, as torch)."""
     op = "batch_norm"
     check_float(input, op)
@@ -119,7 +119,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
-    """Normalise (N, C, *) over groups of C // num_groups channels (and all spatial positions)."""
+    """Normalise ``(N, C, *)`` over groups of C // num_groups channels (and all spatial positions)."""
     op = "group_norm"
     check_float(input, op)
     if input.ndim < 2:
@@ -144,7 +144,7 @@ def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bia
 def instance_norm(input: Tensor, running_mean: Tensor | None = None, running_var: Tensor | None = None,
                   weight: Tensor | None = None, bias: Tensor | None = None, use_input_stats: bool = True,
                   momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
-    """Normalise each (n, c) plane of (N, C, *) over its spatial positions."""
+    """Normalise each (n, c) plane of ``(N, C, *)`` over its spatial positions."""
     op = "instance_norm"
     check_float(input, op)
     if input.ndim < 3:
