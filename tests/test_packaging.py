@@ -1,0 +1,67 @@
+"""The monorepo's packaging rules: lock-step versions, pinned core ranges, one extra per plugin, entry points."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from ember.plugins.hookspecs import CONTRACT_VERSION
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "packages" / "ember-core"
+META = ROOT / "packages" / "ember"
+PLUGINS = sorted(p.parent for p in (ROOT / "plugins").glob("*/*/pyproject.toml"))
+ALL = [CORE, META, *PLUGINS]
+
+
+def _project(path: Path) -> dict:
+    return tomllib.loads((path / "pyproject.toml").read_text())
+
+
+def _reqs(items: list[str]) -> dict[str, Requirement]:
+    return {r.name: r for r in map(Requirement, items)}
+
+
+VERSION = _project(CORE)["project"]["version"]
+
+
+def test_there_are_plugins() -> None:
+    assert PLUGINS, "no plugin pyproject.toml found under plugins/<kind>/<name>/"
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
+def test_lock_step_version_and_hatchling(path: Path) -> None:
+    data = tomllib.loads((path / "pyproject.toml").read_text())
+    assert data["project"]["version"] == VERSION
+    assert data["build-system"]["build-backend"] == "hatchling.build"
+    assert (path / "README.md").is_file()
+
+
+@pytest.mark.parametrize("path", PLUGINS, ids=lambda p: p.name)
+def test_plugin_pins_core_declares_contract_and_entry_point(path: Path) -> None:
+    data = _project(path)
+    core = _reqs(data["project"]["dependencies"])["ember-core"]
+    assert core.specifier.contains(VERSION), f"{path.name} does not accept ember-core {VERSION}"
+    assert str(core.specifier) != "", f"{path.name} must pin a compatible ember-core range"
+    assert data["tool"]["ember"]["contract"] == CONTRACT_VERSION
+    assert data["project"]["entry-points"]["ember"], "a plugin registers in the `ember` entry-point group"
+    assert (path / "tests").is_dir(), f"{path.name} has no tests/"
+    assert (ROOT / "docs" / "plugins" / f"{path.name.removeprefix('ember-')}.md").is_file(), "no guide page"
+
+
+def test_meta_package_has_one_extra_per_plugin_and_all() -> None:
+    meta = _project(META)["project"]
+    deps = _reqs(meta["dependencies"])
+    assert str(deps["ember-core"].specifier) == f"=={VERSION}"
+    extras = meta["optional-dependencies"]
+    core_extras = _project(CORE)["project"]["optional-dependencies"]
+    everything = set(_reqs(extras["all"]))
+    for path in PLUGINS:
+        dist = _project(path)["project"]["name"]
+        extra = dist.removeprefix("ember-")
+        assert _reqs(extras[extra])[dist].specifier.contains(VERSION)
+        assert dist in _reqs(core_extras.get(extra, [])), f"ember-core lacks the [{extra}] extra"
+        assert dist in everything, f"ember[all] lacks {dist}"
