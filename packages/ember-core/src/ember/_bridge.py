@@ -127,6 +127,10 @@ def infer_dtype(data: Any, device: Device | None = None) -> DType:
         arr = np.asarray(data)
     except ValueError as exc:
         raise ShapeError(f"tensor(): nested data is ragged or not numeric: {exc}") from None
+    if arr.dtype.kind in "biuf" and isinstance(data, (list, tuple)):
+        typed = _infer_from_leaves(data, device)
+        if typed is not None:
+            return typed
     if arr.dtype.kind == "b":
         return dt.bool_
     if arr.dtype.kind in "iu":
@@ -136,6 +140,35 @@ def infer_dtype(data: Any, device: Device | None = None) -> DType:
     if arr.dtype.kind == "O":
         raise DTypeError("tensor(): could not infer a dtype from the nested data (mixed tensors/objects?)")
     raise DTypeError(f"tensor(): unsupported data of numpy kind {arr.dtype} ({type(data).__name__})")
+
+
+_PY_LEAVES = frozenset({bool, int, float})
+
+
+def _infer_from_leaves(data: Any, device: Device | None) -> DType | None:
+    """PyTorch's dtype for a sequence holding numpy scalars: promote_types over the leaves' own dtypes (a
+    Python float counts as the default dtype). None when every leaf is a Python number (the rules below apply)."""
+    try:
+        kinds = set(map(type, np.asarray(data, dtype=object).ravel()))
+    except (ValueError, TypeError):
+        return None
+    if kinds <= _PY_LEAVES:
+        return None
+    result: DType | None = None
+    for k in kinds:
+        if k is float:
+            d = device.default_dtype if device is not None else dt.get_default_dtype()
+        elif k in _PY_LEAVES:
+            d = dt.bool_ if k is bool else dt.int64
+        elif issubclass(k, np.generic):
+            try:
+                d = dt.from_numpy_dtype(np.dtype(k))
+            except Exception:  # noqa: BLE001 - a numpy type ember lacks (uint16, ...): keep the old rules
+                return None
+        else:
+            return None
+        result = d if result is None else dt.promote_types(result, d)
+    return result
 
 
 def host_array(data: Any, dtype: DType) -> np.ndarray:

@@ -197,7 +197,7 @@ class Backend:
 
     def flip(self, h: Handle, dims: tuple[int, ...]) -> Handle:
         key = tuple(slice(None, None, -1) if d in dims else slice(None) for d in range(len(h.shape)))
-        return self.getitem(h, key)
+        return self.copy(self.getitem(h, key))  # a reversed slice is a view; flip returns new memory
 
     def _index_grid(self, shape: Shape, dim: int, index: Handle) -> tuple[Handle, ...]:
         """Advanced-indexing key selecting index[..] along dim and the own position elsewhere."""

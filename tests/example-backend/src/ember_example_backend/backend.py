@@ -31,6 +31,12 @@ class ToyArray:
     def shape(self) -> tuple[int, ...]:
         return self.a.shape
 
+    @property
+    def strides(self) -> tuple[int, ...]:
+        # optional: with byte strides, core's view() can tell a viewable reshape from one that must copy (and
+        # raise, as PyTorch does); without them view() cannot detect the non-viewable case
+        return self.a.strides
+
     def __repr__(self) -> str:
         return f"ToyArray(shape={self.a.shape}, dtype={self.a.dtype})"
 
@@ -105,8 +111,28 @@ def _rsqrt(x: np.ndarray) -> np.ndarray:
     return np.reciprocal(np.sqrt(x))
 
 
+def _sign(x: np.ndarray) -> np.ndarray:
+    r = np.sign(x)
+    if x.dtype.kind == "f" or x.dtype.name == "bfloat16":  # PyTorch: sign(NaN) is 0, numpy gives NaN
+        r = np.where(np.isnan(r), 0, r).astype(x.dtype, copy=False)
+    return r
+
+
+def _pow(a: Any, b: Any) -> np.ndarray:
+    kinds = {x.dtype.kind for x in (a, b) if isinstance(x, np.ndarray)}
+    if kinds == {"b"}:
+        return np.asarray(np.power(a, b)).astype(np.bool_)  # numpy gives int8; the contract keeps the dtype
+    if not kinds <= {"i", "u", "b"} or not np.any(np.asarray(b) < 0):
+        return np.power(a, b)
+    # numpy refuses integers to negative integer powers; PyTorch truncates 1 / a**|b|: 1, -1 (odd |b|) or 0
+    neg = np.asarray(b) < 0
+    r = np.asarray(np.power(a, np.where(neg, 0, b)))
+    one_or_minus = np.where((np.asarray(b) % 2 != 0) & (np.asarray(a) == -1), -1, 1)
+    return np.where(neg, np.where(np.abs(a) == 1, one_or_minus, 0), r).astype(r.dtype, copy=False)
+
+
 _UNARY: dict[str, Any] = {
-    "neg": np.negative, "abs": np.abs, "sign": np.sign, "exp": np.exp, "exp2": np.exp2, "expm1": np.expm1,
+    "neg": np.negative, "abs": np.abs, "sign": _sign, "exp": np.exp, "exp2": np.exp2, "expm1": np.expm1,
     "log": np.log, "log2": np.log2, "log10": np.log10, "log1p": np.log1p, "sqrt": np.sqrt, "rsqrt": _rsqrt,
     "reciprocal": np.reciprocal, "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin,
     "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh, "asinh": np.arcsinh,
@@ -118,7 +144,7 @@ _UNARY: dict[str, Any] = {
 
 _BINARY: dict[str, Any] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "floor_divide": np.floor_divide,
-    "remainder": np.remainder, "fmod": np.fmod, "pow": np.power, "maximum": np.maximum, "minimum": np.minimum,
+    "remainder": np.remainder, "fmod": np.fmod, "pow": _pow, "maximum": np.maximum, "minimum": np.minimum,
     "fmax": np.fmax, "fmin": np.fmin, "atan2": np.arctan2, "copysign": np.copysign, "hypot": np.hypot,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
     "ge": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,

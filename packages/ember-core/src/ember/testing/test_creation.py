@@ -28,6 +28,23 @@ def test_tensor_inference_matches_torch(device, data):
     assert_close(t, torch.tensor(data), msg=f"tensor({data!r})")
 
 
+@pytest.mark.parametrize(
+    "data",
+    [[np.float16(1)], [[np.float16(1)], [np.float16(2.5)]], [np.int32(3)], [np.uint8(7)], [np.bool_(True)],
+     [np.float64(1.5)], [np.float32(1.5)], [np.float16(1), 2.0], [np.float16(1), np.float32(2)], [np.int8(1), 3],
+     [np.int8(1), 3.5], [np.float16(1), np.int32(2)], [np.int16(1), np.uint8(2)], [np.int32(1), True]],
+    ids=repr,
+)
+def test_tensor_inference_from_numpy_scalars_matches_torch(device, data):
+    # torch promotes over the leaves' own dtypes (a Python float counts as the default dtype)
+    torch = torch_or_skip()
+    want = torch.tensor(data)
+    require_dtype(device, str(want.dtype).removeprefix("torch."))
+    t = ember.tensor(data, device=device)
+    assert t.device == device
+    assert_close(t, want, msg=f"tensor({data!r})")
+
+
 @pytest.mark.parametrize("np_dtype", ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
                                       "bool"])
 def test_tensor_from_numpy_keeps_dtype(device, np_dtype):

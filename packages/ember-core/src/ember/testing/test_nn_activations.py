@@ -1,18 +1,18 @@
-"""ember.nn.functional activations and softmax family against torch.nn.functional."""
+"""Conformance: ember.nn.functional activations and the softmax family on the device under test, against
+torch.nn.functional."""
 
 from __future__ import annotations
-
-import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from _nn_helpers import DTYPES, E, T, check, raises, rand, torch  # noqa: E402
+import ember
+from ember.nn import functional as F
+from ember.testing import torch_or_skip
+from ember.testing._helpers import NN_DTYPES as DTYPES
+from ember.testing._helpers import E, T, check, raises, rand
 
-import ember  # noqa: E402
-from ember.nn import functional as F  # noqa: E402
+torch = torch_or_skip()
 
 TF = torch.nn.functional
 
@@ -137,9 +137,9 @@ def test_activation_errors():
     with raises(ember.ValueRangeError, "hardtanh", "min_val"):
         F.hardtanh(x, 2.0, 1.0)
     with raises(ember.ShapeError, "prelu", "weight", "(2,)"):
-        F.prelu(ember.tensor(rand((2, 3, 4))), ember.tensor(np.ones(2)))
+        F.prelu(E(rand((2, 3, 4))), E(np.ones(2)))
     with raises(ember.DTypeError, "prelu", "float32", "float64"):
-        F.prelu(ember.tensor(rand((2, 3), np.float32)), ember.tensor(np.ones(3)))
+        F.prelu(E(rand((2, 3), np.float32)), E(np.ones(3)))
     with raises(ember.ValueRangeError, "softshrink", "lambda"):
         F.softshrink(x, -1.0)
     with raises(ember.ValueRangeError, "celu", "alpha"):

@@ -1,18 +1,17 @@
-"""ember.nn.functional losses and distances against torch.nn.functional."""
+"""Conformance: ember.nn.functional losses and distances on the device under test, against torch.nn.functional."""
 
 from __future__ import annotations
-
-import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from _nn_helpers import DTYPES, E, T, check, raises, rand, torch  # noqa: E402
+import ember
+from ember.nn import functional as F
+from ember.testing import torch_or_skip
+from ember.testing._helpers import NN_DTYPES as DTYPES
+from ember.testing._helpers import E, T, check, raises, rand
 
-import ember  # noqa: E402
-from ember.nn import functional as F  # noqa: E402
+torch = torch_or_skip()
 
 TF = torch.nn.functional
 REDUCTIONS = ["mean", "sum", "none"]
@@ -162,7 +161,7 @@ def test_cosine_similarity_and_pairwise_distance(dtype):
 
 
 def _f(*shape, dtype=np.float32):
-    return ember.tensor(rand(shape, dtype))
+    return E(rand(shape, dtype))
 
 
 def test_loss_errors():

@@ -1,18 +1,18 @@
-"""ember.nn.functional: linear, embedding, one_hot, dropout, normalisation and attention against torch."""
+"""Conformance: ember.nn.functional linear, embedding, one_hot, dropout, normalisation and attention on the
+device under test, against torch."""
 
 from __future__ import annotations
-
-import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from _nn_helpers import DTYPES, E, T, check, raises, rand, torch  # noqa: E402
+import ember
+from ember.nn import functional as F
+from ember.testing import torch_or_skip
+from ember.testing._helpers import NN_DTYPES as DTYPES
+from ember.testing._helpers import E, T, check, raises, rand
 
-import ember  # noqa: E402
-from ember.nn import functional as F  # noqa: E402
+torch = torch_or_skip()
 
 TF = torch.nn.functional
 MM_TOL = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
@@ -44,20 +44,20 @@ def test_bilinear(dtype):
 
 
 def test_linear_errors():
-    x = ember.tensor(rand((2, 5), np.float32))
+    x = E(rand((2, 5), np.float32))
     with raises(ember.ShapeError, "linear: input has 5 features (shape (2, 5)) but weight expects 4 "
                                   "(weight shape (3, 4))"):
-        F.linear(x, ember.tensor(rand((3, 4), np.float32)))
+        F.linear(x, E(rand((3, 4), np.float32)))
     with raises(ember.DTypeError, "linear", "weight", "float64"):
-        F.linear(x, ember.tensor(rand((3, 5))))
+        F.linear(x, E(rand((3, 5))))
     with raises(ember.ShapeError, "linear", "bias", "(2,)"):
-        F.linear(x, ember.tensor(rand((3, 5), np.float32)), ember.tensor(rand((2,), np.float32)))
+        F.linear(x, E(rand((3, 5), np.float32)), E(rand((2,), np.float32)))
     with raises(ember.ShapeError, "linear", "weight with 2 dims"):
-        F.linear(x, ember.tensor(rand((1, 3, 5), np.float32)))
+        F.linear(x, E(rand((1, 3, 5), np.float32)))
     with raises(ember.DTypeError, "linear", "int64"):
         F.linear(ember.tensor([[1, 2]]), ember.tensor([[1, 2]]))
     with raises(ember.ShapeError, "bilinear", "(6, 4, 5)"):
-        F.bilinear(ember.tensor(rand((2, 3))), ember.tensor(rand((2, 5))), ember.tensor(rand((6, 4, 5))))
+        F.bilinear(E(rand((2, 3))), E(rand((2, 5))), E(rand((6, 4, 5))))
 
 
 # ---------------------------------------------------------------------------------------------- embedding
@@ -80,7 +80,7 @@ def test_embedding_max_norm_renormalises_weight_in_place():
 
 
 def test_embedding_errors():
-    w = ember.tensor(rand((10, 3), np.float32))
+    w = E(rand((10, 3), np.float32))
     with raises(ember.IndexOutOfRangeError, "embedding", "index 12", "10 rows"):
         F.embedding(ember.tensor([1, 12]), w)
     with raises(ember.IndexOutOfRangeError, "embedding", "index -1"):
@@ -88,7 +88,7 @@ def test_embedding_errors():
     with raises(ember.DTypeError, "embedding", "float32"):
         F.embedding(ember.tensor([1.0]), w)
     with raises(ember.ShapeError, "embedding", "weight with 2 dims"):
-        F.embedding(ember.tensor([1]), ember.tensor(rand((10,))))
+        F.embedding(ember.tensor([1]), E(rand((10,))))
     with raises(ember.ValueRangeError, "embedding", "padding_idx"):
         F.embedding(ember.tensor([1]), w, padding_idx=10)
 
@@ -220,29 +220,29 @@ def test_instance_norm(dtype, shape):
 
 
 def test_norm_errors():
-    x = ember.tensor(rand((2, 3, 4), np.float32))
+    x = E(rand((2, 3, 4), np.float32))
     with raises(ember.ShapeError, "layer_norm", "normalized_shape (5,)", "(2, 3, 4)"):
         F.layer_norm(x, 5)
     with raises(ember.ShapeError, "layer_norm", "weight", "(4,)", "(3,)"):
-        F.layer_norm(x, 4, ember.tensor(rand((3,), np.float32)))
+        F.layer_norm(x, 4, E(rand((3,), np.float32)))
     with raises(ember.DTypeError, "layer_norm", "bias", "float64"):
-        F.layer_norm(x, 4, None, ember.tensor(rand((4,))))
+        F.layer_norm(x, 4, None, E(rand((4,))))
     with raises(ember.ShapeError, "rms_norm", "normalized_shape"):
         F.rms_norm(x, (3,))
     with raises(ember.ValueRangeError, "batch_norm", "more than 1 value per channel", "(1, 3)"):
-        F.batch_norm(ember.tensor(rand((1, 3), np.float32)), None, None, training=True)
+        F.batch_norm(E(rand((1, 3), np.float32)), None, None, training=True)
     with raises(ember.ValueRangeError, "batch_norm", "running_mean"):
         F.batch_norm(x, None, None)
     with raises(ember.ShapeError, "batch_norm", "running_mean", "(3,)", "(4,)"):
         F.batch_norm(x, ember.zeros(4), ember.ones(4))
     with raises(ember.ShapeError, "batch_norm", "at least 2 dims"):
-        F.batch_norm(ember.tensor(rand((3,), np.float32)), None, None, training=True)
+        F.batch_norm(E(rand((3,), np.float32)), None, None, training=True)
     with raises(ember.ShapeError, "group_norm", "divisible by num_groups", "(2, 3, 4)", "num_groups=2"):
         F.group_norm(x, 2)
     with raises(ember.ShapeError, "instance_norm", "at least 3 dims"):
-        F.instance_norm(ember.tensor(rand((2, 3), np.float32)))
+        F.instance_norm(E(rand((2, 3), np.float32)))
     with raises(ember.ValueRangeError, "instance_norm", "more than 1 spatial element"):
-        F.instance_norm(ember.tensor(rand((2, 3, 1), np.float32)))
+        F.instance_norm(E(rand((2, 3, 1), np.float32)))
 
 
 # ---------------------------------------------------------------------------------------------- attention
@@ -280,18 +280,18 @@ def test_sdpa_gqa_and_3d():
 
 def test_sdpa_dropout_is_random_and_unbiased_shape():
     ember.manual_seed(0)
-    q = ember.tensor(rand((2, 4, 8), np.float32))
+    q = E(rand((2, 4, 8), np.float32))
     a = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
     b = F.scaled_dot_product_attention(q, q, q)
     assert a.shape == b.shape and not np.allclose(a.numpy(), b.numpy())
 
 
 def test_sdpa_errors():
-    q = ember.tensor(rand((2, 4, 8), np.float32))
+    q = E(rand((2, 4, 8), np.float32))
     with raises(ember.ShapeError, "scaled_dot_product_attention", "same embedding size", "(2, 4, 6)"):
-        F.scaled_dot_product_attention(q, ember.tensor(rand((2, 4, 6), np.float32)), q)
+        F.scaled_dot_product_attention(q, E(rand((2, 4, 6), np.float32)), q)
     with raises(ember.ShapeError, "scaled_dot_product_attention", "same sequence length"):
-        F.scaled_dot_product_attention(q, q, ember.tensor(rand((2, 5, 8), np.float32)))
+        F.scaled_dot_product_attention(q, q, E(rand((2, 5, 8), np.float32)))
     with raises(ember.ValueRangeError, "scaled_dot_product_attention", "is_causal"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=ember.ones(4, 4), is_causal=True)
     with raises(ember.DTypeError, "scaled_dot_product_attention", "attn_mask", "int64"):
@@ -299,10 +299,10 @@ def test_sdpa_errors():
     with raises(ember.ShapeError, "scaled_dot_product_attention", "attn_mask of shape (3, 4)"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=ember.ones(3, 4))
     with raises(ember.DTypeError, "scaled_dot_product_attention", "key", "float64"):
-        F.scaled_dot_product_attention(q, ember.tensor(rand((2, 4, 8))), q)
+        F.scaled_dot_product_attention(q, E(rand((2, 4, 8))), q)
     with raises(ember.ShapeError, "scaled_dot_product_attention", "multiple", "(2, 3, 4, 8)"):
-        F.scaled_dot_product_attention(ember.tensor(rand((2, 4, 4, 8), np.float32)),
-                                       ember.tensor(rand((2, 3, 4, 8), np.float32)),
-                                       ember.tensor(rand((2, 3, 4, 8), np.float32)), enable_gqa=True)
+        F.scaled_dot_product_attention(E(rand((2, 4, 4, 8), np.float32)),
+                                       E(rand((2, 3, 4, 8), np.float32)),
+                                       E(rand((2, 3, 4, 8), np.float32)), enable_gqa=True)
     with raises(ember.ValueRangeError, "scaled_dot_product_attention", "dropout_p"):
         F.scaled_dot_product_attention(q, q, q, dropout_p=2.0)

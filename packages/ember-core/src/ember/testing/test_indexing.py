@@ -1,5 +1,5 @@
-"""ember.ops.indexing against PyTorch: getitem/setitem with every index kind, gather/scatter, index ops,
-masks, nonzero, take, and every error path (type and message)."""
+"""Conformance: indexing on the device under test, against PyTorch: getitem/setitem with every index kind,
+gather/scatter, index ops, masks, nonzero, take, and every error path (type and message)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-
-import ember  # noqa: E402
-from ember import (  # noqa: E402
+import ember
+from ember import (
     DeviceError,
     DTypeError,
     IndexOutOfRangeError,
@@ -20,6 +18,10 @@ from ember import (  # noqa: E402
     UnsupportedError,
     ValueRangeError,
 )
+from ember.testing import torch_or_skip
+from ember.testing._helpers import NC, elsewhere, need
+
+torch = torch_or_skip()
 
 RNG = np.random.default_rng(7)
 
@@ -38,6 +40,7 @@ def to_ember(key: Any) -> Any:
     if isinstance(key, tuple):
         return tuple(to_ember(k) for k in key)
     if isinstance(key, Idx):
+        need(key.arr.dtype)
         return ember.tensor(key.arr)
     return key
 
@@ -52,15 +55,6 @@ def to_torch(key: Any) -> Any:
 
 def data(*shape: int, dtype: Any = np.float32) -> np.ndarray:
     return (np.arange(int(np.prod(shape))).reshape(shape) * 1.5 - 3).astype(dtype)
-
-
-def NC(arr: np.ndarray) -> Tensor:
-    """A non-contiguous (transposed-view) ember tensor holding arr's values."""
-    base = ember.tensor(np.ascontiguousarray(np.transpose(arr)))
-    t = base.permute(*reversed(range(arr.ndim)))
-    assert t.shape == arr.shape
-    assert not t.numpy().flags.c_contiguous or arr.ndim < 2
-    return t
 
 
 def check(e: Tensor, t: Any) -> None:
@@ -387,24 +381,16 @@ def test_setitem_errors() -> None:
     assert ember.zeros(3).expand(2, 3).numpy().sum() == 0
 
 
-def _elsewhere(t: Tensor) -> Tensor:
-    """t's data labelled with a second device (an unresolved flex variant): enough for the device checks,
-    which run before any backend call."""
-    other = ember.Device("flex", 0, (("test_only_variant", 1),))
-    assert other is not t.device
-    return Tensor._make(t._h, t._dtype, other)
-
-
 def test_device_mismatch() -> None:
     x = ember.zeros(3)
     with pytest.raises(DeviceError, match="expected the value on the tensor's device"):
-        x[:] = _elsewhere(ember.ones(3))
+        x[:] = elsewhere(ember.ones(3))
     with pytest.raises(DeviceError, match="gather: expected all tensors on the same device"):
-        ember.gather(x, 0, _elsewhere(ember.tensor([0])))
+        ember.gather(x, 0, elsewhere(ember.tensor([0])))
     with pytest.raises(DeviceError, match="masked_fill: expected all tensors on the same device"):
-        x.masked_fill(_elsewhere(ember.tensor([True, False, True])), 0.0)
+        x.masked_fill(elsewhere(ember.tensor([True, False, True])), 0.0)
     with pytest.raises(DeviceError, match="scatter: expected all tensors on the same device"):
-        x.scatter(0, ember.tensor([0]), _elsewhere(ember.ones(1)))
+        x.scatter(0, ember.tensor([0]), elsewhere(ember.ones(1)))
 
 
 # ----------------------------------------------------------------------------------------------------

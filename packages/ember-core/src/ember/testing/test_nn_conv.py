@@ -1,36 +1,20 @@
-"""ember.nn.functional convolution, pooling, interpolation, padding and unfold/fold against torch."""
+"""Conformance: ember.nn.functional convolution, pooling, interpolation, padding and unfold/fold on the device
+under test, against torch (a backend without its own kernels runs core's default compositions here)."""
 
 from __future__ import annotations
-
-import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from _nn_helpers import DTYPES, E, T, check, raises, rand, torch  # noqa: E402
+import ember
+from ember.nn import functional as F
+from ember.testing import torch_or_skip
+from ember.testing._helpers import NN_DTYPES as DTYPES
+from ember.testing._helpers import E, T, check, raises, rand
 
-import ember  # noqa: E402
-from ember.nn import functional as F  # noqa: E402
+torch = torch_or_skip()
 
 TF = torch.nn.functional
-
-_NN_METHODS = ("conv", "conv_transpose", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool",
-               "interpolate", "pad")
-
-
-@pytest.fixture(autouse=True, params=["backend", "compositions"])
-def impl(request, monkeypatch):
-    """Run every test on the device's own kernels and again on core's default compositions."""
-    if request.param == "compositions":
-        from ember.backend import Backend
-
-        cls = type(ember.Device.flex().stack)
-        for name in _NN_METHODS:
-            monkeypatch.setattr(cls, name, getattr(Backend, name))
-    return request.param
-
 
 CONV_TOL = {np.float32: dict(rtol=1e-4, atol=1e-4), np.float64: dict(rtol=1e-9, atol=1e-10)}
 
@@ -243,7 +227,7 @@ def test_empty_batch():
 
 
 def _x(*shape, dtype=np.float32):
-    return ember.tensor(rand(shape, dtype))
+    return E(rand(shape, dtype))
 
 
 def test_conv_errors():
