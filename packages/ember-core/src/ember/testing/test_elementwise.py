@@ -281,6 +281,22 @@ def test_integer_overflow_wraps(device, d):
     assert_close(a + 1, ta + 1, msg="scalar add wraps")
 
 
+@pytest.mark.parametrize("d", [dt.uint8, dt.int8, dt.int16], ids=str)
+@pytest.mark.parametrize("scalar", [300, -1, 256, -300, 40000, -200])
+def test_comparison_with_out_of_range_int_scalar_matches_torch(device, d, scalar):
+    # the scalar does not fit the tensor's dtype: whatever torch answers (wrapped or mathematical), ember must too
+    torch = torch_or_skip()
+    require_dtype(device, d)
+    info = np.iinfo(d.numpy)
+    a = ember.tensor([44, 0, info.max, info.min, 100], dtype=d, device=device)
+    ta = to_torch(a)
+    for op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        assert_close(getattr(ember, op)(a, scalar), getattr(torch, op)(ta, scalar), msg=f"{op}({d.name}, {scalar})")
+    for name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"):
+        # the operators too (a scalar on the left reaches the mirrored dunder, as with torch)
+        assert_close(getattr(a, name)(scalar), getattr(ta, name)(scalar), msg=f"{name}({d.name}, {scalar})")
+
+
 def test_integer_pow_semantics(device):
     torch = torch_or_skip()
     a = ember.tensor([1, -1, 2, -2, 3], device=device)
