@@ -2,11 +2,16 @@
 
 Handles are ``numpy.ndarray`` objects (never numpy scalars, so in-place ops and views keep working). Hot
 methods call numpy directly; convolution, pooling and interpolation come from :mod:`ember_flex.nn_kernels`
-(im2col + BLAS); erf/erfc/erfinv are plain numpy (scipy.special when installed).
+(im2col + BLAS); erf/erfc/erfinv from scipy.special.
+
+numpy reports IEEE conditions (``inf - inf``, ``0 / 0``, overflow) as RuntimeWarnings; PyTorch stays silent and
+so does flex, through a warnings filter scoped to this package. That costs nothing per op, where
+``np.errstate`` would cost ~1.5 us per call -- more than a small op itself.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +26,8 @@ from . import nn_kernels
 ndarray = np.ndarray
 _asarray = np.asarray
 
+warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"ember_flex(\.|$)")
+
 
 def _rsqrt(x: ndarray) -> ndarray:
     r = _asarray(np.sqrt(x))  # a 0-d input gives a numpy scalar, which cannot be an out= target
@@ -34,95 +41,13 @@ def _sigmoid(x: ndarray) -> ndarray:
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
-# erf, erfc and erfinv in plain numpy (flex does not depend on scipy): a Chebyshev fit of erfc (Numerical
-# Recipes, 3rd ed., 6.2.2) with a Taylor series near 0, and Giles' erfinv start refined by Newton steps.
-_ERFC_COF = np.array([
-    -1.3026537197817094, 6.4196979235649026e-1, 1.9476473204185836e-2, -9.561514786808631e-3,
-    -9.46595344482036e-4, 3.66839497852761e-4, 4.2523324806907e-5, -2.0278578112534e-5, -1.624290004647e-6,
-    1.303655835580e-6, 1.5626441722e-8, -8.5238095915e-8, 6.529054439e-9, 5.059343495e-9, -9.91364156e-10,
-    -2.27365122e-10, 9.6467911e-11, 2.394038e-12, -6.886027e-12, 8.94487e-13, 3.13092e-13, -1.12708e-13,
-    3.81e-16, 7.106e-15, -1.523e-15, -9.4e-17, 1.21e-16, -2.8e-17,
-])
-
-
-def _erfc_pos(z: ndarray) -> ndarray:
-    t = 2.0 / (2.0 + z)
-    ty = 4.0 * t - 2.0
-    d = np.zeros_like(z)
-    dd = np.zeros_like(z)
-    for c in _ERFC_COF[:0:-1]:
-        d, dd = ty * d - dd + c, d
-    return t * np.exp(-z * z + 0.5 * (_ERFC_COF[0] + ty * d) - dd)
-
-
-def _erf_small(x: ndarray) -> ndarray:
-    x2 = x * x
-    term = x.copy()
-    total = x.copy()
-    for n in range(1, 18):
-        term = term * (-x2) / n
-        total = total + term / (2 * n + 1)
-    return total * (2.0 / np.sqrt(np.pi))
-
-
-def erf64(x: Any) -> ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    a = np.abs(x)
-    with np.errstate(all="ignore"):
-        big = np.sign(x) * (1.0 - _erfc_pos(a))
-        small = _erf_small(np.where(a < 0.5, x, 0.0))
-    return np.where(a < 0.5, small, big)
-
-
-def erfc64(x: Any) -> ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        r = _erfc_pos(np.abs(x))
-        return np.where(np.abs(x) < 0.5, 1.0 - erf64(x), np.where(x < 0, 2.0 - r, r))
-
-
-def erfinv64(y: Any) -> ndarray:
-    y = np.asarray(y, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        w = -np.log((1.0 - y) * (1.0 + y))
-        wa = w - 2.5
-        p = np.full_like(y, 2.81022636e-08)
-        for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
-                  -0.00417768164, 0.246640727, 1.50140941):
-            p = c + p * wa
-        wb = np.sqrt(w) - 3.0
-        q = np.full_like(y, -0.000200214257)
-        for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
-                  0.00943887047, 1.00167406, 2.83297682):
-            q = c + q * wb
-        x = np.where(w < 5.0, p, q) * y
-        # Newton steps take the float32-accurate start to float64 accuracy; near |y| = 1 they work on
-        # log(erfc), which is almost linear there, so the residual neither cancels nor converges slowly
-        a = np.abs(y)
-        tail = a >= 0.5
-        for _ in range(3):
-            ax = np.abs(x)
-            dens = 2.0 / np.sqrt(np.pi) * np.exp(-ax * ax)
-            ec = erfc64(ax)
-            step = np.where(tail, (np.log(ec) - np.log1p(-a)) * ec, a - erf64(ax)) / dens
-            x = np.copysign(ax + step, y)
-        x = np.where(np.abs(y) == 1.0, np.copysign(np.inf, y), x)
-        return np.where(np.abs(y) > 1.0, np.nan, x)
-
-
-_SPECIAL = {"erf": erf64, "erfc": erfc64, "erfinv": erfinv64}
-
-
 def _special(name: str) -> Any:
-    def f(x: ndarray) -> ndarray:
-        try:  # scipy's kernels are faster where it happens to be installed
-            import scipy.special as sp
+    """erf, erfc, erfinv from scipy.special (numpy has none); half types computed in float32."""
 
-            fn = getattr(sp, name)
-        except ImportError:
-            fn = _SPECIAL[name]
-        if x.dtype != np.float64 and fn is _SPECIAL[name]:
-            return fn(x.astype(np.float64)).astype(x.dtype)
+    def f(x: ndarray) -> ndarray:
+        import scipy.special as sp  # imported on first use: it costs ~100 ms
+
+        fn = getattr(sp, name)
         if x.dtype.itemsize < 4 or x.dtype.name == "bfloat16":
             return fn(x.astype(np.float32)).astype(x.dtype)
         return fn(x)
@@ -248,12 +173,9 @@ _INPLACE_OK = frozenset(
     "bitwise_left_shift bitwise_right_shift".split()
 )
 
-_QUIET = frozenset(
-    "add mul maximum minimum fmax fmin eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and "
-    "bitwise_or bitwise_xor copysign".split()
-)
-
-_REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
+# ufunc methods called directly (not np.sum & co.) so IEEE warnings are raised from this module, where the
+# package's warnings filter applies, and one Python wrapper layer is skipped
+_REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "max": np.maximum.reduce, "min": np.minimum.reduce}
 
 
 class FlexBackend(Backend):
@@ -295,8 +217,7 @@ class FlexBackend(Backend):
     def cast(self, h: ndarray, dtype: DType) -> ndarray:
         npdt = dtype.numpy
         if h.dtype.kind == "f" and npdt.kind in "iu":
-            with np.errstate(invalid="ignore"):
-                return np.trunc(h).astype(npdt)
+            return np.trunc(h).astype(npdt)
         return h.astype(npdt)
 
     def copy(self, h: ndarray) -> ndarray:
@@ -310,18 +231,11 @@ class FlexBackend(Backend):
 
     # -- compute -------------------------------------------------------------------------------------------------
     def unary(self, op: str, h: ndarray) -> ndarray:
-        with np.errstate(all="ignore"):
-            r = self._unary[op](h)
+        r = self._unary[op](h)
         return r if type(r) is ndarray else _asarray(r)
 
     def binary(self, op: str, a: Any, b: Any) -> ndarray:
-        # np.errstate costs ~1.5 us, more than the op itself on small arrays: only ops that raise floating
-        # point warnings on ordinary inputs (division by zero, log of 0 ...) pay for it
-        if op in _QUIET:
-            r = self._binary[op](a, b)
-        else:
-            with np.errstate(all="ignore"):
-                r = self._binary[op](a, b)
+        r = self._binary[op](a, b)
         if type(r) is not ndarray:
             r = _asarray(r)
         if type(b) is not ndarray or type(a) is not ndarray:
@@ -333,8 +247,7 @@ class FlexBackend(Backend):
 
     def inplace_binary(self, op: str, a: ndarray, b: Any) -> None:
         if op in _INPLACE_OK:
-            with np.errstate(all="ignore"):
-                self._binary[op](a, b, out=a)
+            self._binary[op](a, b, out=a)
         else:
             self.assign(a, self.binary(op, a, b))
 
@@ -347,8 +260,7 @@ class FlexBackend(Backend):
         return r
 
     def reduce(self, op: str, h: ndarray, dims: tuple[int, ...], keepdim: bool) -> ndarray:
-        with np.errstate(all="ignore"):
-            r = _REDUCE[op](h, axis=dims, keepdims=keepdim)
+        r = _REDUCE[op](h, axis=dims, keepdims=keepdim)
         return r if type(r) is ndarray else _asarray(r)
 
     def argreduce(self, op: str, h: ndarray, dim: int | None, keepdim: bool) -> ndarray:
@@ -362,9 +274,8 @@ class FlexBackend(Backend):
         return _asarray(f(h, axis=dim, keepdims=keepdim)).astype(np.int64, copy=False)
 
     def cumulative(self, op: str, h: ndarray, dim: int) -> ndarray:
-        f = np.cumsum if op == "sum" else np.cumprod
-        with np.errstate(all="ignore"):
-            return f(h, axis=dim, dtype=h.dtype)
+        f = np.add.accumulate if op == "sum" else np.multiply.accumulate
+        return f(h, axis=dim, dtype=h.dtype)
 
     def matmul(self, a: ndarray, b: ndarray) -> ndarray:
         if a.dtype.kind in "biu" or a.dtype.itemsize < 4:
