@@ -57,7 +57,10 @@ def test_required_primitives_are_listed_as_required(name: str) -> None:
     )
 
 
-@pytest.mark.parametrize("name", [n for n in DEFAULTS if n not in ("sync", "memory_report", "describe")])
+DEVICE_MANAGEMENT = ("sync", "memory_report", "describe", "lift", "lower")
+
+
+@pytest.mark.parametrize("name", [n for n in DEFAULTS if n not in DEVICE_MANAGEMENT])
 def test_default_compositions_are_listed_as_compositions(name: str) -> None:
     assert f"`{name}(" in _section("Default compositions"), (
         f"Backend.{name} has a default composition but is not in the 'Default compositions' section"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import dtypes
+from . import autograd, dtypes
+from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .device import Device, default_device, set_default_device
 from .dtypes import (
     DType,
@@ -93,30 +94,3 @@ def __getattr__(name: str) -> Any:
 
         return import_module(f".{name}", __name__)
     raise AttributeError(f"module 'ember' has no attribute {name!r}")
-
-
-class no_grad:
-    """Context manager and decorator disabling gradient tracking (meaningful with the autodiff decorator)."""
-
-    _depth = 0
-
-    def __enter__(self) -> no_grad:
-        no_grad._depth += 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        no_grad._depth -= 1
-
-    def __call__(self, fn: Any) -> Any:
-        import functools
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with no_grad():
-                return fn(*args, **kwargs)
-
-        return wrapper
-
-
-def is_grad_enabled() -> bool:
-    return no_grad._depth == 0

@@ -218,8 +218,8 @@ def transfer(t: Tensor, device: Device) -> Tensor:
     if src is device:
         return t
     check_dtype_supported(device, t._dtype, "to")
-    if src.base is device.base:  # same backend, other decorators: share the handle
-        return Tensor._make(t._h, t._dtype, device)
+    if src.base is device.base:  # same backend, other decorators: share the data, not the decoration
+        return Tensor._make(device.stack.lift(src.stack.lower(t._h)), t._dtype, device)
     stack = device.stack
     h = t._h
     if hasattr(stack, "from_dlpack") and hasattr(h, "__dlpack__"):

@@ -59,8 +59,23 @@ class Backend:
     #: dtypes this backend can store and compute
     supported_dtypes: frozenset[DType] = frozenset(dt.ALL_DTYPES)
 
+    #: True for stacks that record gradients (the autodiff decorator). Core's gradient API (``backward``,
+    #: ``.grad``, ``requires_grad_`` ...) forwards to such a stack and raises AutodiffError elsewhere.
+    differentiable: bool = False
+
     def __init__(self, index: int = 0) -> None:
         self.index = index
+
+    # ------------------------------------------------------------------------------------------------------
+    # decorated stacks: moving handles between Device.flex() and Device.flex().autodiff() shares the data
+    # ------------------------------------------------------------------------------------------------------
+    def lift(self, h: Handle) -> Handle:
+        """Adopt a handle of the undecorated backend (a decorator wraps it; a backend returns it as is)."""
+        return h
+
+    def lower(self, h: Handle) -> Handle:
+        """The undecorated backend's handle for h (a decorator unwraps it; a backend returns it as is)."""
+        return h
 
     def _missing(self, what: str) -> UnsupportedError:
         return UnsupportedError(f"backend {self.name!r} does not implement the required primitive {what}()")

@@ -19,7 +19,9 @@ from .errors import DTypeError, ShapeError
 class Tensor:
     """An n-dimensional array on a device. Create with ``ember.tensor``, ``ember.zeros``, ... ."""
 
-    __slots__ = ("_h", "_dtype", "_device", "grad", "_requires_grad", "__weakref__")
+    # _rg/_grad are only used on devices without autodiff (a differentiable stack keeps both on its handles);
+    # they are left unset by _make, so creating a result costs three stores
+    __slots__ = ("_h", "_dtype", "_device", "_rg", "_grad", "__weakref__")
     __array_priority__ = 1000  # numpy defers to our reflected operators
 
     _h: Any
@@ -31,8 +33,6 @@ class Tensor:
 
         t = to_tensor(data, dtype, device)
         self._h, self._dtype, self._device = t._h, t._dtype, t._device
-        self.grad = None
-        self._requires_grad = False
 
     @classmethod
     def _make(cls, h: Any, dtype: DType, device: Device) -> Tensor:
@@ -40,8 +40,6 @@ class Tensor:
         t._h = h
         t._dtype = dtype
         t._device = device
-        t.grad = None
-        t._requires_grad = False
         return t
 
     # -- metadata -------------------------------------------------------------------------------------------
@@ -93,18 +91,91 @@ class Tensor:
     def is_floating_point(self) -> bool:
         return self._dtype.is_floating_point
 
+    # -- gradients (recorded by a differentiable stack: Device.flex().autodiff()) ---------------------------
     @property
     def requires_grad(self) -> bool:
-        return self._requires_grad
+        stack = self._device.stack
+        if stack.differentiable:
+            return stack.requires_grad(self._h)
+        return getattr(self, "_rg", False)
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
         self.requires_grad_(value)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Mark a leaf tensor for gradient tracking (floating dtypes only), in place."""
         if requires_grad and not self._dtype.is_floating_point:
             raise DTypeError(f"requires_grad_: only floating point tensors can require gradients, got {self._dtype}")
-        self._requires_grad = bool(requires_grad)
+        stack = self._device.stack
+        if stack.differentiable:
+            stack.set_requires_grad(self._h, bool(requires_grad))
+        else:
+            self._rg = bool(requires_grad)  # backward() will explain that this device records nothing
+        return self
+
+    @property
+    def grad(self) -> Tensor | None:
+        """The accumulated gradient of a leaf after ``backward()``, or None."""
+        stack = self._device.stack
+        if stack.differentiable:
+            g = stack.grad_of(self._h)
+            return None if g is None else Tensor._make(g, self._dtype, self._device)
+        return getattr(self, "_grad", None)
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise DTypeError(f"grad: expected a Tensor or None, got {type(value).__name__}")
+            if value.shape != self.shape:
+                raise ShapeError(f"grad: assigned gradient has shape {value.shape} but the tensor has {self.shape}")
+        stack = self._device.stack
+        if stack.differentiable:
+            stack.set_grad(self._h, None if value is None else value.to(self._device, self._dtype)._h)
+        else:
+            self._grad = value
+
+    @property
+    def is_leaf(self) -> bool:
+        stack = self._device.stack
+        return stack.is_leaf(self._h) if stack.differentiable else True
+
+    @property
+    def grad_fn(self) -> Any:
+        """The node that produced this tensor (None for leaves and untracked tensors)."""
+        stack = self._device.stack
+        return stack.grad_fn(self._h) if stack.differentiable else None
+
+    def retain_grad(self) -> None:
+        """Keep ``.grad`` for this non-leaf tensor after backward."""
+        stack = self._device.stack
+        if not stack.differentiable:
+            from .autograd import _stack_of
+
+            _stack_of("retain_grad", [self])
+        stack.retain_grad(self._h)
+
+    def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
+                 create_graph: bool = False) -> None:
+        """Accumulate the gradient of this tensor into the leaves' ``.grad`` (``torch.Tensor.backward``)."""
+        from . import autograd
+
+        if create_graph:
+            from .errors import AutodiffError
+
+            raise AutodiffError("backward: create_graph=True (higher-order gradients) is not supported yet")
+        autograd.backward([self], None if gradient is None else [gradient], retain_graph)
+
+    def detach(self) -> Tensor:
+        """The same data, cut from the gradient history (shares memory)."""
+        stack = self._device.stack
+        return Tensor._make(stack.detach(self._h) if stack.differentiable else self._h, self._dtype, self._device)
+
+    def detach_(self) -> Tensor:
+        stack = self._device.stack
+        if stack.differentiable:
+            self._h = stack.detach(self._h)
         return self
 
     # -- conversion -----------------------------------------------------------------------------------------
@@ -186,7 +257,7 @@ class Tensor:
             extras.append(f"size={self.shape}")
         if self._device.kind != "flex" or self._device.decorators:
             extras.append(f"device={self._device}")
-        if self._requires_grad:
+        if self.requires_grad:
             extras.append("requires_grad=True")
         return "tensor(" + body + "".join(", " + e for e in extras) + ")"
 

@@ -57,11 +57,6 @@ def contiguous(self: Tensor) -> Tensor:
     return Tensor._make(self._device.stack.contiguous(self._h), self._dtype, self._device)
 
 
-def detach(self: Tensor) -> Tensor:
-    """The same data without gradient tracking."""
-    return Tensor._make(self._h, self._dtype, self._device)
-
-
 def copy_(self: Tensor, src: Any) -> Tensor:
     """Copy src (broadcast to self's shape, cast to self's dtype, moved to self's device) into self."""
     from .._bridge import broadcast_shapes2
@@ -115,7 +110,6 @@ TENSOR_METHODS: dict[str, Any] = {
     "to": to,
     "clone": clone,
     "contiguous": contiguous,
-    "detach": detach,
     "copy_": copy_,
     "fill_": fill_,
     "zero_": zero_,

@@ -1,0 +1,167 @@
+"""Gradient API of core: grad mode, ``ember.autograd.grad`` and ``ember.autograd.backward``.
+
+Recording and differentiating is the job of a *differentiable stack* -- the autodiff decorator plugin
+(``Device.flex().autodiff()``). Core only defines the user-facing API (PyTorch's names) and forwards to the
+stack; on a device without autodiff these raise :class:`~ember.errors.AutodiffError` saying how to fix it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from .errors import AutodiffError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _GradMode:
+    """Process-wide switch read by differentiable stacks on every op (one attribute load)."""
+
+    __slots__ = ("enabled",)
+
+    def __init__(self) -> None:
+        self.enabled = True
+
+
+GRAD_MODE = _GradMode()
+
+
+def is_grad_enabled() -> bool:
+    return GRAD_MODE.enabled
+
+
+class set_grad_enabled:
+    """Context manager (and decorator) that sets grad mode to ``mode`` for its body."""
+
+    def __init__(self, mode: bool) -> None:
+        self.mode = bool(mode)
+        self.prev = GRAD_MODE.enabled
+        GRAD_MODE.enabled = self.mode  # also usable as a plain function call, as in PyTorch
+
+    def __enter__(self) -> set_grad_enabled:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        GRAD_MODE.enabled = self.prev
+
+
+class _GradModeContext:
+    _mode: bool
+
+    def __enter__(self) -> _GradModeContext:
+        self._prev = GRAD_MODE.enabled
+        GRAD_MODE.enabled = self._mode
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        GRAD_MODE.enabled = self._prev
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with type(self)():
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+class no_grad(_GradModeContext):
+    """Context manager and decorator: ops inside record no gradient history."""
+
+    _mode = False
+
+
+class enable_grad(_GradModeContext):
+    """Context manager and decorator: re-enable recording inside a ``no_grad`` block."""
+
+    _mode = True
+
+
+def _stack_of(op: str, tensors: Sequence[Any]) -> Any:
+    dev = tensors[0]._device
+    for t in tensors[1:]:
+        if t._device is not dev:
+            from .errors import DeviceError
+
+            raise DeviceError(f"{op}: expected all tensors on the same device, got {dev} and {t._device}")
+    stack = dev.stack
+    if not getattr(stack, "differentiable", False):
+        raise AutodiffError(
+            f"{op}: tensors on device {dev} record no gradients; create them on a device with autodiff, "
+            f"e.g. Device.{dev.kind}().autodiff() (pip install 'ember[autodiff]')"
+        )
+    return stack
+
+
+def _as_list(x: Any) -> list[Any]:
+    from .tensor import Tensor
+
+    if isinstance(x, Tensor):
+        return [x]
+    return list(x)
+
+
+def backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None = None) -> None:
+    """Accumulate d(tensors)/d(leaves) into the leaves' ``.grad`` (``torch.autograd.backward``)."""
+    outs = _as_list(tensors)
+    grads = [None] * len(outs) if grad_tensors is None else _as_list(grad_tensors)
+    if len(grads) != len(outs):
+        raise AutodiffError(f"backward: got {len(outs)} tensors but {len(grads)} gradients")
+    stack = _stack_of("backward", outs)
+    stack.backward([t._h for t in outs], _grad_handles("backward", outs, grads), bool(retain_graph))
+
+
+def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: bool | None = None,
+         create_graph: bool = False, allow_unused: bool = False) -> tuple[Any, ...]:
+    """d(outputs)/d(inputs) as a tuple of tensors, without touching ``.grad`` (``torch.autograd.grad``)."""
+    from .tensor import Tensor
+
+    if create_graph:
+        raise AutodiffError("grad: create_graph=True (higher-order gradients) is not supported yet")
+    outs = _as_list(outputs)
+    ins = _as_list(inputs)
+    grads = [None] * len(outs) if grad_outputs is None else _as_list(grad_outputs)
+    if len(grads) != len(outs):
+        raise AutodiffError(f"grad: got {len(outs)} outputs but {len(grads)} grad_outputs")
+    stack = _stack_of("grad", outs + ins)
+    for t in ins:
+        if not stack.requires_grad(t._h):
+            raise AutodiffError(f"grad: an input of shape {t.shape} does not require grad (use requires_grad_())")
+    hs = stack.grad([t._h for t in outs], [t._h for t in ins], _grad_handles("grad", outs, grads), bool(retain_graph))
+    result = []
+    for t, h in zip(ins, hs):
+        if h is None and not allow_unused:
+            raise AutodiffError(
+                f"grad: one of the inputs (shape {t.shape}) was not used to compute the outputs; "
+                "pass allow_unused=True to get None for it"
+            )
+        result.append(None if h is None else Tensor._make(h, t._dtype, t._device))
+    return tuple(result)
+
+
+def _grad_handles(op: str, outs: list[Any], grads: list[Any]) -> list[Any]:
+    from .tensor import Tensor
+
+    handles = []
+    for t, g in zip(outs, grads):
+        if g is None:
+            if t.numel() != 1:
+                raise AutodiffError(
+                    f"{op}: grad can be implicitly created only for scalar outputs, got shape {t.shape}; "
+                    "pass a gradient of the same shape"
+                )
+            handles.append(None)
+            continue
+        if not isinstance(g, Tensor):
+            raise AutodiffError(f"{op}: gradient must be a Tensor, got {type(g).__name__}")
+        if g.shape != t.shape:
+            raise AutodiffError(f"{op}: gradient has shape {g.shape} but the output has shape {t.shape}")
+        if g._device is not t._device:
+            g = g.to(t._device)
+        handles.append(g._h if g._dtype is t._dtype else g.to(t._dtype)._h)
+    return handles
+
+
+__all__ = ["GRAD_MODE", "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled"]
