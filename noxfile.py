@@ -45,6 +45,7 @@ class Plugin:
 # One line per first-party plugin.
 PLUGINS: list[Plugin] = [
     Plugin("flex", "plugins/backends/ember-flex", device="flex"),
+    Plugin("autodiff", "plugins/decorators/ember-autodiff", device="flex+autodiff", needs=("flex",)),
 ]
 
 _BY_NAME = {p.name: p for p in PLUGINS}

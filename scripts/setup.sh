@@ -28,12 +28,11 @@ pip_install --upgrade pip
 PACKAGES=(
     -e "packages/ember-core[test]"
     -e "plugins/backends/ember-flex"
+    -e "plugins/decorators/ember-autodiff"
     -e "packages/ember"
+    # the third-party example plugin used by the cross-plugin tests and the docs
+    -e "tests/example-backend"
 )
-# The third-party example plugin used by the cross-plugin tests, once it exists.
-if [[ -f tests/example-backend/pyproject.toml ]]; then
-    PACKAGES+=(-e "tests/example-backend")
-fi
 
 DEV_TOOLS=(ruff nox sphinx pydata-sphinx-theme myst-parser)
 

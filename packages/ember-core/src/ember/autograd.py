@@ -152,7 +152,7 @@ def _grad_handles(op: str, outs: list[Any], grads: list[Any]) -> list[Any]:
                     f"{op}: grad can be implicitly created only for scalar outputs, got shape {t.shape}; "
                     "pass a gradient of the same shape"
                 )
-            handles.append(None)
+            handles.append(t._device.stack.full(t.shape, 1, t._dtype))  # the implicit seed: ones
             continue
         if not isinstance(g, Tensor):
             raise AutodiffError(f"{op}: gradient must be a Tensor, got {type(g).__name__}")

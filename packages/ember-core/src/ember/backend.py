@@ -48,6 +48,12 @@ COMPARISON_OPS = frozenset("eq ne lt le gt ge logical_and logical_or logical_xor
 PREDICATE_UNARY_OPS = frozenset("isnan isinf isfinite isposinf isneginf logical_not signbit".split())
 REDUCE_OPS = frozenset({"sum", "prod", "max", "min"})
 
+#: the methods every backend must implement; everything else on Backend has a default composition
+REQUIRED_PRIMITIVES = frozenset(
+    """from_numpy to_numpy full arange cast copy dtype_of assign unary binary where reduce argreduce cumulative
+    matmul sort reshape permute expand getitem setitem cat seed rand randn""".split()
+)
+
 
 class Backend:
     """Base class of every backend. See the module docstring for the conventions."""
@@ -118,6 +124,10 @@ class Backend:
     def copy(self, h: Handle) -> Handle:
         """A contiguous copy that shares no memory with h."""
         raise self._missing("copy")
+
+    def dtype_of(self, h: Handle) -> DType:
+        """The ember dtype of a handle (decorators use it, e.g. to cast a gradient back to its input's dtype)."""
+        raise self._missing("dtype_of")
 
     def assign(self, dst: Handle, src: Handle | Any) -> None:
         """Copy src (a handle broadcastable to dst's shape, or a scalar) into dst in place."""

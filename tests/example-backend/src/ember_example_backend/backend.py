@@ -188,6 +188,9 @@ class ToyBackend(Backend):
                 return ToyArray(np.trunc(a).astype(target))
         return ToyArray(a.astype(target))
 
+    def dtype_of(self, h: ToyArray) -> DType:
+        return dt.from_numpy_dtype(h.a.dtype)
+
     def copy(self, h: ToyArray) -> ToyArray:
         return ToyArray(np.array(h.a, copy=True, order="C"))
 

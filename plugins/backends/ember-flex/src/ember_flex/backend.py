@@ -220,6 +220,9 @@ class FlexBackend(Backend):
             return np.trunc(h).astype(npdt)
         return h.astype(npdt)
 
+    def dtype_of(self, h: ndarray) -> DType:
+        return dt.from_numpy_dtype(h.dtype)
+
     def copy(self, h: ndarray) -> ndarray:
         return np.array(h, copy=True, order="C")
 

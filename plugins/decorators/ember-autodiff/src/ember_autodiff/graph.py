@@ -1,0 +1,183 @@
+"""The recorded graph: AD handles, nodes, saved values, and the backward pass.
+
+An :class:`ADArray` is the handle of an autodiff stack: the inner backend's value plus what gradient tracking
+needs (the producing node, requires_grad, the accumulated grad of a leaf, a version counter shared with its
+views). A :class:`Node` holds the vector-Jacobian product (vjp) of one recorded op and references to its
+inputs. :class:`Saved` is how a vjp reaches the values it needs: it checks the version counter (in-place
+modification after saving is an error, as in PyTorch) and, under balanced checkpointing, recomputes values
+whose arrays were freed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ember.errors import AutodiffError
+
+
+class Meta:
+    """Gradient bookkeeping of one tracked array, kept apart from its data.
+
+    Nodes reference their inputs' Meta, not the arrays, so that an intermediate array's memory can be freed
+    (balanced checkpointing) while the graph still knows how gradients flow through it.
+    """
+
+    __slots__ = ("node", "grad", "retains_grad", "__weakref__")
+
+    def __init__(self, node: Node | None = None) -> None:
+        self.node = node
+        self.grad: Any = None
+        self.retains_grad = False
+
+
+class ADArray:
+    """Handle of an autodiff stack: the inner value, its Meta when it requires grad, and a version counter
+    shared with its views. Exposes ``.shape`` (and ``.strides`` when the inner value has them)."""
+
+    __slots__ = ("value", "meta", "version", "recipe", "base", "__weakref__")
+
+    def __init__(self, value: Any, meta: Meta | None = None, base: ADArray | None = None) -> None:
+        self.value = value
+        self.meta = meta
+        self.base = base  # the array this one is a view of (shares its version counter)
+        self.version: list[int] = base.version if base is not None else [0]
+        self.recipe: Callable[[], Any] | None = None  # recomputes value under balanced checkpointing
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.shape
+
+    @property
+    def strides(self) -> Any:
+        return self.value.strides  # AttributeError when the inner handle has none: hasattr() stays honest
+
+    def __repr__(self) -> str:
+        return f"ADArray(shape={tuple(self.shape)}, requires_grad={self.meta is not None})"
+
+
+class Node:
+    """One recorded op: ``vjp(g) -> tuple`` of gradients (inner handles or None), one per input."""
+
+    __slots__ = ("name", "inputs", "vjp", "__weakref__")
+
+    def __init__(self, name: str, inputs: tuple[Meta | None, ...], vjp: Callable[[Any], Sequence[Any]]) -> None:
+        self.name = name
+        self.inputs = inputs
+        self.vjp: Callable[[Any], Sequence[Any]] | None = vjp
+
+    def release(self) -> None:
+        """Free saved values after backward (retain_graph=False)."""
+        self.vjp = None
+
+    def __repr__(self) -> str:
+        return f"<{self.name}Backward>"
+
+    # PyTorch spells it grad_fn.name()
+    def __call__(self) -> str:
+        return f"{self.name}Backward"
+
+
+class Saved:
+    """A value a vjp needs later, with PyTorch's in-place check and optional recomputation."""
+
+    __slots__ = ("_value", "_ref", "_version", "_counter", "_recipe", "_cache")
+
+    def __init__(self, arr: ADArray, keep: bool) -> None:
+        self._counter = arr.version
+        self._version = arr.version[0]
+        self._cache = None
+        if keep or arr.recipe is None:  # no recipe: a leaf or a compute-bound output, kept as is
+            self._value = arr.value
+            self._ref = None
+            self._recipe = None
+        else:  # balanced checkpointing: hold the array weakly, recompute if it is gone by backward time
+            self._value = None
+            self._ref = weakref.ref(arr)
+            self._recipe = arr.recipe
+
+    def get(self) -> Any:
+        if self._counter[0] != self._version:
+            raise AutodiffError(
+                "one of the tensors needed for gradient computation has been modified by an in-place operation "
+                f"(version {self._counter[0]}, saved at version {self._version}); clone() it before modifying, "
+                "or modify a copy"
+            )
+        if self._value is not None:
+            return self._value
+        if self._cache is not None:
+            return self._cache
+        arr = self._ref() if self._ref is not None else None
+        if arr is not None and arr.version[0] == self._version:
+            return arr.value
+        self._cache = self._recipe()  # type: ignore[misc]
+        return self._cache
+
+
+def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, accumulate: bool,
+             add: Callable[[Any, Any], Any], inputs: Sequence[Meta] | None = None) -> list[Any] | None:
+    """Reverse-mode sweep from roots seeded with grads.
+
+    With ``accumulate``, leaf gradients are added into their ``grad`` (``Tensor.backward``); otherwise the
+    gradients of ``inputs`` are returned (``autograd.grad``) and no ``grad`` is touched.
+    """
+    order = _topological(roots)
+    pending: dict[int, Any] = {}
+    for r, g in zip(roots, grads):
+        pending[id(r)] = g if id(r) not in pending else add(pending[id(r)], g)
+    wanted = {id(m) for m in inputs} if inputs is not None else set()
+    results: dict[int, Any] = {}
+    for meta in order:
+        g = pending.pop(id(meta), None)
+        if g is None:
+            continue
+        if id(meta) in wanted:
+            results[id(meta)] = g if id(meta) not in results else add(results[id(meta)], g)
+        node = meta.node
+        if node is None:  # a leaf
+            if accumulate:
+                meta.grad = g if meta.grad is None else add(meta.grad, g)
+            continue
+        if accumulate and meta.retains_grad:
+            meta.grad = g if meta.grad is None else add(meta.grad, g)
+        vjp = node.vjp
+        if vjp is None:
+            raise AutodiffError(
+                f"trying to backward through the graph a second time (through {node()}): its saved values were "
+                "freed after the first backward; pass retain_graph=True to the first backward() if you need that"
+            )
+        in_grads = vjp(g)
+        if not retain_graph:
+            node.release()
+        for inp, ig in zip(node.inputs, in_grads):
+            if inp is None or ig is None:
+                continue
+            k = id(inp)
+            pending[k] = ig if k not in pending else add(pending[k], ig)
+    if inputs is not None:
+        return [results.get(id(m)) for m in inputs]
+    return None
+
+
+def _topological(roots: Sequence[Meta]) -> list[Meta]:
+    """Metas reachable from roots, each after every meta that consumes it (iterative DFS, no recursion)."""
+    seen: set[int] = set()
+    post: list[Meta] = []
+    stack: list[tuple[Meta, bool]] = [(r, False) for r in roots]
+    while stack:
+        meta, done = stack.pop()
+        if done:
+            post.append(meta)
+            continue
+        if id(meta) in seen:
+            continue
+        seen.add(id(meta))
+        stack.append((meta, True))
+        node = meta.node
+        if node is not None:
+            for inp in node.inputs:
+                if inp is not None and id(inp) not in seen:
+                    stack.append((inp, False))
+    post.reverse()
+    return post

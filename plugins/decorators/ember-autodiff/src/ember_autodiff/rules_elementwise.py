@@ -1,0 +1,295 @@
+"""Gradient rules of the elementwise primitives: unary, binary, where, cast, copy and the in-place forms.
+
+Each vjp computes with the inner backend ``be`` on plain values. Broadcast operands get their gradient summed
+back to their own shape (:func:`unbroadcast`). Predicates, comparisons, bitwise and rounding ops are not
+differentiable: their outputs are untracked (rounding ops give zero gradients, as in PyTorch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ember.autograd import GRAD_MODE
+
+from .graph import ADArray, Meta, Node
+
+_LN2 = math.log(2.0)
+_LN10 = math.log(10.0)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+_SQRT_PI_OVER_TWO = math.sqrt(math.pi) / 2.0
+
+Getter = Callable[[], Any]
+
+
+def unbroadcast(be: Any, g: Any, shape: tuple[int, ...]) -> Any:
+    """Sum a broadcast gradient back to ``shape``."""
+    gs = tuple(g.shape)
+    if gs == tuple(shape):
+        return g
+    lead = len(gs) - len(shape)
+    dims = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and gs[lead + i] != 1
+    )
+    if dims:
+        g = be.reduce("sum", g, dims, True)
+    return be.reshape(g, tuple(shape))
+
+
+def _mul(be: Any, *xs: Any) -> Any:
+    r = xs[0]
+    for x in xs[1:]:
+        r = be.binary("mul", r, x)
+    return r
+
+
+def _sq(be: Any, x: Any) -> Any:
+    return be.binary("mul", x, x)
+
+
+# vjp(be, g, x, y) -> grad of x; x and y are getters of the input and the output values
+UNARY_VJP: dict[str, Callable[[Any, Any, Getter, Getter], Any]] = {
+    "neg": lambda be, g, x, y: be.unary("neg", g),
+    "abs": lambda be, g, x, y: be.binary("mul", g, be.unary("sign", x())),
+    "exp": lambda be, g, x, y: be.binary("mul", g, y()),
+    "exp2": lambda be, g, x, y: _mul(be, g, y(), _LN2),
+    "expm1": lambda be, g, x, y: be.binary("mul", g, be.binary("add", y(), 1.0)),
+    "log": lambda be, g, x, y: be.binary("div", g, x()),
+    "log2": lambda be, g, x, y: be.binary("div", g, be.binary("mul", x(), _LN2)),
+    "log10": lambda be, g, x, y: be.binary("div", g, be.binary("mul", x(), _LN10)),
+    "log1p": lambda be, g, x, y: be.binary("div", g, be.binary("add", x(), 1.0)),
+    "sqrt": lambda be, g, x, y: be.binary("div", g, be.binary("mul", y(), 2.0)),
+    "rsqrt": lambda be, g, x, y: _mul(be, g, y(), y(), y(), -0.5),
+    "reciprocal": lambda be, g, x, y: be.unary("neg", _mul(be, g, y(), y())),
+    "sin": lambda be, g, x, y: be.binary("mul", g, be.unary("cos", x())),
+    "cos": lambda be, g, x, y: be.unary("neg", be.binary("mul", g, be.unary("sin", x()))),
+    "tan": lambda be, g, x, y: be.binary("mul", g, be.binary("add", _sq(be, y()), 1.0)),
+    "asin": lambda be, g, x, y: be.binary("mul", g, be.unary("rsqrt", be.binary("sub", 1.0, _sq(be, x())))),
+    "acos": lambda be, g, x, y: be.unary(
+        "neg", be.binary("mul", g, be.unary("rsqrt", be.binary("sub", 1.0, _sq(be, x()))))
+    ),
+    "atan": lambda be, g, x, y: be.binary("div", g, be.binary("add", _sq(be, x()), 1.0)),
+    "sinh": lambda be, g, x, y: be.binary("mul", g, be.unary("cosh", x())),
+    "cosh": lambda be, g, x, y: be.binary("mul", g, be.unary("sinh", x())),
+    "tanh": lambda be, g, x, y: be.binary("mul", g, be.binary("sub", 1.0, _sq(be, y()))),
+    "asinh": lambda be, g, x, y: be.binary("mul", g, be.unary("rsqrt", be.binary("add", _sq(be, x()), 1.0))),
+    "acosh": lambda be, g, x, y: be.binary("mul", g, be.unary("rsqrt", be.binary("sub", _sq(be, x()), 1.0))),
+    "atanh": lambda be, g, x, y: be.binary("div", g, be.binary("sub", 1.0, _sq(be, x()))),
+    "erf": lambda be, g, x, y: _mul(be, g, be.unary("exp", be.unary("neg", _sq(be, x()))), _TWO_OVER_SQRT_PI),
+    "erfc": lambda be, g, x, y: _mul(be, g, be.unary("exp", be.unary("neg", _sq(be, x()))), -_TWO_OVER_SQRT_PI),
+    "erfinv": lambda be, g, x, y: _mul(be, g, be.unary("exp", _sq(be, y())), _SQRT_PI_OVER_TWO),
+    "sigmoid": lambda be, g, x, y: _mul(be, g, y(), be.binary("sub", 1.0, y())),
+}
+# PyTorch: the gradient of these step functions is zero everywhere
+ZERO_GRAD_UNARY = frozenset({"sign", "floor", "ceil", "round", "trunc"})
+
+
+def _zeros_like(be: Any, g: Any) -> Any:
+    return be.binary("mul", g, 0.0)
+
+
+def _max_min_vjp(op: str) -> Callable[..., tuple[Any, Any]]:
+    """maximum/minimum/fmax/fmin: the gradient goes to the selected operand; ties split it in half (PyTorch)."""
+    pick = "gt" if op in ("maximum", "fmax") else "lt"
+
+    def vjp(be: Any, g: Any, a: Getter, b: Getter, y: Getter) -> tuple[Any, Any]:
+        av, bv = a(), b()
+        half = be.binary("mul", g, 0.5)
+        tie = be.binary("eq", av, bv)
+        first = be.binary(pick, av, bv)
+        if op in ("fmax", "fmin"):  # a NaN operand loses: the other one was selected
+            first = be.binary("logical_or", first, be.unary("isnan", bv))
+        second = be.unary("logical_not", be.binary("logical_or", first, tie))
+        ga = be.where(tie, half, be.where(first, g, 0.0))
+        gb = be.where(tie, half, be.where(second, g, 0.0))
+        return ga, gb
+
+    return vjp
+
+
+def _pow_vjp(be: Any, g: Any, a: Getter, b: Getter, y: Getter) -> tuple[Any, Any]:
+    av, bv = a(), b()
+    # d/da a**b = b * a**(b-1), defined as 0 where b == 0 (avoids 0 * inf at a == 0)
+    ga = be.binary("mul", g, be.binary("mul", bv, be.binary("pow", av, be.binary("sub", bv, 1.0))))
+    ga = be.where(be.binary("eq", bv, 0.0), 0.0, ga)
+    # d/db a**b = a**b * log(a), defined as 0 where a == 0 and b >= 0 (PyTorch)
+    gb = be.binary("mul", g, be.binary("mul", y(), be.unary("log", av)))
+    gb = be.where(be.binary("logical_and", be.binary("eq", av, 0.0), be.binary("ge", bv, 0.0)), 0.0, gb)
+    return ga, gb
+
+
+def _atan2_vjp(be: Any, g: Any, a: Getter, b: Getter, y: Getter) -> tuple[Any, Any]:
+    av, bv = a(), b()
+    den = be.binary("add", _sq(be, av), _sq(be, bv))
+    return (be.binary("div", be.binary("mul", g, bv), den),
+            be.unary("neg", be.binary("div", be.binary("mul", g, av), den)))
+
+
+def _hypot_vjp(be: Any, g: Any, a: Getter, b: Getter, y: Getter) -> tuple[Any, Any]:
+    yv = y()
+    return (be.binary("mul", g, be.binary("div", a(), yv)), be.binary("mul", g, be.binary("div", b(), yv)))
+
+
+def _copysign_vjp(be: Any, g: Any, a: Getter, b: Getter, y: Getter) -> tuple[Any, Any]:
+    av = a()
+    # |a| * sign(b): d/da = sign(a) * sign_bit_of(b), zero at a == 0 (PyTorch); d/db = 0
+    s = be.binary("div", y(), av)
+    ga = be.where(be.binary("eq", av, 0.0), 0.0, be.binary("mul", g, s))
+    return ga, _zeros_like(be, g)
+
+
+# vjp(be, g, a, b, y) -> (grad a, grad b) at the broadcast shape; getters for operands (scalars allowed)
+BINARY_VJP: dict[str, Callable[..., tuple[Any, Any]]] = {
+    "add": lambda be, g, a, b, y: (g, g),
+    "sub": lambda be, g, a, b, y: (g, be.unary("neg", g)),
+    "mul": lambda be, g, a, b, y: (be.binary("mul", g, b()), be.binary("mul", g, a())),
+    "div": lambda be, g, a, b, y: (
+        be.binary("div", g, b()),
+        be.unary("neg", be.binary("div", be.binary("mul", g, y()), b())),
+    ),
+    "pow": _pow_vjp,
+    "maximum": _max_min_vjp("maximum"),
+    "minimum": _max_min_vjp("minimum"),
+    "fmax": _max_min_vjp("fmax"),
+    "fmin": _max_min_vjp("fmin"),
+    "atan2": _atan2_vjp,
+    "hypot": _hypot_vjp,
+    "copysign": _copysign_vjp,
+    "remainder": lambda be, g, a, b, y: (
+        g, be.unary("neg", be.binary("mul", g, be.unary("floor", be.binary("div", a(), b())))),
+    ),
+    "fmod": lambda be, g, a, b, y: (
+        g, be.unary("neg", be.binary("mul", g, be.unary("trunc", be.binary("div", a(), b())))),
+    ),
+    "floor_divide": lambda be, g, a, b, y: (_zeros_like(be, g), _zeros_like(be, g)),
+}
+
+
+def _shape(x: Any) -> tuple[int, ...] | None:
+    return tuple(x.shape) if type(x) is ADArray else None
+
+
+class ElementwiseRules:
+    """Mixin of AutodiffBackend: elementwise primitives and their gradients."""
+
+    inner: Any
+
+    def unary(self, op: str, h: ADArray) -> ADArray:
+        inner = self.inner
+        value = inner.unary(op, h.value)
+        if not self.tracking(h) or (op not in UNARY_VJP and op not in ZERO_GRAD_UNARY):  # type: ignore[attr-defined]
+            return self.wrap(value)  # type: ignore[attr-defined]
+        if op in ZERO_GRAD_UNARY:
+            return self.record(op, value, (h,), lambda g: (_zeros_like(inner, g),))  # type: ignore[attr-defined]
+        x = self.save(h)  # type: ignore[attr-defined]
+        rule = UNARY_VJP[op]
+        out = self.record(op, value, (h,), lambda g: (rule(inner, g, x, y),),  # type: ignore[attr-defined]
+                          recompute=lambda: inner.unary(op, x()))
+        y = self.save(out)  # type: ignore[attr-defined]
+        return out
+
+    def binary(self, op: str, a: Any, b: Any) -> ADArray:
+        inner = self.inner
+        value = inner.binary(op, a.value if type(a) is ADArray else a, b.value if type(b) is ADArray else b)
+        if op not in BINARY_VJP or not self.tracking(a, b):  # type: ignore[attr-defined]
+            return self.wrap(value)  # type: ignore[attr-defined]
+        ga, gb = self.save(a), self.save(b)  # type: ignore[attr-defined]
+        sa, sb = _shape(a), _shape(b)
+        rule = BINARY_VJP[op]
+
+        def vjp(g: Any) -> tuple[Any, Any]:
+            da, db = rule(inner, g, ga, gb, y)
+            return (None if sa is None else unbroadcast(inner, da, sa),
+                    None if sb is None else unbroadcast(inner, db, sb))
+
+        out = self.record(op, value, (a, b), vjp,  # type: ignore[attr-defined]
+                          recompute=lambda: inner.binary(op, ga(), gb()))
+        y = self.save(out)  # type: ignore[attr-defined]
+        return out
+
+    def where(self, cond: Any, a: Any, b: Any) -> ADArray:
+        inner = self.inner
+        c = cond.value if type(cond) is ADArray else cond
+        av = a.value if type(a) is ADArray else a
+        bv = b.value if type(b) is ADArray else b
+        value = inner.where(c, av, bv)
+        if not self.tracking(a, b):  # type: ignore[attr-defined]
+            return self.wrap(value)  # type: ignore[attr-defined]
+        sa, sb = _shape(a), _shape(b)
+        gc = self.save(cond)  # type: ignore[attr-defined]
+
+        def vjp(g: Any) -> tuple[Any, Any]:
+            cv = gc()
+            return (None if sa is None else unbroadcast(inner, inner.where(cv, g, 0.0), sa),
+                    None if sb is None else unbroadcast(inner, inner.where(cv, 0.0, g), sb))
+
+        ga_, gb_ = self.save(a), self.save(b)  # type: ignore[attr-defined]
+        return self.record("where", value, (a, b), vjp,  # type: ignore[attr-defined]
+                           recompute=lambda: inner.where(gc(), ga_(), gb_()))
+
+    def cast(self, h: ADArray, dtype: Any) -> ADArray:
+        inner = self.inner
+        value = inner.cast(h.value, dtype)
+        if not self.tracking(h) or not dtype.is_floating_point:  # type: ignore[attr-defined]
+            return self.wrap(value)  # type: ignore[attr-defined]
+        src = inner.dtype_of(h.value)
+        x = self.save(h)  # type: ignore[attr-defined]
+        return self.record("cast", value, (h,), lambda g: (inner.cast(g, src),),  # type: ignore[attr-defined]
+                           recompute=lambda: inner.cast(x(), dtype))
+
+    def dtype_of(self, h: ADArray) -> Any:
+        return self.inner.dtype_of(h.value)
+
+    def copy(self, h: ADArray) -> ADArray:
+        inner = self.inner
+        value = inner.copy(h.value)
+        if not self.tracking(h):  # type: ignore[attr-defined]
+            return self.wrap(value)  # type: ignore[attr-defined]
+        x = self.save(h)  # type: ignore[attr-defined]
+        return self.record("clone", value, (h,), lambda g: (g,),  # type: ignore[attr-defined]
+                           recompute=lambda: inner.copy(x()))
+
+    def contiguous(self, h: ADArray) -> ADArray:
+        inner = self.inner
+        value = inner.contiguous(h.value)
+        if not self.tracking(h):  # type: ignore[attr-defined]
+            return self.wrap(value)  # type: ignore[attr-defined]
+        x = self.save(h)  # type: ignore[attr-defined]
+        return self.record("contiguous", value, (h,), lambda g: (g,),  # type: ignore[attr-defined]
+                           recompute=lambda: inner.contiguous(x()))
+
+    # -- in place: the array's history is rebased onto a node of the op (PyTorch's CopySlices idea) ------------
+    def _rebase(self, name: str, h: ADArray, inputs: tuple[Any, ...], vjp: Callable[[Any], Any]) -> None:
+        metas = tuple(x.meta if type(x) is ADArray else None for x in inputs)
+        if GRAD_MODE.enabled and any(m is not None for m in metas):
+            h.meta = Meta(Node(name, metas, vjp))
+            h.recipe = None  # its value is now the in-place result: keep it as saved
+        elif h.meta is not None and h.meta.node is not None:
+            h.meta = None  # overwritten under no_grad: no history left
+
+    def assign(self, dst: ADArray, src: Any) -> None:
+        self.check_inplace("copy_", dst)  # type: ignore[attr-defined]
+        tracked = self.tracking(src)  # type: ignore[attr-defined]
+        self.inner.assign(dst.value, src.value if type(src) is ADArray else src)
+        if tracked:
+            shape = tuple(src.shape)
+            inner = self.inner
+            # the old contents of dst are fully overwritten: no gradient flows to them
+            self._rebase("copy_", dst, (src,), lambda g: (unbroadcast(inner, g, shape),))
+        elif dst.meta is not None and dst.meta.node is not None:
+            self._rebase("copy_", dst, (), lambda g: ())
+
+    def inplace_binary(self, op: str, a: ADArray, b: Any) -> None:
+        if not self.tracking(a, b):  # type: ignore[attr-defined]
+            self.check_inplace(op + "_", a)  # type: ignore[attr-defined]
+            self.inner.inplace_binary(op, a.value, b.value if type(b) is ADArray else b)
+            if a.meta is not None and a.meta.node is not None:
+                self._rebase(op + "_", a, (), lambda g: ())
+            return
+        # out of place on the inner backend, then written back: the rule needs the old value of a
+        result = self.binary(op, ADArray(self.inner.copy(a.value), a.meta), b)
+        self.check_inplace(op + "_", a)  # type: ignore[attr-defined]
+        self.inner.assign(a.value, result.value)
+        a.meta = result.meta
+        a.recipe = None

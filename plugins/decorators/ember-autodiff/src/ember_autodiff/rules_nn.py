@@ -1,0 +1,5 @@
+"""placeholder: being written"""
+
+
+class NNRules:
+    pass
