@@ -131,9 +131,7 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench_smoke(session: nox.Session) -> None:
-    """A quick run of the overhead benchmark (no timing assertions; it only has to run)."""
-    script = ROOT / "benchmarks" / "overhead.py"
-    if not script.is_file():
-        session.skip("benchmarks/overhead.py does not exist yet")
+    """Quick runs of the benchmarks (no timing assertions; they only have to run)."""
     _install_everything(session)
-    session.run("python", str(script.relative_to(ROOT)), "--quick")
+    for name in ("overhead.py", "autodiff.py"):
+        session.run("python", str(Path("benchmarks") / name), "--quick")

@@ -4,8 +4,9 @@
 #   2. unit + cross-plugin tests (pytest testpaths from pyproject.toml)
 #   3. the conformance kit against the flex backend
 #   4. the conformance kit against tests/example-backend (toy), which proves the default compositions
-#   5. the code examples in the docs
-#   6. the docs build (warnings are errors)
+#   5. the conformance kit through the autodiff decorator (flex+autodiff): every op recorded, gradients checked
+#   6. the code examples in the docs
+#   7. the docs build (warnings are errors)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,6 +31,9 @@ step "conformance kit (flex)"
 
 step "conformance kit (toy: the third-party example backend, required primitives only)"
 "$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=toy -q
+
+step "conformance kit (flex+autodiff: the autodiff decorator over flex)"
+"$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=flex+autodiff -q
 
 step "docs examples"
 # Exit code 5 means "no examples collected": not a failure while pages have none.

@@ -261,7 +261,8 @@ def test_registered_decorator_wraps_the_backend(plugins: manager.PluginRegistry)
 
     plugins.register_plugin(Plugin(), name="wrapper-plugin")
     dev = Device.flex().wrapped(level=2)
-    assert str(dev) == "flex+wrapped" and dev.base is Device.flex()
+    assert str(dev) == "flex+wrapped(level=2)" and dev.base is Device.flex()
+    assert Device.parse(str(dev)).decorators == (("wrapped", (("level", "2"),)),)
     assert isinstance(dev.stack, Wrapper) and dev.stack.options == {"level": 2}
     assert dev.stack.inner is Device.flex().stack  # one backend shared by every decoration
 

@@ -82,18 +82,23 @@ def format_info(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _find_overhead_benchmark() -> Path | None:
-    """benchmarks/overhead.py lives in the source tree, not in the wheel: look beside the cwd and the checkout."""
+def _find_benchmark(name: str) -> Path | None:
+    """benchmarks/<name>.py lives in the source tree, not in the wheel: look beside the cwd and the checkout."""
     here = Path(__file__).resolve()
     # src/ember/cli.py -> packages/ember-core/src/ember: the checkout root is four levels above the package
-    candidates = [Path.cwd() / "benchmarks" / "overhead.py"]
+    candidates = [Path.cwd() / "benchmarks" / f"{name}.py"]
     if len(here.parents) > 4:
-        candidates.append(here.parents[4] / "benchmarks" / "overhead.py")
+        candidates.append(here.parents[4] / "benchmarks" / f"{name}.py")
     return next((p for p in candidates if p.is_file()), None)
 
 
+def _find_overhead_benchmark() -> Path | None:
+    """benchmarks/overhead.py (the plain `ember bench`), or None."""
+    return _find_benchmark("overhead")
+
+
 def _load_module(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ember_bench_overhead", path)
+    spec = importlib.util.spec_from_file_location(f"ember_bench_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
     mod = importlib.util.module_from_spec(spec)
@@ -114,17 +119,23 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    print("ember bench: per-op eager overhead (a + b on 1,000 float32 elements, flex vs numpy vs PyTorch)")
-    print("and cold `import ember` time. The full model benchmark suite is not part of this command yet.")
-    path = _find_overhead_benchmark()
+    bench_args = list(args.bench_args)
+    if bench_args[:1] == ["autodiff"]:
+        print("ember bench autodiff: per-op autodiff overhead, seed-CNN training step and its peak memory "
+              "(flex+autodiff vs PyTorch)")
+        name, path, bench_args = "autodiff", _find_benchmark("autodiff"), bench_args[1:]
+    else:
+        print("ember bench: per-op eager overhead (a + b on 1,000 float32 elements, flex vs numpy vs PyTorch)")
+        print("and cold `import ember` time. `ember bench autodiff` runs the autodiff benchmark.")
+        name, path = "overhead", _find_overhead_benchmark()
     if path is None:
         print(
-            "ember bench: benchmarks/overhead.py was not found (it ships with the source checkout, not the wheel); "
+            f"ember bench: benchmarks/{name}.py was not found (it ships with the source checkout, not the wheel); "
             "run it from the repository root.",
             file=sys.stderr,
         )
         return 2
-    return int(_load_module(path).main(list(args.bench_args)) or 0)
+    return int(_load_module(path).main(bench_args) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,9 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_bench = sub.add_parser(
         "bench",
-        help="per-op overhead micro-benchmark (arguments pass through to benchmarks/overhead.py)",
+        help="per-op overhead micro-benchmark (arguments pass through to benchmarks/overhead.py); "
+        "`ember bench autodiff` runs benchmarks/autodiff.py",
         description="Per-op eager overhead versus numpy and PyTorch, and cold import time. "
-        "Extra arguments (--quick, --json PATH) pass through to benchmarks/overhead.py.",
+        "Extra arguments (--quick, --json PATH) pass through to benchmarks/overhead.py. "
+        "`ember bench autodiff [--quick] [--json PATH]` runs the autodiff benchmark instead.",
     )
     p_bench.set_defaults(func=_cmd_bench)
     return parser

@@ -93,7 +93,8 @@ class Device:
 
     @classmethod
     def parse(cls, spec: str) -> Device:
-        """``"flex"``, ``"cuda:1"``, ``"opencl:0"``; decorators with ``+``: ``"flex+autodiff"``."""
+        """``"flex"``, ``"cuda:1"``, ``"opencl:0"``; decorators with ``+``: ``"flex+autodiff"``, with options
+        in parentheses: ``"flex+autodiff(checkpointing=balanced)"`` (what ``str(device)`` prints)."""
         base, *decos = [p.strip() for p in spec.split("+")]
         kind, _, idx = base.partition(":")
         try:
@@ -101,8 +102,15 @@ class Device:
         except ValueError:
             raise DeviceError(f"cannot parse device {spec!r}: index {idx!r} is not an int") from None
         dev = cls(kind.strip().lower(), index)._checked()
-        for name in decos:
-            dev = getattr(dev, name)()
+        for deco in decos:
+            name, _, args = deco.partition("(")
+            options = {}
+            for item in filter(None, args.rstrip(")").split(",")):
+                key, eq, value = item.partition("=")
+                if not eq:
+                    raise DeviceError(f"cannot parse device {spec!r}: decorator option {item!r} is not key=value")
+                options[key.strip()] = value.strip()
+            dev = getattr(dev, name.strip())(**options)
         return dev
 
     @classmethod
@@ -252,8 +260,10 @@ class Device:
 
     def __str__(self) -> str:
         s = self.kind if not self.index else f"{self.kind}:{self.index}"
-        for name, _ in self.decorators:
+        for name, opts in self.decorators:
             s += f"+{name}"
+            if opts:  # "flex+autodiff(checkpointing=balanced)": two devices never print alike
+                s += "(" + ",".join(f"{k}={v}" for k, v in opts) + ")"
         return s
 
     def __repr__(self) -> str:

@@ -30,7 +30,8 @@ def tensor(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: b
         return _finish(to_tensor(data, None, None), requires_grad)
     t = to_tensor(data, dtype, device)
     src = data.numpy() if isinstance(data, Tensor) else data
-    if type(t._h) is type(src) and _np().may_share_memory(t._h, src):
+    base = t._device.stack.lower(t._h)  # the undecorated backend's handle (an autodiff stack wraps it)
+    if type(base) is type(src) and _np().may_share_memory(base, src):
         # host backends adopt arrays they are given; tensor() copies, as torch.tensor does (from_numpy shares)
         t = Tensor._make(t._device.stack.copy(t._h), t._dtype, t._device)
     return _finish(t, requires_grad)

@@ -227,6 +227,31 @@ def inplace_binary(op: str, a: Tensor, b: Any) -> Tensor:
     return a
 
 
+def write_result(t: Tensor, h: Any, op: str) -> Tensor:
+    """Make h (already of t's dtype and shape) the contents of t, for in-place ops computed out of place.
+
+    Normally h is copied into t's memory, so views of t see it. When a differentiable stack tracks t, the
+    result still carries a node that read t's old value; overwriting that memory would invalidate it, so t is
+    rebound to h instead (t's history continues through h's node, and what earlier ops saved stays valid).
+    """
+    stack = t._device.stack
+    if stack.differentiable and stack.requires_grad(t._h):
+        from ..autograd import GRAD_MODE
+
+        if GRAD_MODE.enabled:
+            if stack.is_leaf(t._h):
+                from ..errors import AutodiffError
+
+                raise AutodiffError(
+                    f"{op}: a leaf tensor that requires grad is being used in an in-place operation; wrap it in "
+                    "`with ember.no_grad():` (e.g. for parameter updates) or clone() it first"
+                )
+            t._h = h
+            return t
+    stack.assign(t._h, h)
+    return t
+
+
 def _bump_version(t: Tensor) -> None:
     """Hook for version counters (autodiff's in-place checks); cheap no-op otherwise."""
 

@@ -8,7 +8,7 @@ from .. import dtypes as dt
 from .._bridge import broadcast_shapes2
 from ..errors import DeviceError, DTypeError, ValueRangeError
 from ..tensor import Tensor
-from .elementwise import binary, inplace_binary, unary
+from .elementwise import binary, inplace_binary, unary, write_result
 
 _UNARY_NAMES = (
     "neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan sinh "
@@ -51,8 +51,7 @@ def _make_inplace_unary(op: str) -> Any:
         r = unary(op, self)
         if r._dtype is not self._dtype:
             raise DTypeError(f"{op}_: result type {r._dtype.name} can't be cast to {self._dtype.name} in place")
-        self._device.stack.assign(self._h, r._h)
-        return self
+        return write_result(self, r._h, op + "_")
 
     f.__name__ = f.__qualname__ = op + "_"
     return f
@@ -108,8 +107,7 @@ def div_(self: Tensor, other: Any, *, rounding_mode: str | None = None) -> Tenso
     r = div(self, other, rounding_mode=rounding_mode)
     if r._dtype is not self._dtype and not dt.can_cast(r._dtype, self._dtype):
         raise DTypeError(f"div_: result type {r._dtype.name} can't be cast to {self._dtype.name}")
-    self._device.stack.assign(self._h, r._h if r._dtype is self._dtype else self._device.stack.cast(r._h, self._dtype))
-    return self
+    return write_result(self, r._h if r._dtype is self._dtype else self._device.stack.cast(r._h, self._dtype), "div_")
 
 
 def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
@@ -175,8 +173,8 @@ clip = clamp
 
 def clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
     r = clamp(self, min, max)
-    self._device.stack.assign(self._h, r._h if r._dtype is self._dtype else self._device.stack.cast(r._h, self._dtype))
-    return self
+    return write_result(self, r._h if r._dtype is self._dtype else self._device.stack.cast(r._h, self._dtype),
+                        "clamp_")
 
 
 def clamp_min(input: Tensor, min: Any) -> Tensor:  # noqa: A002

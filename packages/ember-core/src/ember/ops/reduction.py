@@ -9,6 +9,7 @@ descending), median and kthvalue treat it as the largest value.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import math
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from .._bridge import norm_dim, norm_dims
+from ..autograd import no_grad
 from ..dtypes import DType
 from ..errors import DimError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ..tensor import Tensor
@@ -278,8 +280,17 @@ def _max_min(op: str, input: Any, dim: Any, keepdim: bool) -> Any:
     d = norm_dim(dim, x.ndim, op)
     _nonempty(x, (d,) if x.ndim else (), op, False)
     stack = x._device.stack
-    values = _reduce(stack, op, x._h, (d,) if x.ndim else (), keepdim)
-    idx = _argreduce("argmax" if op == "max" else "argmin", x, d, keepdim)
+    if stack.differentiable and x.ndim and x._dtype.is_floating_point:
+        # PyTorch gives the gradient of max(dim)/min(dim) to the returned index only (amax splits ties):
+        # take the values through the indices so that the gradient follows them
+        idx = _argreduce("argmax" if op == "max" else "argmin", x, d, True)
+        values = stack.gather(x._h, d, idx)
+        if not keepdim:
+            shape = _out_shape(x._h.shape, (d,), False)
+            values, idx = stack.reshape(values, shape), stack.reshape(idx, shape)
+    else:
+        values = _reduce(stack, op, x._h, (d,) if x.ndim else (), keepdim)
+        idx = _argreduce("argmax" if op == "max" else "argmin", x, d, keepdim)
     rt = return_types.max if op == "max" else return_types.min
     return rt(Tensor._make(values, x._dtype, x._device), Tensor._make(idx, dt.int64, x._device))
 
@@ -439,7 +450,8 @@ def logsumexp(input: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     if not dims:
         r = stack.copy(h)
     elif _count(shape, dims) == 0:
-        r = stack.full(_out_shape(shape, dims, keepdim), -math.inf, cdt)  # log(0)
+        # log(0); as sum(x) - inf rather than a constant so that autodiff stacks give x its (empty) gradient
+        r = stack.binary("add", stack.reduce("sum", h, dims, keepdim), -math.inf)
     else:
         r = stack.logsumexp(h, dims, keepdim)
     if cdt is not out:
@@ -495,7 +507,11 @@ def _cum_extreme(op: str, input: Any, dim: Any) -> Any:
                   Tensor._make(stack.full((), 0, dt.int64), dt.int64, x._device))
     h = stack.cast(x._h, dt.uint8) if x._dtype is dt.bool_ else x._h
     shape = h.shape
-    v = _scan(stack, "maximum" if op == "cummax" else "minimum", h, d)
+    # on a differentiable stack the values are taken through the indices below (the gradient goes to the
+    # selected elements, as in PyTorch), so the scan itself records nothing
+    tracked = stack.differentiable and x._dtype.is_floating_point
+    with no_grad() if tracked else contextlib.nullcontext():
+        v = _scan(stack, "maximum" if op == "cummax" else "minimum", h, d)
     # PyTorch moves the index at every element that equals the running extreme (ties: the last one wins) and
     # at every NaN; after a NaN the extreme stays NaN and only later NaNs move the index
     mark = stack.binary("eq", h, v)
@@ -504,6 +520,8 @@ def _cum_extreme(op: str, input: Any, dim: Any) -> Any:
     view = tuple(shape[d] if i == d else 1 for i in range(len(shape)))
     pos = stack.expand(stack.reshape(stack.arange(0, shape[d], 1, dt.int64), view), shape)
     idx = _scan(stack, "maximum", stack.where(mark, pos, -1), d)
+    if tracked:
+        v = stack.gather(h, d, idx)
     if x._dtype is dt.bool_:
         v = stack.cast(v, dt.bool_)
     return rt(Tensor._make(v, x._dtype, x._device), Tensor._make(idx, dt.int64, x._device))
@@ -608,11 +626,21 @@ def median(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
                 raise ShapeError(f"median(): cannot take the median of an empty {x._dtype.name} tensor")
             return Tensor._make(stack.full((), math.nan, x._dtype), x._dtype, x._device)
         flat = Tensor._make(stack.reshape(x._h, (n,)), x._dtype, x._device)
-        v, _ = _select("median", flat, (n - 1) // 2, 0, False)
-        if x._dtype.is_floating_point:
-            # NaN sorts last, so the last sorted element says whether there is one
-            top = stack.reduce("max", flat._h, (0,), False)
-            v = stack.where(stack.unary("isnan", top), top, v)
+        # PyTorch splits the gradient of median() evenly among the elements equal to it: on a differentiable
+        # stack the median is found without recording, then taken as the max of those elements (max splits
+        # its gradient among ties)
+        tracked = stack.differentiable and x._dtype.is_floating_point
+        with no_grad() if tracked else contextlib.nullcontext():
+            v, _ = _select("median", flat, (n - 1) // 2, 0, False)
+            if x._dtype.is_floating_point:
+                # NaN sorts last, so the last sorted element says whether there is one
+                top = stack.reduce("max", flat._h, (0,), False)
+                v = stack.where(stack.unary("isnan", top), top, v)
+            if tracked:
+                nan = stack.binary("logical_and", stack.unary("isnan", flat._h), stack.unary("isnan", v))
+                hit = stack.binary("logical_or", stack.binary("eq", flat._h, v), nan)
+        if tracked:
+            v = stack.reduce("max", stack.where(hit, flat._h, -math.inf), (0,), False)
         return Tensor._make(v, x._dtype, x._device)
     d = norm_dim(dim, x.ndim, "median")
     _nonempty(x, (d,) if x.ndim else (), "median", False)

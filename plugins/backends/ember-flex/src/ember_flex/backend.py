@@ -426,3 +426,14 @@ class FlexBackend(Backend):
         # numpy draws integer dtypes only: bool and float results (torch allows both) are drawn as int64
         draw = dtype.numpy if dtype.is_integer else np.int64
         return self._rng.integers(low, high, size=shape, dtype=draw).astype(dtype.numpy, copy=False)
+
+    # -- optional backward kernels: the autodiff decorator uses them for conv gradients when present -------------
+    def conv_input_grad(self, grad_y: ndarray, w: ndarray, x_shape: tuple[int, ...], stride: tuple[int, ...],
+                        padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> ndarray:
+        """Gradient of ``conv`` w.r.t. its input of shape x_shape (col2im: one GEMM per kernel tap)."""
+        return nn_kernels.conv_input_grad(grad_y, w, x_shape, stride, padding, dilation, groups)
+
+    def conv_weight_grad(self, x: ndarray, grad_y: ndarray, w_shape: tuple[int, ...], stride: tuple[int, ...],
+                         padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> ndarray:
+        """Gradient of ``conv`` w.r.t. its weight of shape w_shape (im2col + one GEMM per group)."""
+        return nn_kernels.conv_weight_grad(x, grad_y, w_shape, stride, padding, dilation, groups)

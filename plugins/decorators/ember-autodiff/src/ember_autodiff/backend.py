@@ -17,7 +17,7 @@ from ember.backend import REQUIRED_PRIMITIVES, Backend
 from ember.dtypes import DType
 from ember.errors import AutodiffError
 
-from .graph import ADArray, Meta, Node, Saved, backward
+from .graph import ADArray, Meta, Node, Recipe, Saved, backward
 from .rules_elementwise import ElementwiseRules
 from .rules_movement import MovementRules
 from .rules_nn import NNRules
@@ -119,7 +119,7 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
         if GRAD_MODE.enabled and any(m is not None for m in metas):
             out.meta = Meta(Node(name, metas, vjp))
             if self.balanced and recompute is not None:
-                out.recipe = recompute
+                out.recipe = Recipe(recompute)
         return out
 
     def wrap(self, value: Any, view_of: ADArray | None = None) -> ADArray:
@@ -238,7 +238,11 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
             h.meta.retains_grad = True
 
     def detach(self, h: ADArray) -> ADArray:
-        return ADArray(h.value, base=h)  # shares data and version counter, as PyTorch's detach()
+        # shares data and the version counter, as PyTorch's detach(), but is no view in the graph's sense: in-place
+        # ops on it are allowed (and bump the counter, so backward still catches a saved value it changed)
+        out = ADArray(h.value)
+        out.version = h.version
+        return out
 
     def _roots(self, op: str, outs: Sequence[ADArray], grads: Sequence[Any]) -> tuple[list[Meta], list[Any]]:
         metas, seeds = [], []
@@ -254,12 +258,12 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
 
     def backward(self, outs: Sequence[ADArray], grads: Sequence[Any], retain_graph: bool) -> None:
         metas, seeds = self._roots("backward", outs, grads)
-        backward(metas, seeds, retain_graph, True, self._add)
+        backward(metas, seeds, retain_graph, True, self._add, self.inner.copy)
 
     def grad(self, outs: Sequence[ADArray], inputs: Sequence[ADArray], grads: Sequence[Any],
              retain_graph: bool) -> list[ADArray | None]:
         metas, seeds = self._roots("grad", outs, grads)
-        res = backward(metas, seeds, retain_graph, False, self._add, [h.meta for h in inputs])
+        res = backward(metas, seeds, retain_graph, False, self._add, self.inner.copy, [h.meta for h in inputs])
         return [None if g is None else ADArray(g) for g in res or []]
 
 

@@ -79,6 +79,21 @@ class Node:
         return f"{self.name}Backward"
 
 
+class Recipe:
+    """Recomputes a freed array's value once per graph: every Saved of that array shares the result."""
+
+    __slots__ = ("fn", "value")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.value: Any = None
+
+    def __call__(self) -> Any:
+        if self.value is None:
+            self.value = self.fn()
+        return self.value
+
+
 class Saved:
     """A value a vjp needs later, with PyTorch's in-place check and optional recomputation."""
 
@@ -116,11 +131,14 @@ class Saved:
 
 
 def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, accumulate: bool,
-             add: Callable[[Any, Any], Any], inputs: Sequence[Meta] | None = None) -> list[Any] | None:
+             add: Callable[[Any, Any], Any], copy: Callable[[Any], Any],
+             inputs: Sequence[Meta] | None = None) -> list[Any] | None:
     """Reverse-mode sweep from roots seeded with grads.
 
     With ``accumulate``, leaf gradients are added into their ``grad`` (``Tensor.backward``); otherwise the
-    gradients of ``inputs`` are returned (``autograd.grad``) and no ``grad`` is touched.
+    gradients of ``inputs`` are returned (``autograd.grad``) and no ``grad`` is touched. A gradient stored for
+    the first time is copied: vjps may hand out views (sum's expand) or one array to several inputs (add), and
+    a leaf's ``.grad`` must be its own writable memory (optimizers update it in place).
     """
     order = _topological(roots)
     pending: dict[int, Any] = {}
@@ -137,10 +155,10 @@ def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, ac
         node = meta.node
         if node is None:  # a leaf
             if accumulate:
-                meta.grad = g if meta.grad is None else add(meta.grad, g)
+                meta.grad = copy(g) if meta.grad is None else add(meta.grad, g)
             continue
         if accumulate and meta.retains_grad:
-            meta.grad = g if meta.grad is None else add(meta.grad, g)
+            meta.grad = copy(g) if meta.grad is None else add(meta.grad, g)
         vjp = node.vjp
         if vjp is None:
             raise AutodiffError(
@@ -156,7 +174,7 @@ def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, ac
             k = id(inp)
             pending[k] = ig if k not in pending else add(pending[k], ig)
     if inputs is not None:
-        return [results.get(id(m)) for m in inputs]
+        return [None if id(m) not in results else copy(results[id(m)]) for m in inputs]
     return None
 
 

@@ -12,11 +12,13 @@ from . import CONTRACT, __version__
 CHECKPOINTING = (None, "none", "balanced")
 
 
-def _factory(inner: Any, checkpointing: str | None = None) -> Any:
+def _factory(inner: Any, checkpointing: str | None = None, **unknown: Any) -> Any:
     from ember.errors import ValueRangeError
 
     from .backend import AutodiffBackend
 
+    if unknown:
+        raise ValueRangeError(f"autodiff: unknown option(s) {sorted(unknown)}; the only option is checkpointing")
     if checkpointing not in CHECKPOINTING:
         raise ValueRangeError(
             f"autodiff: checkpointing must be None or 'balanced', got {checkpointing!r}"

@@ -90,19 +90,22 @@ def _zeros_like(be: Any, g: Any) -> Any:
 
 
 def _max_min_vjp(op: str) -> Callable[..., tuple[Any, Any]]:
-    """maximum/minimum/fmax/fmin: the gradient goes to the selected operand; ties split it in half (PyTorch)."""
-    pick = "gt" if op in ("maximum", "fmax") else "lt"
+    """maximum/minimum: the gradient goes to the selected operand, ties split it in half; fmax/fmin: ties (and a
+    NaN second operand) give it all to the first operand -- both as PyTorch's derivatives."""
+    pick, loses = ("gt", "lt") if op == "maximum" else ("lt", "gt")
 
     def vjp(be: Any, g: Any, a: Getter, b: Getter, y: Getter) -> tuple[Any, Any]:
         av, bv = a(), b()
-        half = be.binary("mul", g, 0.5)
-        tie = be.binary("eq", av, bv)
-        first = be.binary(pick, av, bv)
-        if op in ("fmax", "fmin"):  # a NaN operand loses: the other one was selected
+        if op in ("fmax", "fmin"):
+            first = be.binary("ge" if op == "fmax" else "le", av, bv)
             first = be.binary("logical_or", first, be.unary("isnan", bv))
-        second = be.unary("logical_not", be.binary("logical_or", first, tie))
-        ga = be.where(tie, half, be.where(first, g, 0.0))
-        gb = be.where(tie, half, be.where(second, g, 0.0))
+            return be.where(first, g, 0.0), be.where(first, 0.0, g)
+        # PyTorch: where(a == b, g / 2, g), zeroed for the operand that lost; a NaN comparison loses nothing,
+        # so both operands get the gradient there
+        shared = be.where(be.binary("eq", av, bv), be.binary("mul", g, 0.5), g)
+        lost_a = be.binary(loses, av, bv)
+        ga = be.where(lost_a, 0.0, shared)
+        gb = be.where(be.binary(pick, av, bv), 0.0, shared)
         return ga, gb
 
     return vjp
@@ -166,6 +169,26 @@ BINARY_VJP: dict[str, Callable[..., tuple[Any, Any]]] = {
 }
 
 
+# The common ops one gradient at a time: each reads only the saved values its own formula needs (PyTorch saves
+# only those), so x * c, x / c and x - c neither compute an unneeded gradient nor fail backward when the value
+# that only the untracked operand's gradient would read was modified in place afterwards.
+_ONE_SIDED: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "add": (lambda be, g, a, b, y: g, lambda be, g, a, b, y: g),
+    "sub": (lambda be, g, a, b, y: g, lambda be, g, a, b, y: be.unary("neg", g)),
+    "mul": (lambda be, g, a, b, y: be.binary("mul", g, b()), lambda be, g, a, b, y: be.binary("mul", g, a())),
+    "div": (lambda be, g, a, b, y: be.binary("div", g, b()),
+            lambda be, g, a, b, y: be.unary("neg", be.binary("div", be.binary("mul", g, y()), b()))),
+}
+
+#: binary rules that only ever combine an operand with the incoming gradient (a scalar operand is fine there)
+_SCALAR_SAFE = frozenset({"add", "sub", "mul", "div", "floor_divide"})
+
+
+def _scalar_getter(be: Any, scalar: Any, other: Getter) -> Getter:
+    """A getter of ``scalar`` as a 0-d handle of the other operand's dtype (built at backward time only)."""
+    return lambda: be.full((), scalar, be.dtype_of(other()))
+
+
 def _shape(x: Any) -> tuple[int, ...] | None:
     return tuple(x.shape) if type(x) is ADArray else None
 
@@ -198,10 +221,27 @@ class ElementwiseRules:
         sa, sb = _shape(a), _shape(b)
         rule = BINARY_VJP[op]
 
+        # rules other than these combine the two operands with each other (or apply unary ops to them): a
+        # Python-scalar operand becomes a 0-d handle there, since backends never see two scalars
+        pa, pb = ga, gb
+        if op not in _SCALAR_SAFE:
+            if sa is None:
+                pa = _scalar_getter(inner, a, gb)
+            if sb is None:
+                pb = _scalar_getter(inner, b, ga)
+
+        need_a = sa is not None and a.meta is not None
+        need_b = sb is not None and b.meta is not None
+        sided = _ONE_SIDED.get(op)
+
         def vjp(g: Any) -> tuple[Any, Any]:
-            da, db = rule(inner, g, ga, gb, y)
-            return (None if sa is None else unbroadcast(inner, da, sa),
-                    None if sb is None else unbroadcast(inner, db, sb))
+            if sided is not None:
+                da = sided[0](inner, g, pa, pb, y) if need_a else None
+                db = sided[1](inner, g, pa, pb, y) if need_b else None
+            else:
+                da, db = rule(inner, g, pa, pb, y)
+            return (unbroadcast(inner, da, sa) if need_a else None,
+                    unbroadcast(inner, db, sb) if need_b else None)
 
         out = self.record(op, value, (a, b), vjp,  # type: ignore[attr-defined]
                           recompute=lambda: inner.binary(op, ga(), gb()))

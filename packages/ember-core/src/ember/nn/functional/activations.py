@@ -8,6 +8,7 @@ from typing import Any
 from ..._bridge import norm_dim
 from ...dtypes import DType, as_dtype
 from ...errors import DTypeError, ShapeError, ValueRangeError
+from ...ops.elementwise import write_result
 from ...tensor import Tensor
 from ._util import check_float, check_tensor, like, vector_norm
 
@@ -18,8 +19,7 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 def _finish(x: Tensor, h: Any, inplace: bool) -> Tensor:
     """Wrap h like x, or write it into x when the caller asked for the in-place form."""
     if inplace:
-        x._device.stack.assign(x._h, h)
-        return x
+        return write_result(x, h, "inplace activation")
     return like(x, h)
 
 

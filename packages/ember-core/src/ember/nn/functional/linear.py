@@ -107,6 +107,10 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max
         if max_norm is not None:
             _renorm_rows(s, weight, flat, float(max_norm), float(norm_type))
     h = s.index_select(weight._h, 0, flat)
+    if padding_idx is not None and s.differentiable:
+        # same values, but the padding row receives no gradient (PyTorch): select it from a detached weight
+        pad_rows = s.reshape(s.binary("eq", flat, padding_idx % num), (input.numel(), 1))
+        h = s.where(pad_rows, s.index_select(s.detach(weight._h), 0, flat), h)
     return like(weight, s.reshape(h, input.shape + (weight.shape[1],)))
 
 

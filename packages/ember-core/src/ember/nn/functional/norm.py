@@ -78,9 +78,12 @@ def _channel_params(op: str, input: Tensor, c: int, **params: Tensor | None) -> 
 
 
 def _update_running(s: Any, running: Tensor, stat: Any, momentum: float) -> None:
-    """running = (1 - momentum) * running + momentum * stat, in place (as torch does under no_grad)."""
-    new = s.binary("add", s.binary("mul", running._h, 1.0 - momentum), s.binary("mul", stat, float(momentum)))
-    s.assign(running._h, new)
+    """running = (1 - momentum) * running + momentum * stat, in place and untracked (as torch, under no_grad)."""
+    from ...autograd import no_grad
+
+    with no_grad():  # running statistics are buffers: they must not join the gradient graph
+        new = s.binary("add", s.binary("mul", running._h, 1.0 - momentum), s.binary("mul", stat, float(momentum)))
+        s.assign(running._h, new)
 
 
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
