@@ -304,21 +304,9 @@ def test_scatter_add_duplicates(dev: Device, rng: np.random.Generator) -> None:
           lambda x, w: torch.scatter_add(x, 0, torch.tensor(idx), w[:2, :3]), a, s)
 
 
-_RECOMPUTE_AFTER_INPLACE = (
-    "known machinery limitation: under balanced checkpointing a freed output whose recipe input was later "
-    "modified in place cannot be recomputed (PyTorch, which never recomputes, succeeds)"
-)
-
-
-def _xfail_if_balanced(request: pytest.FixtureRequest, dev: Device) -> None:
-    if dev is BALANCED:
-        request.node.add_marker(pytest.mark.xfail(strict=True, raises=AutodiffError, reason=_RECOMPUTE_AFTER_INPLACE))
-
-
-def test_scatter_multiply_through_composition(dev: Device, rng: np.random.Generator,
-                                              request: pytest.FixtureRequest) -> None:
-    # the composition reads ext[key] and then writes ext[key] in place: see _RECOMPUTE_AFTER_INPLACE
-    _xfail_if_balanced(request, dev)
+def test_scatter_multiply_through_composition(dev: Device, rng: np.random.Generator) -> None:
+    # the composition reads ext[key] and then writes ext[key] in place: under balanced checkpointing the write
+    # first pins the recipes that would recompute from the old contents
     a, s = _r(rng, 3, 4), _r(rng, 2, 4)
     idx = np.array([[0, 1, 1, 2], [0, 1, 2, 2]])
     check(dev, rng, lambda x, w: ember.scatter(x, 0, ember.tensor(idx, device=dev), w, reduce="multiply"),
@@ -429,8 +417,7 @@ def test_index_modified_after_use_raises(dev: Device) -> None:
         y.backward(ember.ones(2, dtype=ember.float64, device=dev))
 
 
-def test_recompute_after_inplace_on_recipe_input(dev: Device, request: pytest.FixtureRequest) -> None:
-    _xfail_if_balanced(request, dev)
+def test_recompute_after_inplace_on_recipe_input(dev: Device) -> None:
     x = ember.ones(3, dtype=ember.float64, device=dev, requires_grad=True)
     e = x * 1.0
     z = (lambda y: y * y)(ember.flip(e, (0,)))  # flip's output is saved by the square, then dropped

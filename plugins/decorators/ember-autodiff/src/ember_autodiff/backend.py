@@ -9,6 +9,7 @@ therefore differentiated through its primitives.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -119,7 +120,14 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
         if GRAD_MODE.enabled and any(m is not None for m in metas):
             out.meta = Meta(Node(name, metas, vjp))
             if self.balanced and recompute is not None:
-                out.recipe = Recipe(recompute)
+                recipe = out.recipe = Recipe(recompute, out)
+                ref = weakref.ref(recipe)
+                for h in inputs:
+                    if type(h) is ADArray:
+                        readers = h.version.readers
+                        if len(readers) > 64:  # long-lived buffers (parameters): drop recipes of freed graphs
+                            readers[:] = [r for r in readers if r() is not None]
+                        readers.append(ref)
         return out
 
     def wrap(self, value: Any, view_of: ADArray | None = None) -> ADArray:
@@ -143,7 +151,7 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
                     f"{op}: in-place modification of a view of a tensor that requires grad is not supported; "
                     "use an out-of-place op (e.g. torch-style x = x.clone(); x[...] = v on a fresh tensor)"
                 )
-        h.version[0] += 1
+        h.version.bump()
 
     # ------------------------------------------------------------------------------------------------------
     # decorated stack plumbing

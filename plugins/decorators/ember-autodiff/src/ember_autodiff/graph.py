@@ -17,6 +17,26 @@ from typing import Any
 from ember.errors import AutodiffError
 
 
+class Version:
+    """The version counter of one buffer, shared by all its views: in-place writes bump ``n``. ``readers`` are
+    the recipes (balanced checkpointing) that would recompute from this buffer: a write first materialises
+    them, so a value freed for recomputation never gets rebuilt from overwritten data."""
+
+    __slots__ = ("n", "readers")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.readers: list[weakref.ref[Recipe]] = []
+
+    def bump(self) -> None:
+        for ref in self.readers:
+            recipe = ref()
+            if recipe is not None:
+                recipe.materialize()
+        self.readers.clear()
+        self.n += 1
+
+
 class Meta:
     """Gradient bookkeeping of one tracked array, kept apart from its data.
 
@@ -42,7 +62,7 @@ class ADArray:
         self.value = value
         self.meta = meta
         self.base = base  # the array this one is a view of (shares its version counter)
-        self.version: list[int] = base.version if base is not None else [0]
+        self.version: Version = base.version if base is not None else Version()
         self.recipe: Callable[[], Any] | None = None  # recomputes value under balanced checkpointing
 
     @property
@@ -82,16 +102,23 @@ class Node:
 class Recipe:
     """Recomputes a freed array's value once per graph: every Saved of that array shares the result."""
 
-    __slots__ = ("fn", "value")
+    __slots__ = ("fn", "value", "out", "__weakref__")
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], Any], out: ADArray) -> None:
         self.fn = fn
         self.value: Any = None
+        self.out = weakref.ref(out)
 
     def __call__(self) -> Any:
         if self.value is None:
             self.value = self.fn()
         return self.value
+
+    def materialize(self) -> None:
+        """Pin the value now (an input is about to be overwritten): the live array's, else recomputed."""
+        if self.value is None:
+            out = self.out()
+            self.value = out.value if out is not None else self.fn()
 
 
 class Saved:
@@ -101,7 +128,7 @@ class Saved:
 
     def __init__(self, arr: ADArray, keep: bool) -> None:
         self._counter = arr.version
-        self._version = arr.version[0]
+        self._version = arr.version.n
         self._cache = None
         if keep or arr.recipe is None:  # no recipe: a leaf or a compute-bound output, kept as is
             self._value = arr.value
@@ -113,10 +140,10 @@ class Saved:
             self._recipe = arr.recipe
 
     def get(self) -> Any:
-        if self._counter[0] != self._version:
+        if self._counter.n != self._version:
             raise AutodiffError(
                 "one of the tensors needed for gradient computation has been modified by an in-place operation "
-                f"(version {self._counter[0]}, saved at version {self._version}); clone() it before modifying, "
+                f"(version {self._counter.n}, saved at version {self._version}); clone() it before modifying, "
                 "or modify a copy"
             )
         if self._value is not None:
@@ -124,7 +151,7 @@ class Saved:
         if self._cache is not None:
             return self._cache
         arr = self._ref() if self._ref is not None else None
-        if arr is not None and arr.version[0] == self._version:
+        if arr is not None and arr.version.n == self._version:
             return arr.value
         self._cache = self._recipe()  # type: ignore[misc]
         return self._cache
