@@ -116,8 +116,8 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
         version counter of the array it views.
         """
         out = ADArray(value, base=view_of)
-        metas = tuple(h.meta if type(h) is ADArray else None for h in inputs)
-        if GRAD_MODE.enabled and any(m is not None for m in metas):
+        metas = tuple([h.meta if type(h) is ADArray else None for h in inputs])
+        if GRAD_MODE.enabled and metas.count(None) != len(metas):
             out.meta = Meta(Node(name, metas, vjp))
             if self.balanced and recompute is not None:
                 recipe = out.recipe = Recipe(recompute, out)

@@ -56,14 +56,25 @@ class ADArray:
     """Handle of an autodiff stack: the inner value, its Meta when it requires grad, and a version counter
     shared with its views. Exposes ``.shape`` (and ``.strides`` when the inner value has them)."""
 
-    __slots__ = ("value", "meta", "version", "recipe", "base", "__weakref__")
+    __slots__ = ("value", "meta", "_version", "recipe", "base", "__weakref__")
 
     def __init__(self, value: Any, meta: Meta | None = None, base: ADArray | None = None) -> None:
         self.value = value
         self.meta = meta
         self.base = base  # the array this one is a view of (shares its version counter)
-        self.version: Version = base.version if base is not None else Version()
+        self._version: Version | None = base.version if base is not None else None  # created on first use
         self.recipe: Callable[[], Any] | None = None  # recomputes value under balanced checkpointing
+
+    @property
+    def version(self) -> Version:
+        v = self._version
+        if v is None:
+            v = self._version = Version()
+        return v
+
+    @version.setter
+    def version(self, v: Version) -> None:
+        self._version = v
 
     @property
     def shape(self) -> tuple[int, ...]:

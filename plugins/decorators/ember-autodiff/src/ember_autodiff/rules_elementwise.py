@@ -180,6 +180,20 @@ _ONE_SIDED: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
             lambda be, g, a, b, y: be.unary("neg", be.binary("div", be.binary("mul", g, y()), b()))),
 }
 
+# what the one-sided rules read, given (a needs a gradient, b needs one): (save a, save b, save y). Saving only
+# what a rule reads keeps the graph small and, as in PyTorch, lets later in-place writes to unread operands pass
+_ONE_SIDED_SAVES: dict[str, Callable[[bool, bool], tuple[bool, bool, bool]]] = {
+    "add": lambda na, nb: (False, False, False),
+    "sub": lambda na, nb: (False, False, False),
+    "mul": lambda na, nb: (nb, na, False),
+    "div": lambda na, nb: (False, True, nb),
+}
+
+
+def _unsaved() -> Any:
+    raise AssertionError("autodiff rule read an operand it declared it does not need")  # a bug in this module
+
+
 #: binary rules that only ever combine an operand with the incoming gradient (a scalar operand is fine there)
 _SCALAR_SAFE = frozenset({"add", "sub", "mul", "div", "floor_divide"})
 
@@ -214,11 +228,23 @@ class ElementwiseRules:
 
     def binary(self, op: str, a: Any, b: Any) -> ADArray:
         inner = self.inner
-        value = inner.binary(op, a.value if type(a) is ADArray else a, b.value if type(b) is ADArray else b)
-        if op not in BINARY_VJP or not self.tracking(a, b):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
-        ga, gb = self.save(a), self.save(b)  # type: ignore[attr-defined]
-        sa, sb = _shape(a), _shape(b)
+        ta, tb = type(a) is ADArray, type(b) is ADArray
+        value = inner.binary(op, a.value if ta else a, b.value if tb else b)
+        # inlined self.tracking(a, b): this is the hottest path of the decorator
+        if not (GRAD_MODE.enabled and ((ta and a.meta is not None) or (tb and b.meta is not None))) or (
+                op not in BINARY_VJP):
+            return ADArray(value)
+        sa = tuple(a.shape) if type(a) is ADArray else None
+        sb = tuple(b.shape) if type(b) is ADArray else None
+        need_a = sa is not None and a.meta is not None
+        need_b = sb is not None and b.meta is not None
+        sided = _ONE_SIDED.get(op)
+        if sided is not None and not self.balanced:  # type: ignore[attr-defined]
+            keep_a, keep_b, keep_y = _ONE_SIDED_SAVES[op](need_a, need_b)
+        else:  # every rule may read everything; balanced recipes rebuild the output from both operands
+            keep_a = keep_b = keep_y = True
+        ga = self.save(a) if keep_a else _unsaved  # type: ignore[attr-defined]
+        gb = self.save(b) if keep_b else _unsaved  # type: ignore[attr-defined]
         rule = BINARY_VJP[op]
 
         # rules other than these combine the two operands with each other (or apply unary ops to them): a
@@ -229,10 +255,6 @@ class ElementwiseRules:
                 pa = _scalar_getter(inner, a, gb)
             if sb is None:
                 pb = _scalar_getter(inner, b, ga)
-
-        need_a = sa is not None and a.meta is not None
-        need_b = sb is not None and b.meta is not None
-        sided = _ONE_SIDED.get(op)
 
         def vjp(g: Any) -> tuple[Any, Any]:
             if sided is not None:
@@ -245,7 +267,7 @@ class ElementwiseRules:
 
         out = self.record(op, value, (a, b), vjp,  # type: ignore[attr-defined]
                           recompute=lambda: inner.binary(op, ga(), gb()))
-        y = self.save(out)  # type: ignore[attr-defined]
+        y = self.save(out) if keep_y else _unsaved  # type: ignore[attr-defined]
         return out
 
     def where(self, cond: Any, a: Any, b: Any) -> ADArray:
