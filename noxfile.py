@@ -23,7 +23,6 @@ PYTHON = "3.11"
 
 nox.options.default_venv_backend = "venv"  # plain pip: torch==2.13.0 is installed from a local wheel
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["lint", "core_flex", "all", "docs"]
 
 CORE = "packages/ember-core"
 META = "packages/ember"
@@ -49,6 +48,8 @@ PLUGINS: list[Plugin] = [
 ]
 
 _BY_NAME = {p.name: p for p in PLUGINS}
+
+nox.options.sessions = ["lint", *(f"core_{p.name}" for p in PLUGINS), "all", "docs"]
 
 
 def _tests_dir(path: str) -> list[str]:
