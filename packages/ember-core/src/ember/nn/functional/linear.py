@@ -105,7 +105,10 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max
             raise IndexOutOfRangeError(f"{op}: index {lo if lo < 0 else hi} is out of range for weight with {num} "
                                        f"rows (weight shape {weight.shape})")
         if max_norm is not None:
-            _renorm_rows(s, weight, flat, float(max_norm), float(norm_type))
+            from ...autograd import no_grad
+
+            with no_grad():  # renormalising the weight in place is not part of the gradient (as in torch)
+                _renorm_rows(s, weight, flat, float(max_norm), float(norm_type))
     h = s.index_select(weight._h, 0, flat)
     if padding_idx is not None and s.differentiable:
         # same values, but the padding row receives no gradient (PyTorch): select it from a detached weight

@@ -1,0 +1,182 @@
+"""Private building blocks of the sequence layers: a linear map, a layer norm and a dropout with PyTorch's
+parameter names (so state_dict keys match torch's ``Linear``/``LayerNorm``), initialisers and mask helpers.
+
+They are private so the sequence layers stay independent of the public basic layers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ... import dtypes as dt
+from ...autograd import no_grad
+from ...errors import DTypeError, ShapeError, ValueRangeError
+from ...tensor import Tensor
+from .. import functional as F
+from ..module import Module, Parameter
+
+
+def _rand(shape: tuple[int, ...], device: Any, dtype: Any) -> Tensor:
+    from ...ops.creation import rand
+
+    return rand(*shape, dtype=dtype, device=device)
+
+
+def uniform_param(shape: tuple[int, ...], bound: float, device: Any = None, dtype: Any = None) -> Parameter:
+    """A parameter drawn from U(-bound, bound)."""
+    with no_grad():
+        t = (_rand(shape, device, dtype) * 2.0 - 1.0) * bound
+    return Parameter(t)
+
+
+def normal_param(shape: tuple[int, ...], std: float, device: Any = None, dtype: Any = None) -> Parameter:
+    """A parameter drawn from N(0, std^2)."""
+    from ...ops.creation import randn
+
+    with no_grad():
+        t = randn(*shape, dtype=dtype, device=device) * std
+    return Parameter(t)
+
+
+def const_param(shape: tuple[int, ...], value: float, device: Any = None, dtype: Any = None) -> Parameter:
+    from ...ops.creation import full
+
+    return Parameter(full(shape, value, dtype=dtype, device=device))
+
+
+def xavier_uniform_bound(fan_out: int, fan_in: int) -> float:
+    """Bound of torch's xavier_uniform_ (gain 1) for a (fan_out, fan_in) matrix."""
+    return math.sqrt(6.0 / float(fan_in + fan_out)) if fan_in + fan_out else 0.0
+
+
+def check_positive_int(cls: str, name: str, value: Any, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DTypeError(f"{cls}: {name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueRangeError(f"{cls}: {name} must be {'non-negative' if allow_zero else 'positive'}, got {value}")
+    return value
+
+
+def check_prob(cls: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DTypeError(f"{cls}: {name} must be a number in [0, 1], got {type(value).__name__} ({value!r})")
+    if not 0.0 <= value <= 1.0:
+        raise ValueRangeError(f"{cls}: {name} must be in [0, 1] (a probability), got {value}")
+    return float(value)
+
+
+def check_input(cls: str, name: str, t: Any) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise DTypeError(f"{cls}: expected {name} to be a Tensor, got {type(t).__name__}")
+    if not t._dtype.is_floating_point:
+        raise DTypeError(f"{cls}: expected {name} to be a floating-point tensor, got dtype {t._dtype.name}")
+    return t
+
+
+class _Linear(Module):
+    """``y = x W^T + b`` with torch Linear's parameters (weight (out, in), bias (out,)) and initialisation."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        # kaiming_uniform_(a=sqrt(5)) on the weight reduces to U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as the bias
+        bound = 1.0 / math.sqrt(in_features) if in_features > 0 else 0.0
+        self.weight = uniform_param((out_features, in_features), bound, device, dtype)
+        if bias:
+            self.bias = uniform_param((out_features,), bound, device, dtype)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.linear(input, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class _LayerNorm(Module):
+    """Layer normalisation over the last dim with torch LayerNorm's parameters (weight ones, bias zeros)."""
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5, bias: bool = True, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        self.normalized_shape = (normalized_shape,)
+        self.eps = eps
+        self.elementwise_affine = True
+        self.weight = const_param(self.normalized_shape, 1.0, device, dtype)
+        if bias:
+            self.bias = const_param(self.normalized_shape, 0.0, device, dtype)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine=True"
+
+
+class _Dropout(Module):
+    """Dropout active in training mode only (no state)."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        self.p = check_prob("Dropout", "p", p)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.dropout(input, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace=False"
+
+
+# reprs read as torch's (``(linear1): Linear(in_features=...)``); the classes stay private
+_Linear.__name__, _LayerNorm.__name__, _Dropout.__name__ = "Linear", "LayerNorm", "Dropout"
+
+
+def get_activation(cls: str, activation: Any) -> Callable[[Tensor], Tensor]:
+    """torch's ``_get_activation_fn``: "relu", "gelu" or any callable (a Module is kept and registered)."""
+    if isinstance(activation, str):
+        if activation == "relu":
+            return F.relu
+        if activation == "gelu":
+            return F.gelu
+        raise ValueRangeError(f"{cls}: activation should be 'relu' or 'gelu' (or a callable), not {activation!r}")
+    if callable(activation):
+        return activation
+    raise DTypeError(f"{cls}: activation must be 'relu', 'gelu' or a callable, got {type(activation).__name__}")
+
+
+def float_mask(cls: str, name: str, mask: Tensor | None, like: Tensor) -> Tensor | None:
+    """torch's ``_canonical_mask``: a bool mask (True = masked out) becomes an additive float mask of ``like``'s
+    dtype (-inf where True); a float mask is used as given (cast to ``like``'s dtype)."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise DTypeError(f"{cls}: expected {name} to be a Tensor or None, got {type(mask).__name__}")
+    d = like._dtype
+    if mask._dtype is dt.bool_:
+        from ...ops.creation import zeros
+
+        return zeros(mask.shape, dtype=d, device=like._device).masked_fill(mask, float("-inf"))
+    if not mask._dtype.is_floating_point:
+        raise DTypeError(f"{cls}: only bool and floating types of {name} are supported, got {mask._dtype.name}")
+    return mask if mask._dtype is d else mask.to(d)
+
+
+def causal_mask(size_l: int, size_s: int, like: Tensor) -> Tensor:
+    """Additive float mask that hides keys after each query (top-left aligned lower triangle, as torch)."""
+    from ...ops.creation import arange, zeros
+
+    r = arange(size_l, device=like._device).reshape(size_l, 1)
+    c = arange(size_s, device=like._device).reshape(1, size_s)
+    return zeros((size_l, size_s), dtype=like._dtype, device=like._device).masked_fill(c > r, float("-inf"))
+
+
+def expect_shape(cls: str, name: str, t: Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ShapeError(f"{cls}: expected {name} of shape {tuple(shape)}, got {tuple(t.shape)}")

@@ -1,0 +1,453 @@
+"""Learning-rate schedulers with PyTorch's names, arguments and values (``torch.optim.lr_scheduler``).
+
+Each scheduler computes the learning rate of every parameter group in *closed form* from ``base_lrs`` and
+``last_epoch`` (PyTorch's chainable recurrences give the same values up to rounding), so a scheduler restored from
+``state_dict()`` continues exactly, and schedulers compose: :class:`ProductLR` multiplies their factors.
+
+Usage is PyTorch's: build the scheduler after the optimizer, call ``optimizer.step()`` then ``scheduler.step()``
+once per epoch (or per batch, for OneCycleLR / NoamLR / warm-ups).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ..errors import DTypeError, ValueRangeError
+from .optimizer import Optimizer
+
+
+def _check_optimizer(name: str, optimizer: Any) -> None:
+    if not isinstance(optimizer, Optimizer):
+        raise DTypeError(f"{name}: {type(optimizer).__name__} is not an Optimizer")
+
+
+def _per_group(name: str, what: str, optimizer: Optimizer, value: Any) -> list[Any]:
+    """One value per parameter group (a scalar is repeated; a list must have one entry per group)."""
+    n = len(optimizer.param_groups)
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueRangeError(f"{name}: expected {n} values for {what} (one per parameter group), got {len(value)}")
+        return list(value)
+    return [value] * n
+
+
+class LRScheduler:
+    """Base class: subclasses define :meth:`get_lr` (the learning rates at ``last_epoch``, in closed form)."""
+
+    def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
+        name = type(self).__name__
+        _check_optimizer(name, optimizer)
+        self.optimizer = optimizer
+        if last_epoch == -1:
+            for group in optimizer.param_groups:
+                group.setdefault("initial_lr", group["lr"])
+        else:
+            for i, group in enumerate(optimizer.param_groups):
+                if "initial_lr" not in group:
+                    raise ValueRangeError(
+                        f"{name}: param 'initial_lr' is not specified in param_groups[{i}] when resuming a scheduler "
+                        f"with last_epoch={last_epoch}; load the optimizer's state_dict first or use last_epoch=-1"
+                    )
+        self.base_lrs: list[float] = [group["initial_lr"] for group in optimizer.param_groups]
+        self.last_epoch = last_epoch
+        self._step_count = 0
+        self.step()
+
+    def get_lr(self) -> list[float]:
+        """The learning rate of each group at ``last_epoch``."""
+        raise NotImplementedError(f"{type(self).__name__} does not define get_lr()")
+
+    def get_last_lr(self) -> list[float]:
+        """The learning rates the last ``step()`` set."""
+        return list(self._last_lr)
+
+    def factors(self) -> list[float]:
+        """Each group's learning rate at ``last_epoch`` divided by its base learning rate (used by ProductLR)."""
+        return [lr / base if base != 0 else 1.0 for lr, base in zip(self.get_lr(), self.base_lrs)]
+
+    def step(self, epoch: int | None = None) -> None:
+        """Advance one step (or jump to ``epoch``) and write the new learning rates into the optimizer."""
+        self._step_count += 1
+        self._advance(self.last_epoch + 1 if epoch is None else epoch)
+        self._set_lrs(self.get_lr())
+
+    def _advance(self, epoch: Any) -> None:
+        """Move to ``epoch`` (subclasses with derived position state update it here)."""
+        self.last_epoch = epoch
+
+    def _set_lrs(self, values: Sequence[float]) -> None:
+        for group, lr in zip(self.optimizer.param_groups, values):
+            group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every attribute but the optimizer (PyTorch's format)."""
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.__dict__.update(state_dict)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(last_epoch={self.last_epoch}, last_lr={getattr(self, '_last_lr', None)})"
+
+
+class LambdaLR(LRScheduler):
+    """``lr = base_lr * lr_lambda(epoch)`` (one function, or one per group)."""
+
+    def __init__(self, optimizer: Optimizer, lr_lambda: Callable[[int], float] | list[Callable[[int], float]],
+                 last_epoch: int = -1) -> None:
+        _check_optimizer("LambdaLR", optimizer)
+        fns = _per_group("LambdaLR", "lr_lambda", optimizer, lr_lambda)
+        for f in fns:
+            if not callable(f):
+                raise DTypeError(f"LambdaLR: lr_lambda must be callable, got {type(f).__name__}")
+        self.lr_lambdas: list[Callable[[int], float]] = fns
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        return [base * fn(self.last_epoch) for fn, base in zip(self.lr_lambdas, self.base_lrs)]
+
+    def state_dict(self) -> dict[str, Any]:
+        # functions are not saved; callable objects' attributes are (PyTorch's behaviour)
+        sd = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
+        sd["lr_lambdas"] = [None if isinstance(f, types.FunctionType) else dict(f.__dict__) for f in self.lr_lambdas]
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sd = dict(state_dict)
+        fns = sd.pop("lr_lambdas", [])
+        self.__dict__.update(sd)
+        for f, saved in zip(self.lr_lambdas, fns):
+            if saved is not None:
+                f.__dict__.update(saved)
+
+
+class StepLR(LRScheduler):
+    """Multiply the learning rate by ``gamma`` every ``step_size`` epochs."""
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
+        if not isinstance(step_size, int) or isinstance(step_size, bool) or step_size <= 0:
+            raise ValueRangeError(f"StepLR: step_size must be a positive integer, got {step_size!r}")
+        self.step_size = step_size
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        return [base * self.gamma ** (self.last_epoch // self.step_size) for base in self.base_lrs]
+
+
+class MultiStepLR(LRScheduler):
+    """Multiply the learning rate by ``gamma`` at each milestone epoch (a repeated milestone applies twice)."""
+
+    def __init__(self, optimizer: Optimizer, milestones: Iterable[int], gamma: float = 0.1,
+                 last_epoch: int = -1) -> None:
+        self.milestones = Counter(milestones)
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        n = bisect_right(sorted(self.milestones.elements()), self.last_epoch)
+        return [base * self.gamma**n for base in self.base_lrs]
+
+
+class ExponentialLR(LRScheduler):
+    """Multiply the learning rate by ``gamma`` every epoch."""
+
+    def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1) -> None:
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        return [base * self.gamma**self.last_epoch for base in self.base_lrs]
+
+
+class LinearLR(LRScheduler):
+    """Scale the learning rate linearly from ``start_factor`` to ``end_factor`` over ``total_iters`` steps (a
+    warm-up when start_factor < end_factor), then keep ``end_factor``."""
+
+    def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
+                 total_iters: int = 5, last_epoch: int = -1) -> None:
+        if start_factor > 1.0 or start_factor <= 0:
+            raise ValueRangeError(
+                f"LinearLR: start_factor expected to be greater than 0 and less or equal to 1, got {start_factor}"
+            )
+        if end_factor > 1.0 or end_factor < 0:
+            raise ValueRangeError(f"LinearLR: end_factor expected to be between 0 and 1, got {end_factor}")
+        if not isinstance(total_iters, int) or total_iters <= 0:
+            raise ValueRangeError(f"LinearLR: total_iters must be a positive integer, got {total_iters!r}")
+        self.start_factor = start_factor
+        self.end_factor = end_factor
+        self.total_iters = total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        f = self.start_factor + (self.end_factor - self.start_factor) * min(self.total_iters, self.last_epoch) \
+            / self.total_iters
+        return [base * f for base in self.base_lrs]
+
+
+class CosineAnnealingLR(LRScheduler):
+    """``lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2`` (SGDR without restarts; past
+    T_max the cosine continues, as in PyTorch)."""
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:  # noqa: N803
+        if not isinstance(T_max, (int, float)) or T_max <= 0:
+            raise ValueRangeError(f"CosineAnnealingLR: T_max must be positive, got {T_max!r}")
+        self.T_max = T_max
+        self.eta_min = eta_min
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        c = (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+        return [self.eta_min + (base - self.eta_min) * c for base in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing restarted every ``T_i`` epochs, ``T_0`` first and each period ``T_mult`` times longer."""
+
+    def __init__(self, optimizer: Optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0,  # noqa: N803
+                 last_epoch: int = -1) -> None:
+        if not isinstance(T_0, int) or isinstance(T_0, bool) or T_0 <= 0:
+            raise ValueRangeError(f"CosineAnnealingWarmRestarts: expected positive integer T_0, but got {T_0!r}")
+        if not isinstance(T_mult, int) or isinstance(T_mult, bool) or T_mult < 1:
+            raise ValueRangeError(f"CosineAnnealingWarmRestarts: expected integer T_mult >= 1, but got {T_mult!r}")
+        if not isinstance(eta_min, (float, int)):
+            raise ValueRangeError(f"CosineAnnealingWarmRestarts: expected float or int eta_min, got {eta_min!r}")
+        self.T_0 = T_0
+        self.T_i = T_0
+        self.T_mult = T_mult
+        self.eta_min = eta_min
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def _advance(self, epoch: Any) -> None:
+        # a (possibly fractional) epoch, as in PyTorch's per-batch usage ``step(epoch + i / iters)``
+        if epoch < 0:
+            raise ValueRangeError(f"CosineAnnealingWarmRestarts: expected non-negative epoch, but got {epoch}")
+        self.T_cur, self.T_i = self._position(epoch)
+        self.last_epoch = math.floor(epoch)
+
+    def _position(self, e: float) -> tuple[float, int]:
+        if e < self.T_0:
+            return e, self.T_0
+        if self.T_mult == 1:
+            return e % self.T_0, self.T_0
+        # walk the geometric periods with exact integers (a float log misplaces exact restart points)
+        t_cur, t_i = e, self.T_0
+        while t_cur >= t_i:
+            t_cur -= t_i
+            t_i *= self.T_mult
+        return t_cur, t_i
+
+    def get_lr(self) -> list[float]:
+        c = (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+        return [self.eta_min + (base - self.eta_min) * c for base in self.base_lrs]
+
+
+class OneCycleLR(LRScheduler):
+    """The 1cycle policy (Smith & Topin): warm up from ``max_lr / div_factor`` to ``max_lr`` over ``pct_start`` of
+    the steps, then anneal to ``initial_lr / final_div_factor``; momentum (or Adam's beta1) cycles inversely.
+    Step it after every batch."""
+
+    def __init__(self, optimizer: Optimizer, max_lr: float | list[float], total_steps: int | None = None,
+                 epochs: int | None = None, steps_per_epoch: int | None = None, pct_start: float = 0.3,
+                 anneal_strategy: str = "cos", cycle_momentum: bool = True,
+                 base_momentum: float | list[float] = 0.85, max_momentum: float | list[float] = 0.95,
+                 div_factor: float = 25.0, final_div_factor: float = 1e4, three_phase: bool = False,
+                 last_epoch: int = -1) -> None:
+        _check_optimizer("OneCycleLR", optimizer)
+        self.optimizer = optimizer
+        if total_steps is not None:
+            if not isinstance(total_steps, int) or total_steps <= 0:
+                raise ValueRangeError(f"OneCycleLR: expected positive integer total_steps, but got {total_steps!r}")
+            self.total_steps = total_steps
+        elif epochs is not None and steps_per_epoch is not None:
+            if not isinstance(epochs, int) or epochs <= 0:
+                raise ValueRangeError(f"OneCycleLR: expected positive integer epochs, but got {epochs!r}")
+            if not isinstance(steps_per_epoch, int) or steps_per_epoch <= 0:
+                raise ValueRangeError(
+                    f"OneCycleLR: expected positive integer steps_per_epoch, but got {steps_per_epoch!r}"
+                )
+            self.total_steps = epochs * steps_per_epoch
+        else:
+            raise ValueRangeError("OneCycleLR: you must define either total_steps OR (epochs AND steps_per_epoch)")
+        if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
+            raise ValueRangeError(f"OneCycleLR: expected float between 0 and 1 pct_start, but got {pct_start!r}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueRangeError(
+                f"OneCycleLR: anneal_strategy must be one of 'cos' or 'linear', instead got {anneal_strategy!r}"
+            )
+        n = self.total_steps
+        if three_phase:
+            self._schedule_phases = [
+                (float(pct_start * n) - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                (float(2 * pct_start * n) - 2, "max_lr", "initial_lr", "base_momentum", "max_momentum"),
+                (n - 1, "initial_lr", "min_lr", "max_momentum", "max_momentum"),
+            ]
+        else:
+            self._schedule_phases = [
+                (float(pct_start * n) - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                (n - 1, "max_lr", "min_lr", "base_momentum", "max_momentum"),
+            ]
+        self._anneal_func_type = anneal_strategy
+        max_lrs = _per_group("OneCycleLR", "max_lr", optimizer, max_lr)
+        if last_epoch == -1:
+            for m, group in zip(max_lrs, optimizer.param_groups):
+                group["initial_lr"] = m / div_factor
+                group["max_lr"] = m
+                group["min_lr"] = group["initial_lr"] / final_div_factor
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueRangeError(
+                    f"OneCycleLR: optimizer {type(optimizer).__name__} must support momentum or beta1 with the "
+                    "`cycle_momentum` option enabled (pass cycle_momentum=False)"
+                )
+            self.use_beta1 = "betas" in optimizer.defaults
+            maxm = _per_group("OneCycleLR", "max_momentum", optimizer, max_momentum)
+            basem = _per_group("OneCycleLR", "base_momentum", optimizer, base_momentum)
+            if last_epoch == -1:
+                for mm, bm, group in zip(maxm, basem, optimizer.param_groups):
+                    if self.use_beta1:
+                        group["betas"] = (mm, *group["betas"][1:])
+                    else:
+                        group["momentum"] = mm
+                    group["max_momentum"] = mm
+                    group["base_momentum"] = bm
+        super().__init__(optimizer, last_epoch)
+
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self._anneal_func_type == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def get_lr(self) -> list[float]:
+        step_num = self.last_epoch
+        if step_num > self.total_steps:
+            raise ValueRangeError(
+                f"OneCycleLR: tried to step {step_num} times; the specified number of total steps is "
+                f"{self.total_steps}"
+            )
+        lrs = []
+        last = len(self._schedule_phases) - 1
+        for group in self.optimizer.param_groups:
+            start_step = 0.0
+            for i, (end_step, lr0, lr1, m0, m1) in enumerate(self._schedule_phases):
+                if step_num <= end_step or i == last:
+                    pct = (step_num - start_step) / (end_step - start_step)
+                    lr = self._anneal(group[lr0], group[lr1], pct)
+                    mom = self._anneal(group[m0], group[m1], pct) if self.cycle_momentum else None
+                    break
+                start_step = end_step
+            lrs.append(lr)
+            if mom is not None:
+                if self.use_beta1:
+                    group["betas"] = (mom, *group["betas"][1:])
+                else:
+                    group["momentum"] = mom
+        return lrs
+
+
+class NoamLR(LRScheduler):
+    """The Transformer schedule (Vaswani et al. 2017): linear warm-up then inverse-square-root decay,
+    ``lr = factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)`` with ``step = last_epoch + 1``
+    (the number of the optimizer step about to run). The optimizer's own lr is ignored."""
+
+    def __init__(self, optimizer: Optimizer, d_model: int, warmup_steps: int, factor: float = 1.0,
+                 last_epoch: int = -1) -> None:
+        if not isinstance(d_model, int) or d_model <= 0:
+            raise ValueRangeError(f"NoamLR: d_model must be a positive integer, got {d_model!r}")
+        if not isinstance(warmup_steps, int) or warmup_steps <= 0:
+            raise ValueRangeError(f"NoamLR: warmup_steps must be a positive integer, got {warmup_steps!r}")
+        if factor < 0:
+            raise ValueRangeError(f"NoamLR: factor must be >= 0, got {factor}")
+        self.d_model = d_model
+        self.warmup_steps = warmup_steps
+        self.factor = factor
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        step = self.last_epoch + 1
+        lr = self.factor * self.d_model**-0.5 * min(step**-0.5, step * self.warmup_steps**-1.5)
+        return [lr for _ in self.base_lrs]
+
+
+class ProductLR(LRScheduler):
+    """Compose schedulers multiplicatively: ``lr = base_lr * prod(member factors)``, each factor being a member's
+    lr divided by its base lr (e.g. a LinearLR warm-up times a CosineAnnealingLR decay). Step only the
+    ProductLR; it steps its members."""
+
+    def __init__(self, optimizer: Optimizer, schedulers: Sequence[LRScheduler]) -> None:
+        _check_optimizer("ProductLR", optimizer)
+        schedulers = list(schedulers)
+        if not schedulers:
+            raise ValueRangeError("ProductLR: expects at least one scheduler")
+        for i, s in enumerate(schedulers):
+            if not isinstance(s, LRScheduler):
+                raise DTypeError(f"ProductLR: schedulers[{i}] is {type(s).__name__}, not an LRScheduler")
+            if isinstance(s, ProductLR):
+                raise ValueRangeError(f"ProductLR: schedulers[{i}] is itself a ProductLR; flatten the list")
+            if s.optimizer is not optimizer:
+                raise ValueRangeError(
+                    f"ProductLR: schedulers[{i}] ({type(s).__name__}) is bound to a different optimizer than the "
+                    "one passed to ProductLR"
+                )
+        self._schedulers = schedulers
+        self.optimizer = optimizer
+        self.base_lrs = list(schedulers[0].base_lrs)
+        self.last_epoch = schedulers[0].last_epoch
+        self._step_count = 1
+        self._set_lrs(self.get_lr())
+
+    def get_lr(self) -> list[float]:
+        lrs = list(self.base_lrs)
+        for s in self._schedulers:
+            lrs = [lr * f for lr, f in zip(lrs, s.factors())]
+        return lrs
+
+    def step(self, epoch: int | None = None) -> None:
+        self._step_count += 1
+        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
+        for s in self._schedulers:
+            s._step_count += 1
+            s._advance(self.last_epoch)
+        self._set_lrs(self.get_lr())
+        for s in self._schedulers:
+            s._last_lr = list(self._last_lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        sd["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sd = dict(state_dict)
+        members = sd.pop("_schedulers", [])
+        if len(members) != len(self._schedulers):
+            raise ValueRangeError(
+                f"ProductLR.load_state_dict: saved state has {len(members)} schedulers, this one has "
+                f"{len(self._schedulers)}"
+            )
+        self.__dict__.update(sd)
+        for s, m in zip(self._schedulers, members):
+            s.load_state_dict(m)
+
+
+__all__ = [
+    "LRScheduler",
+    "LambdaLR",
+    "StepLR",
+    "MultiStepLR",
+    "ExponentialLR",
+    "LinearLR",
+    "CosineAnnealingLR",
+    "CosineAnnealingWarmRestarts",
+    "OneCycleLR",
+    "NoamLR",
+    "ProductLR",
+]
