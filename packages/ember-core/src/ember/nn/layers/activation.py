@@ -207,7 +207,7 @@ class GELU(Module):
 
 
 class Hardshrink(Module):
-    """x where |x| > lambd, else 0."""
+    """``x`` where ``|x| > lambd``, else 0."""
 
     def __init__(self, lambd: float = 0.5) -> None:
         super().__init__()
@@ -270,7 +270,7 @@ class Softplus(Module):
 
 
 class Softsign(Module):
-    """x / (1 + |x|)."""
+    """``x / (1 + |x|)``."""
 
     def forward(self, input: Tensor) -> Tensor:
         return F.softsign(_check_input(self, input))

@@ -217,7 +217,7 @@ class TransformerDecoder(Module):
 
 class Transformer(Module):
     """Encoder-decoder transformer (torch's ``nn.Transformer``): ``encoder`` and ``decoder`` stacks with final
-    layer norms; every matrix parameter is re-initialised with xavier_uniform_."""
+    layer norms; every matrix parameter is re-initialised with ``xavier_uniform_``."""
 
     def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6,
                  num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
