@@ -171,3 +171,11 @@ def test_parameter_rejects_non_tensors_and_int_tensors_do_not_require_grad() -> 
     with pytest.raises(ember.DTypeError, match="expected a Tensor"):
         nn.Parameter([1.0])
     assert not nn.Parameter(ember.tensor([1, 2])).requires_grad
+
+
+def test_errors_inside_a_model_name_the_submodule_path_and_shapes() -> None:
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 3), nn.Linear(5, 2)))
+    with pytest.raises(ember.ShapeError, match=r"^Sequential\.2\.1 \(Linear\): .*last dim 5, got shape \(2, 3\)"):
+        net(ember.randn(2, 4))
+    with pytest.raises(ember.ShapeError, match=r"^Linear\(in_features=4"):  # called alone: no path to add
+        nn.Linear(4, 8)(ember.randn(2, 5))

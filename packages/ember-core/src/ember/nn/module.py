@@ -8,6 +8,7 @@ model.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -63,6 +64,30 @@ def _rebuild_parameter(tensor_reduce: Any, requires_grad: bool) -> Parameter:
     return Parameter(build(*args), requires_grad)
 
 
+_local = threading.local()
+
+
+def _running() -> list[Module]:
+    """Modules whose forward is running in this thread, outermost first."""
+    calls = getattr(_local, "calls", None)
+    if calls is None:
+        calls = _local.calls = []
+    return calls
+
+
+def _name_module_path(exc: EmberError, module: Module, calls: list[Module]) -> None:
+    """Prefix an error raised inside a submodule with that submodule's dotted path in the outermost model
+    (``Net.encoder.0 (Linear): ...``), once, where it was raised. Costs nothing unless an error occurs."""
+    if getattr(exc, "_ember_module_path", None) is not None or len(calls) < 2 or not exc.args:
+        return
+    root = calls[0]
+    for name, m in root.named_modules():
+        if m is module:
+            exc._ember_module_path = name  # type: ignore[attr-defined]
+            exc.args = (f"{type(root).__name__}.{name} ({type(module).__name__}): {exc.args[0]}", *exc.args[1:])
+            return
+
+
 class IncompatibleKeys(NamedTuple):
     """What ``load_state_dict`` did not match: keys the module expected and keys it did not know."""
 
@@ -90,7 +115,15 @@ class Module:
         raise EmberError(f"{type(self).__name__} has no forward(); subclasses of nn.Module must define it")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
+        calls = _running()
+        calls.append(self)
+        try:
+            return self.forward(*args, **kwargs)
+        except EmberError as exc:
+            _name_module_path(exc, self, calls)
+            raise
+        finally:
+            calls.pop()
 
     # -- registration ----------------------------------------------------------------------------------------
     def _check_init(self, name: str) -> None:
