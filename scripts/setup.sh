@@ -29,6 +29,7 @@ PACKAGES=(
     -e "packages/ember-core[test]"
     -e "plugins/backends/ember-flex"
     -e "plugins/decorators/ember-autodiff"
+    -e "packages/ember-train[plot]"
     -e "packages/ember"
     # the third-party example plugin used by the cross-plugin tests and the docs
     -e "tests/example-backend"

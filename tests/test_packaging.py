@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "packages" / "ember-core"
 META = ROOT / "packages" / "ember"
 PLUGINS = sorted(p.parent for p in (ROOT / "plugins").glob("*/*/pyproject.toml"))
-ALL = [CORE, META, *PLUGINS]
+PACKAGES = sorted(p.parent for p in (ROOT / "packages").glob("*/pyproject.toml"))
+ALL = [*PACKAGES, *PLUGINS]
 
 
 def _project(path: Path) -> dict:
@@ -28,8 +29,18 @@ def _reqs(items: list[str]) -> dict[str, Requirement]:
 VERSION = _project(CORE)["project"]["version"]
 
 
-def test_there_are_plugins() -> None:
+def test_there_are_plugins_and_packages() -> None:
     assert PLUGINS, "no plugin pyproject.toml found under plugins/<kind>/<name>/"
+    assert {CORE, META} <= set(PACKAGES)
+
+
+@pytest.mark.parametrize("path", [p for p in PACKAGES if p not in (CORE, META)], ids=lambda p: p.name)
+def test_other_packages_pin_core_and_are_default_dependencies_of_the_meta_package(path: Path) -> None:
+    data = _project(path)
+    core = _reqs(data["project"]["dependencies"])["ember-core"]
+    assert core.specifier.contains(VERSION)
+    meta = _reqs(_project(META)["project"]["dependencies"])
+    assert data["project"]["name"] in meta
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)

@@ -158,7 +158,22 @@ def build_parser() -> argparse.ArgumentParser:
         "`ember bench autodiff [--quick] [--json PATH]` runs the autodiff benchmark instead.",
     )
     p_bench.set_defaults(func=_cmd_bench)
+    _add_package_commands(sub)
     return parser
+
+
+def _add_package_commands(sub: Any) -> None:
+    """Subcommands contributed by installed packages through the ``ember.commands`` entry-point group: each
+    entry point is a callable ``register(subparsers)`` that adds its parser and sets ``func`` (as ember-train
+    does for ``ember train``). A package whose command fails to load is reported, not fatal."""
+    from importlib import metadata
+
+    for ep in metadata.entry_points(group="ember.commands"):
+        try:
+            ep.load()(sub)
+        except Exception as exc:  # a broken package must not take `ember info` down with it
+            print(f"ember: command {ep.name!r} from {ep.value} failed to load: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,388 @@
+"""``ember train <example>``: the built-in training recipes behind the ``ember`` command.
+
+Core's ``ember`` CLI finds :func:`register_train` through the ``ember.commands`` entry point; ``python -m
+ember_train.cli <example>`` runs the same recipes without it. Every recipe trains on
+``--device`` (default ``ember.Device.default()``) decorated with ``.autodiff()``, shows the Learner dashboard (or
+a plain log when stdout is not a terminal), writes checkpoints and metric logs to ``--out`` and ends with the
+final validation figures and the time taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import ember
+from ember import nn
+
+__all__ = ["EXAMPLES", "build_parser", "main", "register_train", "run"]
+
+# `ember train seed-cnn` promises this on the digits (issue 5); the run reports whether it was met
+TARGET_ACCURACY = 0.97
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Hyper-parameters of a recipe; ``quick_*`` replace them under ``--quick``."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    quick_epochs: int = 1
+    quick_batch_size: int = 32
+    help: str = ""
+
+
+EXAMPLES: dict[str, Defaults] = {
+    # measured on flex (2 cores): ~4-6 s per epoch; 8 epochs of OneCycle Adam with 2-pixel shifts reach ~99 %
+    "seed-cnn": Defaults(8, 64, 2e-3, help="the seed CNN on the UCI digits (28x28) with the Learner (default)"),
+    "seed-cnn-manual": Defaults(8, 64, 2e-3, help="the seed CNN on the digits with a hand-written training loop"),
+    "regression-csv": Defaults(30, 64, 3e-3, quick_epochs=2, help="an MLP regressor on a CSV file it writes"),
+    "text-transformer": Defaults(4, 32, 1e-3,
+                                 help="the pre-norm transformer (small config) on synthetic sequences"),
+}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# argument handling
+# ----------------------------------------------------------------------------------------------------------
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("example", nargs="?", default="seed-cnn", choices=list(EXAMPLES),
+                   help="which recipe to train (default: seed-cnn)")
+    p.add_argument("--device", default=None,
+                   help="device spec, e.g. flex (default: ember.Device.default(), honouring EMBER_DEVICE); "
+                        "autodiff is added for training")
+    p.add_argument("--epochs", type=int, default=None, help="number of epochs (default: the recipe's)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the recipe's)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
+    p.add_argument("--out", default=None, help="output folder for checkpoints and logs (default: ./runs/<example>)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument("--quick", action="store_true", help="a tiny run (a few batches) for smoke tests and CI")
+    p.add_argument("--dashboard", default="auto", choices=["auto", "rich", "plain", "none"],
+                   help="live terminal dashboard (auto: rich on a terminal, plain lines otherwise)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model initialisation and the data order")
+
+
+def _examples_help() -> str:
+    return "examples:\n" + "\n".join(f"  {name:<17} {d.help}" for name, d in EXAMPLES.items())
+
+
+def register_train(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``train`` to core's ``ember`` subcommands (the ``ember.commands`` entry point)."""
+    p = subparsers.add_parser(
+        "train", help="train a built-in example (seed-cnn, seed-cnn-manual, regression-csv, text-transformer)",
+        description="Train one of the built-in examples on a device, with a live dashboard, checkpoints and logs.",
+        epilog=_examples_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A standalone parser (``python -m ember_train.cli``) with the same options as ``ember train``."""
+    p = argparse.ArgumentParser(prog="ember train", description="Train a built-in ember example.",
+                                epilog=_examples_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m ember_train.cli``."""
+    return run(build_parser().parse_args(argv))
+
+
+def _device(spec: str | None) -> ember.Device:
+    base = ember.Device.default() if spec is None else ember.Device.parse(spec)
+    # training needs gradients; a spec that already names autodiff is kept as it is
+    return base if "autodiff" in str(base) else base.autodiff()
+
+
+@dataclass
+class Settings:
+    """Resolved options of one run."""
+
+    example: str
+    device: ember.Device
+    epochs: int
+    batch_size: int
+    lr: float
+    out: str
+    resume: bool
+    quick: bool
+    dashboard: str
+    seed: int
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    d = EXAMPLES[args.example]
+    epochs = args.epochs if args.epochs is not None else (d.quick_epochs if args.quick else d.epochs)
+    batch = args.batch_size if args.batch_size is not None else (d.quick_batch_size if args.quick else d.batch_size)
+    for name, value in (("--epochs", epochs), ("--batch-size", batch)):
+        if value < 1:
+            raise SystemExit(f"ember train: {name} must be at least 1, got {value}")
+    lr = args.lr if args.lr is not None else d.lr
+    if not (lr > 0 and math.isfinite(lr)):
+        raise SystemExit(f"ember train: --lr must be a positive number, got {lr}")
+    out = args.out or os.path.join("runs", args.example)
+    return Settings(args.example, _device(args.device), epochs, batch, lr, out, bool(args.resume), bool(args.quick),
+                    getattr(args, "dashboard", "auto"), getattr(args, "seed", 0))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the recipe ``args.example``; returns the process exit status."""
+    s = _settings(args)
+    print(f"ember train {s.example}: device {s.device}, epochs {s.epochs}, batch {s.batch_size}, lr {s.lr:g}, "
+          f"out {s.out}{', resuming' if s.resume else ''}{', quick' if s.quick else ''}", flush=True)
+    recipe = RECIPES[s.example]
+    start = time.perf_counter()
+    try:
+        summary, interrupted = recipe(s)
+    except KeyboardInterrupt:
+        print(f"ember train {s.example}: interrupted after {time.perf_counter() - start:.1f} s; "
+              f"resume with --resume --out {s.out}", file=sys.stderr)
+        return 130
+    except ember.EmberError as exc:
+        # a typed ember error already names what is wrong: say it plainly instead of a traceback
+        print(f"ember train {s.example}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    elapsed = time.perf_counter() - start
+    print(f"{summary} | time taken {elapsed:.1f} s on {s.device}", flush=True)
+    if interrupted:  # the Learner stopped cleanly on Ctrl-C and kept its completed checkpoints
+        print(f"ember train {s.example}: interrupted; resume with --resume --out {s.out}", file=sys.stderr)
+        return 130
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# helpers shared by the recipes
+# ----------------------------------------------------------------------------------------------------------
+def _last(history: Any, key: str) -> float | None:
+    """The last epoch's ``key`` from a Learner History (a mapping of per-epoch lists, or of epoch records)."""
+    try:
+        values = history[key]
+    except (KeyError, TypeError, IndexError):
+        return None
+    if isinstance(values, (list, tuple)):
+        values = [v for v in values if v is not None]
+        return float(values[-1]) if values else None
+    return None if values is None else float(values)
+
+
+def _best(history: Any, key: str) -> float | None:
+    best = getattr(history, "best", None)
+    if best is None and hasattr(history, "get"):
+        best = history.get("best")
+    if isinstance(best, dict):
+        value = best.get(key, best.get("value"))
+        return None if value is None else float(value)
+    return None
+
+
+def _subset(dataset: Any, n: int) -> Any:
+    from .data import Subset
+
+    return Subset(dataset, list(range(min(n, len(dataset)))))
+
+
+def _learner(s: Settings, model: nn.Module, train: Any, valid: Any, loss_fn: Any, optimizer: Any, scheduler: Any,
+             metrics: Sequence[str], best_metric: str, best_mode: str) -> Any:
+    from .learner import Learner
+
+    return Learner(model, train, valid, loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler,
+                   scheduler_interval="step", metrics=tuple(metrics), device=s.device, out_dir=s.out,
+                   best_metric=best_metric, best_mode=best_mode, dashboard=s.dashboard, seed=s.seed)
+
+
+def _digits_loaders(s: Settings) -> tuple[Any, Any]:
+    from .data import DataLoader, TransformDataset
+    from .datasets import digits
+    from .transforms import RandomCrop
+
+    train, valid = digits("train", seed=s.seed), digits("valid", seed=s.seed)
+    # random shifts of up to 2 pixels: 1437 training images overfit quickly without augmentation
+    train = TransformDataset(train, RandomCrop(28, padding=2), seed=s.seed)
+    if s.quick:
+        train, valid = _subset(train, 192), _subset(valid, 96)
+    return (DataLoader(train, batch_size=s.batch_size, shuffle=True, seed=s.seed, device=s.device),
+            DataLoader(valid, batch_size=256, device=s.device))
+
+
+def _onecycle(optimizer: Any, lr: float, total_steps: int) -> Any:
+    """A short warm-up then cosine decay (converges in few epochs); a constant rate for runs of a few steps."""
+    if total_steps < 10:  # OneCycle's phases need a few steps each (PyTorch divides by their length)
+        return None
+    return ember.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps, pct_start=0.25)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# recipes
+# ----------------------------------------------------------------------------------------------------------
+def train_seed_cnn(s: Settings) -> tuple[str, bool]:
+    """The seed CNN of DESIGN.md section 6 on the 28x28 digits with the Learner, Adam and a OneCycle schedule."""
+    from .models import SeedCNN
+
+    train, valid = _digits_loaders(s)
+    ember.manual_seed(s.seed, s.device)
+    model = SeedCNN().to(s.device)
+    optimizer = ember.optim.Adam(model.parameters(), lr=s.lr)
+    scheduler = _onecycle(optimizer, s.lr, s.epochs * len(train))
+    learner = _learner(s, model, train, valid, nn.CrossEntropyLoss(), optimizer, scheduler,
+                       ("loss", "accuracy"), "valid_accuracy", "max")
+    history = learner.fit(s.epochs, resume="latest" if s.resume else None)
+    acc, best = _last(history, "valid_accuracy"), _best(history, "valid_accuracy")
+    met = "" if s.quick or acc is None else (" (target 97 % met)" if acc >= TARGET_ACCURACY else
+                                             " (below the 97 % target)")
+    best_text = "" if best is None else f", best {best:.2%}"
+    acc_text = "n/a" if acc is None else f"{acc:.2%}"
+    return f"final validation accuracy {acc_text}{best_text}{met}", history.interrupted
+
+
+def train_seed_cnn_manual(s: Settings) -> tuple[str, bool]:
+    """The seed CNN on the digits with a hand-written loop (PyTorch's, step for step) instead of the Learner."""
+    from .models import SeedCNN
+
+    train, valid = _digits_loaders(s)
+    ember.manual_seed(s.seed, s.device)
+    model = SeedCNN().to(s.device)
+    optimizer = ember.optim.Adam(model.parameters(), lr=s.lr)
+    scheduler = _onecycle(optimizer, s.lr, s.epochs * len(train))
+    loss_fn = nn.CrossEntropyLoss()
+    acc = 0.0
+    for epoch in range(1, s.epochs + 1):
+        model.train()
+        train.set_epoch(epoch - 1)
+        total, seen = 0.0, 0
+        for x, y in train:
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            total += loss.item() * y.shape[0]
+            seen += y.shape[0]
+        acc = _evaluate_accuracy(model, valid)
+        print(f"epoch {epoch}/{s.epochs}  train_loss {total / seen:.4f}  valid_accuracy {acc:.2%}", flush=True)
+    os.makedirs(s.out, exist_ok=True)
+    path = os.path.join(s.out, "model.safetensors")
+    ember.records.save(model, path)
+    return f"final validation accuracy {acc:.2%} (weights saved to {path})", False
+
+
+def _evaluate_accuracy(model: nn.Module, loader: Any) -> float:
+    model.eval()
+    correct = seen = 0
+    with ember.no_grad():
+        for x, y in loader:
+            correct += int((model(x).argmax(dim=1) == y).sum().item())
+            seen += y.shape[0]
+    return correct / max(seen, 1)
+
+
+def regression_mlp(features: int, hidden: int = 64) -> nn.Module:
+    """A two-hidden-layer ReLU MLP with one output."""
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 1))
+
+
+class SqueezedMSE(nn.Module):
+    """MSE between ``(N, 1)`` predictions and ``(N,)`` targets (no accidental ``(N, N)`` broadcasting)."""
+
+    def forward(self, prediction: Any, target: Any) -> Any:
+        return nn.functional.mse_loss(prediction.reshape(-1), target.reshape(-1).to(prediction.dtype))
+
+
+def write_regression_csv(path: str, n: int, features: int, seed: int = 0) -> None:
+    """A CSV of ``synthetic_regression`` data: columns ``x0..x{features-1}`` and ``target``."""
+    from .datasets import synthetic_regression
+
+    ds = synthetic_regression(n, features, 0.1, seed)
+    rows = [ds[i] for i in range(len(ds))]
+    x = np.stack([np.asarray(r[0], np.float64).reshape(-1) for r in rows])
+    y = np.asarray([float(np.asarray(r[1]).reshape(-1)[0]) for r in rows])
+    header = ",".join([f"x{i}" for i in range(features)] + ["target"])
+    np.savetxt(path, np.column_stack([x, y]), delimiter=",", header=header, comments="", fmt="%.6g")
+
+
+def train_regression_csv(s: Settings) -> tuple[str, bool]:
+    """An MLP regressor on a CSV file (written from synthetic data into --out), with R^2 on the validation split."""
+    from .data import DataLoader, random_split
+    from .datasets import csv_dataset
+
+    os.makedirs(s.out, exist_ok=True)
+    n, features = (256, 4) if s.quick else (4000, 8)
+    path = os.path.join(s.out, "regression.csv")
+    write_regression_csv(path, n, features, s.seed)
+    data = csv_dataset(path, "target", task="regression")
+    train_ds, valid_ds = random_split(data, [0.8, 0.2], seed=s.seed)
+    train = DataLoader(train_ds, batch_size=s.batch_size, shuffle=True, seed=s.seed, device=s.device)
+    valid = DataLoader(valid_ds, batch_size=512, device=s.device)
+    ember.manual_seed(s.seed, s.device)
+    model = regression_mlp(features).to(s.device)
+    optimizer = ember.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=1e-4)
+    scheduler = _onecycle(optimizer, s.lr, s.epochs * len(train))
+    learner = _learner(s, model, train, valid, SqueezedMSE(), optimizer, scheduler, ("loss",), "valid_loss", "min")
+    history = learner.fit(s.epochs, resume="latest" if s.resume else None)
+    r2 = r2_score(model, valid)
+    loss = _last(history, "valid_loss")
+    mse = float("nan") if loss is None else loss
+    return f"final validation MSE {mse:.4f}, R^2 {r2:.4f} (data: {path})", history.interrupted
+
+
+def r2_score(model: nn.Module, loader: Any) -> float:
+    """Coefficient of determination of ``model`` over ``loader``."""
+    model.eval()
+    preds, targets = [], []
+    with ember.no_grad():
+        for x, y in loader:
+            preds.append(model(x).reshape(-1).numpy())
+            targets.append(y.reshape(-1).numpy())
+    p, t = np.concatenate(preds).astype(np.float64), np.concatenate(targets).astype(np.float64)
+    return float(1.0 - ((p - t) ** 2).sum() / max(((t - t.mean()) ** 2).sum(), 1e-12))
+
+
+def train_text_transformer(s: Settings) -> tuple[str, bool]:
+    """The pre-norm transformer (DESIGN.md section 6, small configuration) on synthetic sequence classification."""
+    from .data import DataLoader, random_split
+    from .datasets import synthetic_sequences
+    from .models import text_transformer
+
+    # the synthetic task uses a small vocabulary; the embedding table is sized to it rather than BERT's 28,996
+    n, seq_len, vocab, classes = (128, 16, 64, 4) if s.quick else (2000, 64, 256, 4)
+    data = synthetic_sequences(n, seq_len, vocab, classes, s.seed)
+    train_ds, valid_ds = random_split(data, [0.8, 0.2], seed=s.seed)
+    train = DataLoader(train_ds, batch_size=s.batch_size, shuffle=True, seed=s.seed, device=s.device)
+    valid = DataLoader(valid_ds, batch_size=128, device=s.device)
+    ember.manual_seed(s.seed, s.device)
+    overrides: dict[str, Any] = {"vocab_size": vocab, "max_len": seq_len}
+    if s.quick:
+        overrides.update(d_model=32, nhead=4, dim_feedforward=64, num_layers=1)
+    model = text_transformer("small", num_classes=classes, **overrides).to(s.device)
+    optimizer = ember.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.01)
+    scheduler = _onecycle(optimizer, s.lr, s.epochs * len(train))
+    learner = _learner(s, model, train, valid, nn.CrossEntropyLoss(), optimizer, scheduler, ("loss", "accuracy"),
+                       "valid_accuracy", "max")
+    history = learner.fit(s.epochs, resume="latest" if s.resume else None)
+    acc = _last(history, "valid_accuracy")
+    acc_text = "n/a" if acc is None else f"{acc:.2%}"
+    return f"final validation accuracy {acc_text} ({classes} classes)", history.interrupted
+
+
+RECIPES: dict[str, Callable[[Settings], tuple[str, bool]]] = {
+    "seed-cnn": train_seed_cnn,
+    "seed-cnn-manual": train_seed_cnn_manual,
+    "regression-csv": train_regression_csv,
+    "text-transformer": train_text_transformer,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

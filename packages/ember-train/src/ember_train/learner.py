@@ -1,0 +1,549 @@
+"""``Learner``: the training loop (train + validation), checkpoints, exact resume, early stopping, logs, dashboard.
+
+>>> learner = Learner(model, train_loader, valid_loader, loss_fn=nn.CrossEntropyLoss(), optimizer=opt,
+...                   out_dir="runs/digits")                                             # doctest: +SKIP
+>>> history = learner.fit(10)                                                           # doctest: +SKIP
+>>> history.best                                                                        # doctest: +SKIP
+{'epoch': 9, 'metric': 'valid_accuracy', 'value': 0.981}
+
+Reproducibility: at the start of epoch ``e`` (0-based) the device's random stream is reseeded with ``seed + e``
+and the loader's ``set_epoch(e)`` fixes its data order, so the run is a pure function of (seed, epoch). A run
+resumed from the checkpoint of epoch ``e`` therefore reproduces the uninterrupted run bit for bit.
+
+Mixed precision: ember core has no autocast yet, so ``mixed_precision=True`` raises ``UnsupportedError`` at
+construction on every device (on flex float16/bfloat16 are emulated through numpy and would only be slower). When
+core grows ``ember.autocast(device, dtype)`` the forward runs under it on devices that support the half dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import ember
+from ember import Tensor
+from ember.errors import DTypeError, EmberError, UnsupportedError, ValueRangeError
+
+from . import checkpoint as ckpt
+from .dashboard import Dashboard, make_dashboard
+from .metrics import EpochMetrics, Throughput, learning_rate, metric_names, parse_metric
+
+__all__ = ["Learner", "History", "OutputDirError", "Callback"]
+
+_TIMING_KEYS = ("samples_per_sec", "epoch_time")
+
+
+class OutputDirError(EmberError, OSError):
+    """The output directory cannot be created or written."""
+
+
+class Callback:
+    """Hooks called by :meth:`Learner.fit`; override the ones you need (raising KeyboardInterrupt stops cleanly)."""
+
+    def on_step_end(self, learner: Learner, epoch: int, step: int, metrics: Mapping[str, float]) -> None:
+        """After each optimizer step (``step`` 1-based within the 0-based ``epoch``)."""
+
+    def on_epoch_end(self, learner: Learner, record: Mapping[str, Any]) -> None:
+        """After each epoch's validation and checkpoint."""
+
+
+class History:
+    """Per-epoch metric records of a fit, the best epoch, and how the fit ended.
+
+    Dict-like over metric names: ``history["valid_accuracy"]`` is the list of per-epoch values (None where an
+    epoch lacks the metric); ``history.epochs`` is the list of record dicts.
+    """
+
+    def __init__(self, best_metric: str, best_mode: str) -> None:
+        self.epochs: list[dict[str, Any]] = []
+        self.best_metric = best_metric
+        self.best_mode = best_mode
+        self.best_epoch: int | None = None
+        self.best_value: float | None = None
+        self.interrupted = False
+        self.stopped_early = False
+        self.elapsed = 0.0
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        """``{"epoch", "metric", "value"}`` of the best epoch so far (None before the first epoch)."""
+        if self.best_epoch is None:
+            return None
+        return {"epoch": self.best_epoch, "metric": self.best_metric, "value": self.best_value}
+
+    def best_record(self) -> dict[str, Any] | None:
+        for r in self.epochs:
+            if r["epoch"] == self.best_epoch:
+                return r
+        return None
+
+    def improves(self, value: float) -> bool:
+        if value is None or not math.isfinite(value):
+            return False
+        if self.best_value is None:
+            return True
+        return value > self.best_value if self.best_mode == "max" else value < self.best_value
+
+    def keys(self) -> list[str]:
+        out: list[str] = []
+        for r in self.epochs:
+            out += [k for k in r if k not in out]
+        return out
+
+    def __getitem__(self, key: str) -> list[Any]:
+        if key not in self.keys():
+            raise KeyError(f"History has no metric {key!r}; it has {self.keys()}")
+        return [r.get(key) for r in self.epochs]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __iter__(self) -> Any:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.epochs)
+
+    def summary(self) -> str:
+        how = "interrupted" if self.interrupted else "stopped early" if self.stopped_early else "finished"
+        last = self.epochs[-1]["epoch"] if self.epochs else 0
+        best = (f"best {self.best_metric} {self.best_value:.4f} at epoch {self.best_epoch}"
+                if self.best_epoch is not None else "no completed epoch")
+        return f"training {how} after epoch {last} in {self.elapsed:.1f}s; {best}"
+
+    def __repr__(self) -> str:
+        return f"History({len(self.epochs)} epochs, best={self.best}, interrupted={self.interrupted})"
+
+    def _state(self) -> dict[str, Any]:
+        return {"epochs": self.epochs, "best_epoch": self.best_epoch, "best_value": self.best_value,
+                "elapsed": self.elapsed}
+
+    def _load(self, state: Mapping[str, Any]) -> None:
+        self.epochs = [dict(r) for r in state["epochs"]]
+        self.best_epoch, self.best_value = state["best_epoch"], state["best_value"]
+        self.elapsed = float(state.get("elapsed", 0.0))
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+class Learner:
+    """Fit ``model`` on ``train_loader`` (batches ``(x, y)`` of ember tensors), validating on ``valid_loader``.
+
+    ``loss_fn(output, y)`` must return the batch's *mean* loss (the default reduction); gradient accumulation
+    weights each micro-batch by its sample count so ``grad_accum_steps=k`` equals one batch k times larger.
+    ``scheduler_interval="step"`` steps the scheduler after every optimizer step, ``"epoch"`` after every epoch.
+    ``metrics`` names: ``loss``, ``accuracy``, ``top{k}`` / ``top{k}_accuracy``, ``f1`` (macro); the learning
+    rate at the start of the epoch (``lr``), training ``samples_per_sec`` and ``epoch_time`` (train + validation)
+    are always recorded, and ``grad_norm`` (mean norm before clipping) when ``clip_grad_norm`` is set.
+    """
+
+    def __init__(self, model: Any, train_loader: Iterable[Any], valid_loader: Iterable[Any] | None = None, *,
+                 loss_fn: Callable[[Any, Any], Tensor], optimizer: Any, scheduler: Any = None,
+                 scheduler_interval: str = "step", metrics: Sequence[str] = ("loss", "accuracy"),
+                 device: Any = None, grad_accum_steps: int = 1, clip_grad_norm: float | None = None,
+                 mixed_precision: bool = False, out_dir: str | os.PathLike[str] | None = None,
+                 keep_last: int | None = 2, best_metric: str = "valid_accuracy", best_mode: str = "max",
+                 early_stopping_patience: int | None = None, dashboard: str | Dashboard = "auto", seed: int = 0,
+                 log_every: int | None = None, callbacks: Sequence[Callback] = (), console: Any = None) -> None:
+        if not callable(loss_fn):
+            raise DTypeError(f"Learner: loss_fn must be callable, got {type(loss_fn).__name__}")
+        if scheduler_interval not in ("step", "epoch"):
+            raise ValueRangeError(f"Learner: scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}")
+        for name, v, low in (("grad_accum_steps", grad_accum_steps, 1), ("seed", seed, 0)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueRangeError(f"Learner: {name} must be an int >= {low}, got {v!r}")
+        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
+            raise ValueRangeError(f"Learner: keep_last must be a positive int or None, got {keep_last!r}")
+        if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0):
+            raise ValueRangeError(f"Learner: clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}")
+        if best_mode not in ("max", "min"):
+            raise ValueRangeError(f"Learner: best_mode must be 'max' or 'min', got {best_mode!r}")
+        if early_stopping_patience is not None and (not isinstance(early_stopping_patience, int)
+                                                    or early_stopping_patience < 0):
+            raise ValueRangeError(f"Learner: early_stopping_patience must be an int >= 0 or None, "
+                                  f"got {early_stopping_patience!r}")
+        self.metrics = list(metrics)
+        for m in self.metrics:
+            parse_metric(m)
+        self.model = model
+        self.train_loader = train_loader
+        self.valid_loader = valid_loader
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval
+        params = list(model.parameters())
+        if device is None:
+            device = params[0].device if params else ember.default_device()
+        self.device = ember.Device.parse(device) if isinstance(device, str) else device
+        if params and any(p.device is not self.device for p in params):
+            model.to(self.device)
+        self.grad_accum_steps = grad_accum_steps
+        self.clip_grad_norm = clip_grad_norm
+        self.mixed_precision = mixed_precision
+        self._autocast = self._mixed_precision_context(mixed_precision)
+        self.out_dir = None if out_dir is None else os.fspath(out_dir)
+        self.keep_last = keep_last
+        self.best_metric = self._resolve_best_metric(best_metric)
+        self.best_mode = best_mode
+        self.early_stopping_patience = early_stopping_patience
+        self.seed = seed
+        self.callbacks = list(callbacks)
+        self.dashboard = make_dashboard(dashboard, log_every=log_every, console=console)
+        self.global_step = 0
+        self.history = History(self.best_metric, best_mode)
+
+    # -- setup checks ----------------------------------------------------------------------------------------------
+    def _mixed_precision_context(self, enabled: bool) -> Callable[[], Any]:
+        if not enabled:
+            return contextlib.nullcontext
+        autocast = getattr(ember, "autocast", None)
+        half = next((d for d in ("bfloat16", "float16") if self.device.supports_dtype(d)), None)
+        if autocast is None or half is None or self.device.kind == "flex":
+            why = ("flex computes float16/bfloat16 in emulation through numpy (slower, not faster)"
+                   if self.device.kind == "flex" else
+                   "ember core has no autocast" if autocast is None else "the device has no float16/bfloat16")
+            raise UnsupportedError(f"Learner: mixed_precision=True is not supported on {self.device}: {why}; "
+                                   "train in float32 (mixed_precision=False)")
+        return lambda: autocast(self.device, half)  # pragma: no cover - needs a core with autocast
+
+    def _resolve_best_metric(self, name: str) -> str:
+        available = metric_names(self.metrics, "train") + ["lr"]
+        if self.valid_loader is not None:
+            available += metric_names(self.metrics, "valid")
+        if name in available:
+            return name
+        if self.valid_loader is None and name.startswith("valid_") and "train_" + name[6:] in available:
+            return "train_" + name[6:]  # no validation set: judge the best epoch on the training metric
+        raise ValueRangeError(f"Learner: best_metric {name!r} is not recorded; available: {', '.join(available)}")
+
+    def _check_out_dir(self) -> None:
+        if self.out_dir is None:
+            return
+        probe = os.path.join(self.out_dir, f".ember-train-probe-{os.getpid()}")
+        try:
+            os.makedirs(self.out_dir, exist_ok=True)
+            with open(probe, "w") as f:
+                f.write("ok")
+            os.remove(probe)
+        except OSError as e:
+            raise OutputDirError(f"Learner: output directory {self.out_dir!r} is not writable "
+                                 f"({type(e).__name__}: {e.strerror or e})") from e
+
+    def _first_batch(self, loader: Any) -> Any:
+        """The loader's first batch, leaving the loader's position as it was."""
+        state = loader.state_dict() if hasattr(loader, "state_dict") else None
+        it = iter(loader)
+        try:
+            return next(it)
+        except StopIteration:
+            return None
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+            if state is not None and hasattr(loader, "load_state_dict"):
+                loader.load_state_dict(state)
+
+    def _check_batch(self, loader: Any, which: str) -> None:
+        """Collate, forward and label-range check on the first batch, before any training."""
+        # the loader's own check collates the first batch with a clear error; otherwise peek at it
+        batch = loader.check() if hasattr(loader, "check") else self._first_batch(loader)
+        if batch is None:
+            raise ValueRangeError(f"Learner: the {which} loader yields no batches")
+        x, y = self._split(batch, which)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with ember.no_grad():
+                out = self.model(x)
+        finally:
+            self.model.train(was_training)
+        if not (_is_tensor(out) and _is_tensor(y)) or y.dtype.is_floating_point or y.dtype == ember.bool_:
+            return
+        if not out.dtype.is_floating_point or out.ndim < 2:
+            return
+        classes = out.shape[1]
+        labels = y.numpy()
+        ignore = getattr(self.loss_fn, "ignore_index", None)
+        if ignore is not None:
+            labels = labels[labels != ignore]
+        if labels.size and (labels.min() < 0 or labels.max() >= classes):
+            raise ValueRangeError(
+                f"Learner: labels in the first {which} batch range over [{labels.min()}, {labels.max()}], but the "
+                f"model outputs {classes} classes (output shape {tuple(out.shape)}), so "
+                f"{type(self.loss_fn).__name__} needs labels in [0, {classes - 1}]")
+
+    def _split(self, batch: Any, which: str = "train") -> tuple[Any, Any]:
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            got = f"a {type(batch).__name__}" + (f" of {len(batch)} items" if isinstance(batch, (tuple, list)) else "")
+            raise ValueRangeError(f"Learner: {which} batches must be (inputs, targets) pairs, got {got}")
+        x, y = batch
+        if _is_tensor(x) and x.device is not self.device:
+            x = x.to(self.device)
+        if _is_tensor(y) and y.device is not self.device:
+            y = y.to(self.device)
+        return x, y
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+    def _state(self, epoch: int) -> dict[str, Any]:
+        loader_state = self.train_loader.state_dict() if hasattr(self.train_loader, "state_dict") else None
+        return {
+            "format": ckpt.FORMAT,
+            "epoch": epoch,
+            "seed": self.seed,
+            "global_step": self.global_step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "train_loader": loader_state,
+            "history": self.history._state(),
+            "epochs_since_best": self._since_best,
+        }
+
+    def _save(self, epoch: int, is_best: bool) -> None:
+        if self.out_dir is None:
+            return
+        state = self._state(epoch)
+        ckpt.save_checkpoint(ckpt.checkpoint_path(self.out_dir, epoch), state)
+        if is_best:
+            ckpt.save_checkpoint(os.path.join(self.out_dir, ckpt.BEST_NAME), state)
+        ckpt.rotate_checkpoints(self.out_dir, self.keep_last)
+
+    def _resume(self, resume: str | os.PathLike[str]) -> int:
+        """Restore everything from a checkpoint; returns the number of completed epochs."""
+        path = os.fspath(resume)
+        if path == "latest":
+            found = ckpt.latest_checkpoint(self.out_dir) if self.out_dir else None
+            if found is None:
+                return 0  # nothing to resume from: start fresh
+            path = found
+        state = ckpt.load_checkpoint(path)
+        ckpt.check_model_state(self.model, state["model"], path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("train_loader") is not None and hasattr(self.train_loader, "load_state_dict"):
+            self.train_loader.load_state_dict(state["train_loader"])
+        self.global_step = int(state["global_step"])
+        self.history._load(state["history"])
+        self._since_best = int(state.get("epochs_since_best", 0))
+        self.dashboard.message(f"resumed from {path} (epoch {state['epoch']})")
+        return int(state["epoch"])
+
+    # -- logs --------------------------------------------------------------------------------------------------
+    def _write_logs(self) -> None:
+        if self.out_dir is None:
+            return
+        rows = self.history.epochs
+        with open(os.path.join(self.out_dir, "metrics.jsonl"), "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+        keys = self.history.keys()
+        with open(os.path.join(self.out_dir, "metrics.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            for r in rows:
+                w.writerow(r)
+
+    def _plot(self) -> str | None:
+        """``curves.png`` of the loss (and accuracy) curves when matplotlib is installed."""
+        if self.out_dir is None or not self.history.epochs:
+            return None
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+        except ImportError:
+            return None
+        fig = Figure(figsize=(9, 3.5))
+        FigureCanvasAgg(fig)  # Agg without switching pyplot's global backend
+        epochs = self.history["epoch"]
+        groups = [("loss", [k for k in self.history.keys() if k.endswith("_loss")])]
+        acc = [k for k in self.history.keys() if k.endswith("_accuracy") and "top" not in k]
+        if acc:
+            groups.append(("accuracy", acc))
+        for i, (title, keys) in enumerate(groups):
+            ax = fig.add_subplot(1, len(groups), i + 1)
+            for k in keys:
+                ax.plot(epochs, [np.nan if v is None else v for v in self.history[k]], marker="o", label=k)
+            ax.set_xlabel("epoch")
+            ax.set_title(title)
+            ax.legend()
+        fig.tight_layout()
+        path = os.path.join(self.out_dir, "curves.png")
+        fig.savefig(path, dpi=100)
+        return path
+
+    # -- loops -------------------------------------------------------------------------------------------------
+    def _scheduler_step(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def _optimizer_step(self) -> float | None:
+        norm = None
+        if self.clip_grad_norm is not None:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            norm = float(ember.nn.utils.clip_grad_norm_(params, self.clip_grad_norm).item())
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.global_step += 1
+        if self.scheduler_interval == "step":
+            self._scheduler_step()
+        return norm
+
+    def _train_epoch(self, epoch: int, acc: EpochMetrics, meter: Throughput) -> list[float]:
+        self.model.train()
+        self.optimizer.zero_grad()
+        norms: list[float] = []
+        group: list[tuple[Any, Any]] = []
+        steps = 0
+        it = iter(self.train_loader)
+        done = False
+        while not done:
+            group = []
+            while len(group) < self.grad_accum_steps:
+                batch = next(it, None)
+                if batch is None:
+                    done = True
+                    break
+                group.append(self._split(batch))
+            if not group:
+                break
+            total = sum(_batch_size(y) for _, y in group)
+            for x, y in group:
+                n = _batch_size(y)
+                with self._autocast():
+                    out = self.model(x)
+                    loss = self.loss_fn(out, y)
+                # weight by the micro-batch's share so the summed gradient is the big batch's mean-loss gradient
+                (loss * (n / total)).backward()
+                acc.update(float(loss.item()), n, _host(out) if acc.needs_outputs else None,
+                           _host(y) if acc.needs_outputs else None)
+                meter.update(n)
+            norm = self._optimizer_step()
+            if norm is not None:
+                norms.append(norm)
+            steps += 1
+            live = {"loss": acc.loss.value, "lr": learning_rate(self.optimizer), "samples_per_sec": meter.value}
+            self.dashboard.step(epoch=epoch, step=steps, metrics=live)
+            for cb in self.callbacks:
+                cb.on_step_end(self, epoch, steps, live)
+        return norms
+
+    def evaluate(self, loader: Iterable[Any] | None = None) -> dict[str, float]:
+        """Validation metrics (``valid_*``) of the model on ``loader`` (default: the valid loader), no gradients."""
+        loader = self.valid_loader if loader is None else loader
+        if loader is None:
+            return {}
+        acc = EpochMetrics(self.metrics)
+        self.model.eval()
+        with ember.no_grad():
+            for batch in loader:
+                x, y = self._split(batch, "valid")
+                with self._autocast():
+                    out = self.model(x)
+                    loss = self.loss_fn(out, y)
+                acc.update(float(loss.item()), _batch_size(y), _host(out) if acc.needs_outputs else None,
+                           _host(y) if acc.needs_outputs else None)
+        self.model.train()
+        return acc.compute("valid")
+
+    def fit(self, epochs: int, resume: str | os.PathLike[str] | None = None) -> History:
+        """Train until ``epochs`` epochs are complete (counting those restored by ``resume``); returns the History.
+
+        ``resume``: None (start fresh), ``"latest"`` (newest checkpoint in out_dir, fresh if there is none) or a
+        checkpoint path. Ctrl-C stops cleanly: the History comes back with ``interrupted=True``.
+        """
+        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+            raise ValueRangeError(f"Learner.fit: epochs must be a positive int, got {epochs!r}")
+        self._since_best = 0
+        self.history = History(self.best_metric, self.best_mode)
+        self._check_out_dir()
+        start = self._resume(resume) if resume is not None else 0
+        self._check_batch(self.train_loader, "train")
+        if self.valid_loader is not None:
+            self._check_batch(self.valid_loader, "valid")
+        steps = len(self.train_loader) if hasattr(self.train_loader, "__len__") else None
+        if steps is not None:
+            steps = math.ceil(steps / self.grad_accum_steps)
+        self.dashboard.start(total_epochs=epochs, start_epoch=start, steps_per_epoch=steps, device=str(self.device),
+                             best_metric=self.best_metric)
+        t0 = time.perf_counter() - self.history.elapsed
+        try:
+            for epoch in range(start, epochs):
+                if self._run_epoch(epoch, t0):
+                    break
+        except KeyboardInterrupt:
+            self.history.interrupted = True
+            self.dashboard.message("interrupted (Ctrl-C): stopping; completed checkpoints are kept")
+        finally:
+            self.history.elapsed = time.perf_counter() - t0
+            self.dashboard.close(self.history.summary())
+        if not self.history.interrupted:
+            self._plot()
+        return self.history
+
+    def _run_epoch(self, epoch: int, t0: float) -> bool:
+        """One epoch (0-based); returns True when early stopping ends training."""
+        self.device.seed(self.seed + epoch)  # the seed schedule that makes resume exact
+        if hasattr(self.train_loader, "set_epoch"):
+            self.train_loader.set_epoch(epoch)
+        if self.valid_loader is not None and hasattr(self.valid_loader, "set_epoch"):
+            self.valid_loader.set_epoch(epoch)
+        acc, meter = EpochMetrics(self.metrics), Throughput()
+        lr = learning_rate(self.optimizer)
+        norms = self._train_epoch(epoch, acc, meter)
+        train_time = meter.elapsed
+        record: dict[str, Any] = {"epoch": epoch + 1, **acc.compute("train")}
+        record.update(self.evaluate())
+        record["lr"] = lr
+        if norms:
+            record["grad_norm"] = float(np.mean(norms))
+        record["samples_per_sec"] = meter.samples / train_time if train_time > 0 else 0.0
+        record["epoch_time"] = meter.elapsed
+        if self.scheduler_interval == "epoch":
+            self._scheduler_step()
+        h = self.history
+        value = record.get(self.best_metric)
+        is_best = h.improves(value)
+        if is_best:
+            h.best_epoch, h.best_value = epoch + 1, float(value)
+            self._since_best = 0
+        else:
+            self._since_best += 1
+        h.epochs.append(record)
+        h.elapsed = time.perf_counter() - t0
+        self._save(epoch + 1, is_best)
+        self._write_logs()
+        self.dashboard.epoch(record=record, best=h.best_record())
+        for cb in self.callbacks:
+            cb.on_epoch_end(self, record)
+        patience = self.early_stopping_patience
+        if patience is not None and self._since_best >= patience:
+            h.stopped_early = True
+            self.dashboard.message(f"early stopping: no {self.best_metric} improvement for {self._since_best} "
+                                   f"epochs (patience {patience})")
+            return True
+        return False
+
+
+def _batch_size(y: Any) -> int:
+    shape = getattr(y, "shape", None)
+    if shape:
+        return int(shape[0])
+    return len(y) if hasattr(y, "__len__") else 1
+
+
+def _host(t: Any) -> np.ndarray | None:
+    return t.detach().numpy() if _is_tensor(t) else None
