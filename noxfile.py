@@ -5,7 +5,7 @@
     nox -s core_flex            core + one plugin alone: their tests and (backends) the conformance kit
     nox -s all                  every package together, the cross-plugin tests in tests/
     nox -s docs                 the docs examples and the Sphinx build (warnings are errors, no network)
-    nox -s bench_smoke          benchmarks/overhead.py --quick
+    nox -s bench_smoke          benchmarks/{overhead,autodiff,suite}.py --quick
 
 A new plugin adds one line to PLUGINS (and one to the hatch workspace in pyproject.toml); it then gets its own
 ``core_<name>`` session and joins ``all``.
@@ -134,5 +134,5 @@ def docs(session: nox.Session) -> None:
 def bench_smoke(session: nox.Session) -> None:
     """Quick runs of the benchmarks (no timing assertions; they only have to run)."""
     _install_everything(session)
-    for name in ("overhead.py", "autodiff.py"):
+    for name in ("overhead.py", "autodiff.py", "suite.py"):
         session.run("python", str(Path("benchmarks") / name), "--quick")

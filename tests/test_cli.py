@@ -107,7 +107,7 @@ def test_bench_quick_runs_the_overhead_benchmark(tmp_path: Path) -> None:
     if cli._find_overhead_benchmark() is None:
         pytest.skip("benchmarks/overhead.py is not in this checkout")
     path = tmp_path / "overhead.json"
-    out = _run("bench", "--quick", "--json", str(path))
+    out = _run("bench", "overhead", "--quick", "--json", str(path))
     assert out.returncode == 0, out.stderr
     assert "per-op eager overhead" in out.stdout and "ratio ember/numpy" in out.stdout
     result = json.loads(path.read_text())
@@ -120,5 +120,18 @@ def test_bench_quick_runs_the_overhead_benchmark(tmp_path: Path) -> None:
 def test_bench_without_the_benchmark_file_says_so(monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(cli, "_find_overhead_benchmark", lambda: None)
-    assert cli.main(["bench"]) == 2
+    assert cli.main(["bench", "overhead"]) == 2
     assert "benchmarks/overhead.py was not found" in capsys.readouterr().err
+
+
+def test_plain_bench_runs_the_suite_and_says_so_when_missing(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr(cli, "_find_benchmark", lambda name: seen.append(name))
+    assert cli.main(["bench", "--quick"]) == 2
+    assert seen == ["suite"]
+    captured = capsys.readouterr()
+    assert "ember bench suite:" in captured.out
+    assert "benchmarks/suite.py was not found" in captured.err
+    assert cli.main(["bench", "micro", "--quick"]) == 2
+    assert seen == ["suite", "micro"]

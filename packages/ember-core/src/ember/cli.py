@@ -93,7 +93,7 @@ def _find_benchmark(name: str) -> Path | None:
 
 
 def _find_overhead_benchmark() -> Path | None:
-    """benchmarks/overhead.py (the plain `ember bench`), or None."""
+    """benchmarks/overhead.py (`ember bench overhead`), or None."""
     return _find_benchmark("overhead")
 
 
@@ -118,16 +118,25 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+_BENCHMARKS = {
+    "overhead": "per-op eager overhead (a + b on 1,000 float32, flex vs numpy vs PyTorch) and cold import time",
+    "autodiff": "per-op autodiff overhead, seed-CNN training step and its peak memory (flex+autodiff vs PyTorch)",
+    "micro": "micro-benchmarks: per-op overhead, matmul vs numpy sgemm, conv2d, elementwise, reductions, copy",
+    "suite": "the full suite: seed CNN and transformer training and inference, micro-benchmarks, peak memory",
+}
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     bench_args = list(args.bench_args)
-    if bench_args[:1] == ["autodiff"]:
-        print("ember bench autodiff: per-op autodiff overhead, seed-CNN training step and its peak memory "
-              "(flex+autodiff vs PyTorch)")
-        name, path, bench_args = "autodiff", _find_benchmark("autodiff"), bench_args[1:]
+    # `ember bench NAME ...` runs benchmarks/NAME.py; anything else (options only) runs the full suite
+    if bench_args[:1] and bench_args[0] in _BENCHMARKS:
+        name, bench_args = bench_args[0], bench_args[1:]
     else:
-        print("ember bench: per-op eager overhead (a + b on 1,000 float32 elements, flex vs numpy vs PyTorch)")
-        print("and cold `import ember` time. `ember bench autodiff` runs the autodiff benchmark.")
-        name, path = "overhead", _find_overhead_benchmark()
+        name = "suite"
+    print(f"ember bench {name}: {_BENCHMARKS[name]}")
+    if name == "suite":
+        print("(`ember bench overhead|autodiff|micro` run single benchmarks)")
+    path = _find_overhead_benchmark() if name == "overhead" else _find_benchmark(name)
     if path is None:
         print(
             f"ember bench: benchmarks/{name}.py was not found (it ships with the source checkout, not the wheel); "
@@ -151,11 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_bench = sub.add_parser(
         "bench",
-        help="per-op overhead micro-benchmark (arguments pass through to benchmarks/overhead.py); "
-        "`ember bench autodiff` runs benchmarks/autodiff.py",
-        description="Per-op eager overhead versus numpy and PyTorch, and cold import time. "
-        "Extra arguments (--quick, --json PATH) pass through to benchmarks/overhead.py. "
-        "`ember bench autodiff [--quick] [--json PATH]` runs the autodiff benchmark instead.",
+        help="the benchmark suite versus PyTorch (benchmarks/suite.py); "
+        "`ember bench overhead|autodiff|micro|suite` runs one script",
+        description="The full benchmark suite (seed CNN and transformer training and inference, micro-benchmarks, "
+        "peak memory) versus PyTorch. Extra arguments (--quick, --json PATH, --only SECTION...) pass through to "
+        "benchmarks/suite.py. `ember bench overhead|autodiff|micro|suite [--quick] [--json PATH]` runs that "
+        "benchmark script instead.",
     )
     p_bench.set_defaults(func=_cmd_bench)
     _add_package_commands(sub)
@@ -179,7 +189,7 @@ def _add_package_commands(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ember`` console script."""
     parser = build_parser()
-    # `ember bench` hands its options to overhead.py, which parses them itself
+    # `ember bench` hands its options to the benchmark script, which parses them itself
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

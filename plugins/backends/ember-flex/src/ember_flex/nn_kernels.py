@@ -556,6 +556,36 @@ def _min_value(dt):
     raise TypeError(f"unsupported dtype {dt}")
 
 
+def _max_pool_tiled(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], lead: int
+                    ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Max pooling with indices for non-overlapping, unpadded windows (stride == kernel, the usual 2x2 pool):
+    the max over strided tap views, then the index of the first tap equal to it (as the tap loop: first maximum
+    wins), on output-sized arrays only. Returns None when the result holds NaN (torch keeps the last NaN there)."""
+    nd = len(K)
+    S = x.shape[lead:]
+    pstr = [math.prod(S[i + 1:]) for i in range(nd)]
+    taps = list(itertools.product(*(range(k) for k in K)))
+    views = [x[(Ellipsis,) + tuple(slice(t[i], t[i] + (O[i] - 1) * K[i] + 1, K[i]) for i in range(nd))]
+             for t in taps]
+    v = views[0].copy()
+    for w in views[1:]:
+        np.maximum(v, w, out=v)
+    if np.isnan(v).any():
+        return None
+    offs = [sum(t[i] * pstr[i] for i in range(nd)) for t in taps]
+    # walk the taps backwards so the earliest tap equal to the max writes last
+    idx = np.full(v.shape, offs[-1], dtype=np.int64)
+    for w, off in zip(views[-2::-1], offs[-2::-1]):
+        idx[w == v] = off
+    base = np.zeros(O, dtype=np.int64)
+    for i in range(nd):
+        shp = [1] * nd
+        shp[i] = O[i]
+        base = base + (np.arange(O[i], dtype=np.int64) * (K[i] * pstr[i])).reshape(shp)
+    idx += base
+    return v, idx
+
+
 def max_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOrTuple = 0,
              dilation: IntOrTuple = 1, ceil_mode: bool = False,
              return_indices: bool = False):
@@ -614,6 +644,12 @@ def max_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOr
 
     if math.prod(B) == 0:
         return np.zeros(B + O, dtype=out_dtype), np.zeros(B + O, dtype=np.int64)
+    if (xw.dtype.kind == "f" and tuple(stride) == tuple(K) and not any(padding) and all(d == 1 for d in dilation)
+            and all(O[i] * K[i] <= S[i] for i in range(nd))):
+        fast = _max_pool_tiled(xw, K, O, lead)
+        if fast is not None:
+            v, idx = fast
+            return _finish(v, out_dtype), idx
     # full tap loop tracking the argmax (first max wins, NaN propagates like torch)
     # flat index of tap t at output o: sum_d (o_d*s_d - p_d + t_d*d_d) * plane_stride_d
     pstr = [math.prod(S[i + 1:]) for i in range(nd)]

@@ -111,6 +111,18 @@ def _max_min_vjp(op: str) -> Callable[..., tuple[Any, Any]]:
     return vjp
 
 
+def _max_min_one_grad(be: Any, op: str, g: Any, x: Any, other: Any) -> Any:
+    """maximum/minimum's gradient for the operand ``x`` alone (the other needs none, e.g. relu's 0): the same values
+    as :func:`_max_min_vjp` (zero where ``x`` lost, half on ties, all of it on NaN) in one compare and one where,
+    plus the tie pass only when a tie exists -- relu's backward runs on large activations every training step."""
+    lost = be.binary("lt" if op == "maximum" else "gt", x, other)
+    gx = be.where(lost, 0.0, g)
+    tie = be.binary("eq", x, other)
+    if bool(be.to_numpy(be.reduce("max", tie, tuple(range(len(tie.shape))), False))):
+        gx = be.where(tie, be.binary("mul", g, 0.5), gx)
+    return gx
+
+
 def _pow_vjp(be: Any, g: Any, a: Getter, b: Getter, y: Getter) -> tuple[Any, Any]:
     av, bv = a(), b()
     # d/da a**b = b * a**(b-1), defined as 0 where b == 0 (avoids 0 * inf at a == 0)
@@ -190,6 +202,9 @@ _ONE_SIDED_SAVES: dict[str, Callable[[bool, bool], tuple[bool, bool, bool]]] = {
 }
 
 
+_MAX_MIN = frozenset({"maximum", "minimum"})
+
+
 def _unsaved() -> Any:
     raise AssertionError("autodiff rule read an operand it declared it does not need")  # a bug in this module
 
@@ -260,6 +275,9 @@ class ElementwiseRules:
             if sided is not None:
                 da = sided[0](inner, g, pa, pb, y) if need_a else None
                 db = sided[1](inner, g, pa, pb, y) if need_b else None
+            elif op in _MAX_MIN and need_a != need_b:
+                da = _max_min_one_grad(inner, op, g, pa(), pb()) if need_a else None
+                db = _max_min_one_grad(inner, op, g, pb(), pa()) if need_b else None
             else:
                 da, db = rule(inner, g, pa, pb, y)
             return (unbroadcast(inner, da, sa) if need_a else None,
