@@ -14,6 +14,7 @@ from typing import Any
 from ember.autograd import GRAD_MODE
 
 from .graph import ADArray, Meta, Node
+from .recorder import Recorder
 
 _LN2 = math.log(2.0)
 _LN10 = math.log(10.0)
@@ -222,23 +223,21 @@ def _shape(x: Any) -> tuple[int, ...] | None:
     return tuple(x.shape) if type(x) is ADArray else None
 
 
-class ElementwiseRules:
+class ElementwiseRules(Recorder):
     """Mixin of AutodiffBackend: elementwise primitives and their gradients."""
-
-    inner: Any
 
     def unary(self, op: str, h: ADArray) -> ADArray:
         inner = self.inner
         value = inner.unary(op, h.value)
-        if not self.tracking(h) or (op not in UNARY_VJP and op not in ZERO_GRAD_UNARY):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
+        if not self.tracking(h) or (op not in UNARY_VJP and op not in ZERO_GRAD_UNARY):
+            return self.wrap(value)
         if op in ZERO_GRAD_UNARY:
-            return self.record(op, value, (h,), lambda g: (_zeros_like(inner, g),))  # type: ignore[attr-defined]
-        x = self.save(h)  # type: ignore[attr-defined]
+            return self.record(op, value, (h,), lambda g: (_zeros_like(inner, g),))
+        x = self.save(h)
         rule = UNARY_VJP[op]
-        out = self.record(op, value, (h,), lambda g: (rule(inner, g, x, y),),  # type: ignore[attr-defined]
+        out = self.record(op, value, (h,), lambda g: (rule(inner, g, x, y),),
                           recompute=lambda: inner.unary(op, x()))
-        y = self.save(out)  # type: ignore[attr-defined]
+        y = self.save(out)
         return out
 
     def binary(self, op: str, a: Any, b: Any) -> ADArray:
@@ -254,12 +253,12 @@ class ElementwiseRules:
         need_a = sa is not None and a.meta is not None
         need_b = sb is not None and b.meta is not None
         sided = _ONE_SIDED.get(op)
-        if sided is not None and not self.balanced:  # type: ignore[attr-defined]
+        if sided is not None and not self.balanced:
             keep_a, keep_b, keep_y = _ONE_SIDED_SAVES[op](need_a, need_b)
         else:  # every rule may read everything; balanced recipes rebuild the output from both operands
             keep_a = keep_b = keep_y = True
-        ga = self.save(a) if keep_a else _unsaved  # type: ignore[attr-defined]
-        gb = self.save(b) if keep_b else _unsaved  # type: ignore[attr-defined]
+        ga = self.save(a) if keep_a else _unsaved
+        gb = self.save(b) if keep_b else _unsaved
         rule = BINARY_VJP[op]
 
         # rules other than these combine the two operands with each other (or apply unary ops to them): a
@@ -283,9 +282,9 @@ class ElementwiseRules:
             return (unbroadcast(inner, da, sa) if need_a else None,
                     unbroadcast(inner, db, sb) if need_b else None)
 
-        out = self.record(op, value, (a, b), vjp,  # type: ignore[attr-defined]
+        out = self.record(op, value, (a, b), vjp,
                           recompute=lambda: inner.binary(op, ga(), gb()))
-        y = self.save(out) if keep_y else _unsaved  # type: ignore[attr-defined]
+        y = self.save(out) if keep_y else _unsaved
         return out
 
     def where(self, cond: Any, a: Any, b: Any) -> ADArray:
@@ -294,28 +293,28 @@ class ElementwiseRules:
         av = a.value if type(a) is ADArray else a
         bv = b.value if type(b) is ADArray else b
         value = inner.where(c, av, bv)
-        if not self.tracking(a, b):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
+        if not self.tracking(a, b):
+            return self.wrap(value)
         sa, sb = _shape(a), _shape(b)
-        gc = self.save(cond)  # type: ignore[attr-defined]
+        gc = self.save(cond)
 
         def vjp(g: Any) -> tuple[Any, Any]:
             cv = gc()
             return (None if sa is None else unbroadcast(inner, inner.where(cv, g, 0.0), sa),
                     None if sb is None else unbroadcast(inner, inner.where(cv, 0.0, g), sb))
 
-        ga_, gb_ = self.save(a), self.save(b)  # type: ignore[attr-defined]
-        return self.record("where", value, (a, b), vjp,  # type: ignore[attr-defined]
+        ga_, gb_ = self.save(a), self.save(b)
+        return self.record("where", value, (a, b), vjp,
                            recompute=lambda: inner.where(gc(), ga_(), gb_()))
 
     def cast(self, h: ADArray, dtype: Any) -> ADArray:
         inner = self.inner
         value = inner.cast(h.value, dtype)
-        if not self.tracking(h) or not dtype.is_floating_point:  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
+        if not self.tracking(h) or not dtype.is_floating_point:
+            return self.wrap(value)
         src = inner.dtype_of(h.value)
-        x = self.save(h)  # type: ignore[attr-defined]
-        return self.record("cast", value, (h,), lambda g: (inner.cast(g, src),),  # type: ignore[attr-defined]
+        x = self.save(h)
+        return self.record("cast", value, (h,), lambda g: (inner.cast(g, src),),
                            recompute=lambda: inner.cast(x(), dtype))
 
     def dtype_of(self, h: ADArray) -> Any:
@@ -324,19 +323,19 @@ class ElementwiseRules:
     def copy(self, h: ADArray) -> ADArray:
         inner = self.inner
         value = inner.copy(h.value)
-        if not self.tracking(h):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
-        x = self.save(h)  # type: ignore[attr-defined]
-        return self.record("clone", value, (h,), lambda g: (g,),  # type: ignore[attr-defined]
+        if not self.tracking(h):
+            return self.wrap(value)
+        x = self.save(h)
+        return self.record("clone", value, (h,), lambda g: (g,),
                            recompute=lambda: inner.copy(x()))
 
     def contiguous(self, h: ADArray) -> ADArray:
         inner = self.inner
         value = inner.contiguous(h.value)
-        if not self.tracking(h):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
-        x = self.save(h)  # type: ignore[attr-defined]
-        return self.record("contiguous", value, (h,), lambda g: (g,),  # type: ignore[attr-defined]
+        if not self.tracking(h):
+            return self.wrap(value)
+        x = self.save(h)
+        return self.record("contiguous", value, (h,), lambda g: (g,),
                            recompute=lambda: inner.contiguous(x()))
 
     # -- in place: the array's history is rebased onto a node of the op (PyTorch's CopySlices idea) ------------
@@ -349,8 +348,8 @@ class ElementwiseRules:
             h.meta = None  # overwritten under no_grad: no history left
 
     def assign(self, dst: ADArray, src: Any) -> None:
-        self.check_inplace("copy_", dst)  # type: ignore[attr-defined]
-        tracked = self.tracking(src)  # type: ignore[attr-defined]
+        self.check_inplace("copy_", dst)
+        tracked = self.tracking(src)
         self.inner.assign(dst.value, src.value if type(src) is ADArray else src)
         if tracked:
             shape = tuple(src.shape)
@@ -361,15 +360,15 @@ class ElementwiseRules:
             self._rebase("copy_", dst, (), lambda g: ())
 
     def inplace_binary(self, op: str, a: ADArray, b: Any) -> None:
-        if not self.tracking(a, b):  # type: ignore[attr-defined]
-            self.check_inplace(op + "_", a)  # type: ignore[attr-defined]
+        if not self.tracking(a, b):
+            self.check_inplace(op + "_", a)
             self.inner.inplace_binary(op, a.value, b.value if type(b) is ADArray else b)
             if a.meta is not None and a.meta.node is not None:
                 self._rebase(op + "_", a, (), lambda g: ())
             return
         # out of place on the inner backend, then written back: the rule needs the old value of a
         result = self.binary(op, ADArray(self.inner.copy(a.value), a.meta), b)
-        self.check_inplace(op + "_", a)  # type: ignore[attr-defined]
+        self.check_inplace(op + "_", a)
         self.inner.assign(a.value, result.value)
         a.meta = result.meta
         a.recipe = None

@@ -21,6 +21,7 @@ from ember.backend import Backend
 from ember.errors import AutodiffError
 
 from .graph import ADArray, Meta, Node
+from .recorder import Recorder
 from .rules_elementwise import unbroadcast
 
 _BASIC = (int, slice, type(None), type(Ellipsis))
@@ -55,18 +56,9 @@ def _zeros(be: Any, shape: tuple[int, ...], like: Any) -> Any:
     return be.full(shape, 0.0, be.dtype_of(like))
 
 
-class MovementRules:
+class MovementRules(Recorder):
     """Mixin of AutodiffBackend: movement and indexing primitives and their gradients."""
 
-    inner: Any
-    balanced: bool
-
-    # helpers provided by AutodiffBackend (declared for readers and type checkers)
-    tracking: Callable[..., bool]
-    save: Callable[[Any], Callable[[], Any]]
-    record: Callable[..., ADArray]
-    wrap: Callable[..., ADArray]
-    check_inplace: Callable[[str, ADArray], None]
 
     def _recompute(self, fn: Callable[..., Any], *arrs: Any) -> Callable[[], Any] | None:
         """A recompute closure over saved getters of arrs; None when not checkpointing (then nothing is saved)."""

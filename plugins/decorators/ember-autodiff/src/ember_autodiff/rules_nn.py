@@ -23,6 +23,7 @@ from ember import dtypes as dt
 from ember.backend import Backend
 
 from .graph import ADArray
+from .recorder import Recorder
 from .rules_elementwise import unbroadcast
 
 _ALL = slice(None)
@@ -221,28 +222,25 @@ def avg_pool_grad(be: Any, g: Any, x_shape: tuple[int, ...], ks: tuple[int, ...]
     return be.reshape(be.copy(r), x_shape)
 
 
-class NNRules:
+class NNRules(Recorder):
     """Mixin of AutodiffBackend: matmul, einsum, conv, conv_transpose, max/avg/adaptive-max pooling."""
-
-    inner: Any
-    balanced: bool
 
     def matmul(self, a: ADArray, b: ADArray) -> ADArray:
         inner = self.inner
         value = inner.matmul(a.value, b.value)
-        if not self.tracking(a, b):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
+        if not self.tracking(a, b):
+            return self.wrap(value)
         sa, sb = tuple(a.shape), tuple(b.shape)
         # each operand is saved only when the other one needs a gradient (compute-bound: no recompute)
-        get_b = self.save(b) if a.meta is not None else None  # type: ignore[attr-defined]
-        get_a = self.save(a) if b.meta is not None else None  # type: ignore[attr-defined]
-        return self.record("matmul", value, (a, b),  # type: ignore[attr-defined]
+        get_b = self.save(b) if a.meta is not None else None
+        get_a = self.save(a) if b.meta is not None else None
+        return self.record("matmul", value, (a, b),
                            lambda g: matmul_vjp(inner, g, sa, sb, get_a, get_b))
 
     def einsum(self, equation: str, *hs: ADArray) -> ADArray:
         inner = self.inner
-        if not self.tracking(*hs):  # type: ignore[attr-defined]
-            return self.wrap(inner.einsum(equation, *(_val(h) for h in hs)))  # type: ignore[attr-defined]
+        if not self.tracking(*hs):
+            return self.wrap(inner.einsum(equation, *(_val(h) for h in hs)))
         shapes = [tuple(h.shape) for h in hs]
         plan = einsum_plan(equation, shapes)
         if plan is None:
@@ -250,7 +248,7 @@ class NNRules:
         terms, out, sizes = plan
         value = inner.einsum(equation, *(_val(h) for h in hs))
         wanted = [type(h) is ADArray and h.meta is not None for h in hs]
-        getters = [self.save(h) if any(wanted[:j] + wanted[j + 1:]) else None  # type: ignore[attr-defined]
+        getters = [self.save(h) if any(wanted[:j] + wanted[j + 1:]) else None
                    for j, h in enumerate(hs)]
 
         def vjp(g: Any) -> list[Any]:
@@ -263,13 +261,13 @@ class NNRules:
                 grads.append(einsum_operand_grad(inner, g, i, terms, out, sizes, shapes[i], others))
             return grads
 
-        return self.record("einsum", value, hs, vjp)  # type: ignore[attr-defined]
+        return self.record("einsum", value, hs, vjp)
 
     def conv(self, x: ADArray, w: ADArray, b: ADArray | None, stride: tuple[int, ...],
              padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> ADArray:
         inner = self.inner
-        if not self.tracking(x, w, b):  # type: ignore[attr-defined]
-            return self.wrap(inner.conv(x.value, w.value, _val(b), stride, padding, dilation, groups))  # type: ignore[attr-defined]
+        if not self.tracking(x, w, b):
+            return self.wrap(inner.conv(x.value, w.value, _val(b), stride, padding, dilation, groups))
         if any(lo < 0 or hi < 0 for lo, hi in padding) and not hasattr(inner, "conv_input_grad"):
             # cropping pads: the differentiated default composition handles them
             return Backend.conv(self, x, w, b, stride, padding, dilation, groups)  # type: ignore[arg-type]
@@ -280,8 +278,8 @@ class NNRules:
         ws = tuple(w.shape)
         need_x, need_w = x.meta is not None, w.meta is not None
         need_b = type(b) is ADArray and b.meta is not None
-        get_w = self.save(w) if need_x else None  # type: ignore[attr-defined]
-        get_x = self.save(x) if need_w else None  # type: ignore[attr-defined]
+        get_w = self.save(w) if need_x else None
+        get_x = self.save(x) if need_w else None
 
         def vjp(g: Any) -> tuple[Any, Any, Any]:
             if unbatched:
@@ -299,15 +297,15 @@ class NNRules:
                 db = _bias_grad(inner, g)
             return dx, dw, db
 
-        return self.record("convolution", value, (x, w, b), vjp)  # type: ignore[attr-defined]
+        return self.record("convolution", value, (x, w, b), vjp)
 
     def conv_transpose(self, x: ADArray, w: ADArray, b: ADArray | None, stride: tuple[int, ...],
                        padding: tuple[int, ...], output_padding: tuple[int, ...], dilation: tuple[int, ...],
                        groups: int) -> ADArray:
         inner = self.inner
         value = inner.conv_transpose(x.value, w.value, _val(b), stride, padding, output_padding, dilation, groups)
-        if not self.tracking(x, w, b):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
+        if not self.tracking(x, w, b):
+            return self.wrap(value)
         nd = len(w.shape) - 2
         unbatched = len(x.shape) == nd + 1
         xs = (1,) + tuple(x.shape) if unbatched else tuple(x.shape)
@@ -316,8 +314,8 @@ class NNRules:
         pads = tuple((p, p - op) for p, op in zip(padding, output_padding))
         need_x, need_w = x.meta is not None, w.meta is not None
         need_b = type(b) is ADArray and b.meta is not None
-        get_w = self.save(w) if need_x else None  # type: ignore[attr-defined]
-        get_x = self.save(x) if need_w else None  # type: ignore[attr-defined]
+        get_w = self.save(w) if need_x else None
+        get_x = self.save(x) if need_w else None
 
         def vjp(g: Any) -> tuple[Any, Any, Any]:
             if unbatched:
@@ -341,48 +339,48 @@ class NNRules:
                 db = _bias_grad(inner, gb)
             return dx, dw, db
 
-        return self.record("convolution_transpose", value, (x, w, b), vjp)  # type: ignore[attr-defined]
+        return self.record("convolution_transpose", value, (x, w, b), vjp)
 
     def max_pool(self, x: ADArray, kernel_size: tuple[int, ...], stride: tuple[int, ...],
                  padding: tuple[int, ...], dilation: tuple[int, ...], ceil_mode: bool,
                  return_indices: bool) -> Any:
         inner = self.inner
-        if not self.tracking(x):  # type: ignore[attr-defined]
+        if not self.tracking(x):
             r = inner.max_pool(x.value, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
-            return self.wrap_many(r) if return_indices else self.wrap(r)  # type: ignore[attr-defined]
+            return self.wrap_many(r) if return_indices else self.wrap(r)
         v, idx = inner.max_pool(x.value, kernel_size, stride, padding, dilation, ceil_mode, True)
         xs, nd = tuple(x.shape), len(kernel_size)
         # windows overlap when the stride is shorter than the dilated kernel: their gradients must add up
         overlap = any(s < d * (k - 1) + 1 for s, d, k in zip(stride, dilation, kernel_size))
         recompute = None
         if self.balanced:
-            get_x = self.save(x)  # type: ignore[attr-defined]
+            get_x = self.save(x)
 
             def recompute() -> Any:
                 return inner.max_pool(get_x(), kernel_size, stride, padding, dilation, ceil_mode, False)
 
-        out = self.record("max_pool", v, (x,),  # type: ignore[attr-defined]
+        out = self.record("max_pool", v, (x,),
                           lambda g: (unpool(inner, g, idx, xs, nd, overlap),), recompute=recompute)
-        return (out, self.wrap(idx)) if return_indices else out  # type: ignore[attr-defined]
+        return (out, self.wrap(idx)) if return_indices else out
 
     def adaptive_max_pool(self, x: ADArray, output_size: tuple[int, ...], return_indices: bool) -> Any:
         inner = self.inner
-        if not self.tracking(x):  # type: ignore[attr-defined]
+        if not self.tracking(x):
             r = inner.adaptive_max_pool(x.value, output_size, return_indices)
-            return self.wrap_many(r) if return_indices else self.wrap(r)  # type: ignore[attr-defined]
+            return self.wrap_many(r) if return_indices else self.wrap(r)
         v, idx = inner.adaptive_max_pool(x.value, output_size, True)
         xs, nd = tuple(x.shape), len(output_size)
         overlap = any(n % o for n, o in zip(xs[len(xs) - nd:], output_size))
         recompute = None
         if self.balanced:
-            get_x = self.save(x)  # type: ignore[attr-defined]
+            get_x = self.save(x)
 
             def recompute() -> Any:
                 return inner.adaptive_max_pool(get_x(), output_size, False)
 
-        out = self.record("adaptive_max_pool", v, (x,),  # type: ignore[attr-defined]
+        out = self.record("adaptive_max_pool", v, (x,),
                           lambda g: (unpool(inner, g, idx, xs, nd, overlap),), recompute=recompute)
-        return (out, self.wrap(idx)) if return_indices else out  # type: ignore[attr-defined]
+        return (out, self.wrap(idx)) if return_indices else out
 
     def avg_pool(self, x: ADArray, kernel_size: tuple[int, ...], stride: tuple[int, ...],
                  padding: tuple[int, ...], ceil_mode: bool, count_include_pad: bool,
@@ -390,18 +388,18 @@ class NNRules:
         inner = self.inner
         value = inner.avg_pool(x.value, kernel_size, stride, padding, ceil_mode, count_include_pad,
                                divisor_override)
-        if not self.tracking(x):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
+        if not self.tracking(x):
+            return self.wrap(value)
         xs = tuple(x.shape)
         recompute = None
         if self.balanced:
-            get_x = self.save(x)  # type: ignore[attr-defined]
+            get_x = self.save(x)
 
             def recompute() -> Any:
                 return inner.avg_pool(get_x(), kernel_size, stride, padding, ceil_mode, count_include_pad,
                                       divisor_override)
 
-        return self.record("avg_pool", value, (x,),  # type: ignore[attr-defined]
+        return self.record("avg_pool", value, (x,),
                            lambda g: (avg_pool_grad(inner, g, xs, kernel_size, stride, padding, count_include_pad,
                                                     divisor_override),),
                            recompute=recompute)

@@ -14,6 +14,7 @@ from typing import Any
 from ember import dtypes as dt
 
 from .graph import ADArray
+from .recorder import Recorder
 
 Getter = Callable[[], Any]
 
@@ -88,22 +89,19 @@ def _cumprod_vjp(be: Any, g: Any, x: Any, y: Any, dim: int, dtype: Any) -> Any:
     return be.where(before, a, be.where(first, b, 0.0))
 
 
-class ReductionRules:
+class ReductionRules(Recorder):
     """Mixin of AutodiffBackend: reductions, scans, sort/topk, softmax and logsumexp with their gradients."""
-
-    inner: Any
-    balanced: bool
 
     def _saved_for_recompute(self, h: ADArray) -> Getter | None:
         # a rule whose vjp does not read its input saves it only for recomputation under checkpointing,
         # so that without checkpointing the input's memory is not held by the graph
-        return self.save(h) if self.balanced else None  # type: ignore[attr-defined]
+        return self.save(h) if self.balanced else None
 
     def reduce(self, op: str, h: ADArray, dims: tuple[int, ...], keepdim: bool) -> ADArray:
         inner = self.inner
         value = inner.reduce(op, h.value, dims, keepdim)
-        if not self.tracking(h):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
+        if not self.tracking(h):
+            return self.wrap(value)
         shape = tuple(h.shape)
         kshape = _keep_shape(shape, dims)
 
@@ -112,10 +110,10 @@ class ReductionRules:
 
         if op == "sum":
             xs = self._saved_for_recompute(h)
-            return self.record(  # type: ignore[attr-defined]
+            return self.record(
                 "sum", value, (h,), lambda g: (inner.expand(keep(g), shape),),
                 recompute=None if xs is None else lambda: inner.reduce("sum", xs(), dims, keepdim))
-        x = self.save(h)  # type: ignore[attr-defined]
+        x = self.save(h)
         dtype = inner.dtype_of(h.value)
 
         if op == "prod":
@@ -132,46 +130,46 @@ class ReductionRules:
                 count = inner.reduce("sum", mask, dims, True)
                 return (inner.binary("mul", inner.binary("div", keep(g), count), mask),)
 
-        out = self.record(op, value, (h,), vjp,  # type: ignore[attr-defined]
+        out = self.record(op, value, (h,), vjp,
                           recompute=lambda: inner.reduce(op, x(), dims, keepdim))
-        y = self.save(out)  # type: ignore[attr-defined]
+        y = self.save(out)
         return out
 
     def cumulative(self, op: str, h: ADArray, dim: int) -> ADArray:
         inner = self.inner
         value = inner.cumulative(op, h.value, dim)
-        if not self.tracking(h):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
+        if not self.tracking(h):
+            return self.wrap(value)
         if op == "sum":
             xs = self._saved_for_recompute(h)
-            return self.record(  # type: ignore[attr-defined]
+            return self.record(
                 "cumsum", value, (h,), lambda g: (_reverse_cumsum(inner, g, dim),),
                 recompute=None if xs is None else lambda: inner.cumulative("sum", xs(), dim))
-        x = self.save(h)  # type: ignore[attr-defined]
+        x = self.save(h)
         dtype = inner.dtype_of(h.value)
-        out = self.record("cumprod", value, (h,),  # type: ignore[attr-defined]
+        out = self.record("cumprod", value, (h,),
                           lambda g: (_cumprod_vjp(inner, g, x(), y(), dim, dtype),),
                           recompute=lambda: inner.cumulative("prod", x(), dim))
-        y = self.save(out)  # type: ignore[attr-defined]
+        y = self.save(out)
         return out
 
     def _selected(self, name: str, h: ADArray, values: Any, indices: Any, dim: int,
                   recompute: Callable[[Getter], Getter]) -> tuple[ADArray, ADArray]:
         """Values picked from h along dim at indices: the gradient is scattered back through the indices."""
         inner = self.inner
-        idx = self.wrap(indices)  # type: ignore[attr-defined]
-        if not self.tracking(h):  # type: ignore[attr-defined]
-            return self.wrap(values), idx  # type: ignore[attr-defined]
+        idx = self.wrap(indices)
+        if not self.tracking(h):
+            return self.wrap(values), idx
         shape = tuple(h.shape)
         dtype = inner.dtype_of(h.value)
-        ig = self.save(idx)  # type: ignore[attr-defined]  # version-checked: the user may modify the indices
+        ig = self.save(idx)  # version-checked: the user may modify the indices
 
         def vjp(g: Any) -> tuple[Any]:
             # the indices of one slice are distinct, so a plain scatter into zeros is exact
             return (inner.scatter(inner.full(shape, 0, dtype), dim, ig(), g, None),)
 
         xs = self._saved_for_recompute(h)
-        out = self.record(name, values, (h,), vjp,  # type: ignore[attr-defined]
+        out = self.record(name, values, (h,), vjp,
                           recompute=None if xs is None else recompute(xs))
         return out, idx
 
@@ -190,8 +188,8 @@ class ReductionRules:
     def softmax(self, h: ADArray, dim: int, log: bool) -> ADArray:
         inner = self.inner
         value = inner.softmax(h.value, dim, log)
-        if not self.tracking(h):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
+        if not self.tracking(h):
+            return self.wrap(value)
 
         if log:
             def vjp(g: Any) -> tuple[Any]:  # g - exp(y) * sum(g)
@@ -204,18 +202,18 @@ class ReductionRules:
                 return (inner.binary("mul", yv, inner.binary("sub", g, s)),)
 
         xs = self._saved_for_recompute(h)
-        out = self.record("log_softmax" if log else "softmax", value, (h,), vjp,  # type: ignore[attr-defined]
+        out = self.record("log_softmax" if log else "softmax", value, (h,), vjp,
                           recompute=None if xs is None else lambda: inner.softmax(xs(), dim, log))
-        y = self.save(out)  # type: ignore[attr-defined]
+        y = self.save(out)
         return out
 
     def logsumexp(self, h: ADArray, dims: tuple[int, ...], keepdim: bool) -> ADArray:
         inner = self.inner
         value = inner.logsumexp(h.value, dims, keepdim)
-        if not self.tracking(h):  # type: ignore[attr-defined]
-            return self.wrap(value)  # type: ignore[attr-defined]
+        if not self.tracking(h):
+            return self.wrap(value)
         kshape = _keep_shape(tuple(h.shape), dims)
-        x = self.save(h)  # type: ignore[attr-defined]
+        x = self.save(h)
 
         def keep(v: Any) -> Any:
             return v if keepdim else inner.reshape(v, kshape)
@@ -223,7 +221,7 @@ class ReductionRules:
         def vjp(g: Any) -> tuple[Any]:  # g * exp(x - out)
             return (inner.binary("mul", keep(g), inner.unary("exp", inner.binary("sub", x(), keep(y())))),)
 
-        out = self.record("logsumexp", value, (h,), vjp,  # type: ignore[attr-defined]
+        out = self.record("logsumexp", value, (h,), vjp,
                           recompute=lambda: inner.logsumexp(x(), dims, keepdim))
-        y = self.save(out)  # type: ignore[attr-defined]
+        y = self.save(out)
         return out
