@@ -10,7 +10,7 @@ from ...tensor import Tensor
 from .. import functional as F
 from .. import init
 from ..module import Module
-from .linear import _check_input, _label, _param, _positive_int
+from ._common import _check_input, _label, _param, _positive_int
 
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 

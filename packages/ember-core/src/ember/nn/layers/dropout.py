@@ -6,7 +6,7 @@ from ...errors import ShapeError, ValueRangeError
 from ...tensor import Tensor
 from .. import functional as F
 from ..module import Module
-from .linear import _check_input, _label
+from ._common import _check_input, _label
 
 
 class _DropoutNd(Module):

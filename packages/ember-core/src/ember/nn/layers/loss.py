@@ -8,7 +8,7 @@ from ...errors import ValueRangeError
 from ...tensor import Tensor
 from .. import functional as F
 from ..module import Module
-from .linear import _check_input
+from ._common import _check_input
 
 _REDUCTIONS = ("none", "mean", "sum")
 

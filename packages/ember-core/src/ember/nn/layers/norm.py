@@ -14,7 +14,7 @@ from ...tensor import Tensor
 from .. import functional as F
 from .. import init
 from ..module import Module
-from .linear import _check_input, _empty, _label, _param, _positive_int
+from ._common import _check_input, _empty, _label, _param, _positive_int
 
 
 class _NormBase(Module):

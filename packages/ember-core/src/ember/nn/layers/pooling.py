@@ -8,7 +8,7 @@ from ...errors import ShapeError
 from ...tensor import Tensor
 from .. import functional as F
 from ..module import Module
-from .linear import _check_input, _label
+from ._common import _check_input, _label
 
 
 def _check_rank(m: Module, x: Any, nd: int) -> Tensor:

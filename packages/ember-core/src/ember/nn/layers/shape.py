@@ -9,7 +9,7 @@ from ...ops.shape import flatten, unflatten
 from ...tensor import Tensor
 from .. import functional as F
 from ..module import Module
-from .linear import _check_input
+from ._common import _check_input
 
 
 class Identity(Module):
