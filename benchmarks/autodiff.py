@@ -30,8 +30,6 @@ import argparse
 import gc
 import json
 import operator
-import os
-import subprocess
 import sys
 import time
 import tracemalloc
@@ -47,7 +45,7 @@ if str(HERE) not in sys.path:  # `ember bench autodiff` loads this file by path:
     sys.path.insert(0, str(HERE))
 
 import models  # noqa: E402 - needs the path above
-from overhead import _stats, _time_loop, environment  # noqa: E402
+from _common import alternate, environment, peak_rss_growth, run_rss_probe, stats, time_loop, write_json  # noqa: E402
 
 import ember  # noqa: E402
 from ember import Device  # noqa: E402
@@ -67,17 +65,6 @@ def _torch() -> Any:
 def _device(mode: str) -> Device:
     ckpt = MODES[mode]
     return Device.flex().autodiff() if ckpt is None else Device.flex().autodiff(checkpointing=ckpt)
-
-
-def _alternate(cases: dict[str, Callable[[], Any]], repeats: int, run: Callable[[Callable[[], Any]], float]
-               ) -> dict[str, list[float]]:
-    """Samples of run(case) per case, rotating the order each repeat so drift hits every case alike."""
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            samples[name].append(run(cases[name]))
-    return samples
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -112,9 +99,9 @@ def bench_per_op(repeats: int, number: int) -> dict[str, dict[str, dict[str, flo
             cases["torch"] = partial(fn, a_t, b_t)
             cases["torch requires_grad"] = partial(fn, a_tg, b_t)
         for fn_ in cases.values():  # warm-up: caches, lazy imports, allocator pools
-            _time_loop(fn_, max(number // 10, 10))
-        samples = _alternate(cases, repeats, lambda f: _time_loop(f, number))
-        result[op] = {name: _stats(s) for name, s in samples.items()}
+            time_loop(fn_, max(number // 10, 10))
+        samples = alternate(cases, repeats, lambda f: time_loop(f, number))
+        result[op] = {name: stats(s) for name, s in samples.items()}
     return result
 
 
@@ -167,9 +154,9 @@ def bench_train_step(batch: int, repeats: int, warmup: int) -> dict[str, Any]:
     for fn in steps.values():
         for _ in range(warmup):
             once(fn)
-    samples = _alternate(steps, repeats, once)
+    samples = alternate(steps, repeats, once)
     return {"batch": batch, "repeats": repeats, "warmup": warmup,
-            "seconds_per_step": {name: _stats(s) for name, s in samples.items()}}
+            "seconds_per_step": {name: stats(s) for name, s in samples.items()}}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -223,15 +210,6 @@ def check_gradients(batch: int) -> dict[str, Any]:
     return out
 
 
-def _status_bytes(field: str) -> int:
-    """A memory figure of this process from /proc/self/status (VmRSS, VmHWM), in bytes."""
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
 def _rss_probe(framework: str, mode: str, batch: int) -> dict[str, int]:
     """In a fresh process: peak RSS growth over one step at ``batch``, after a warm-up step at batch 2 (which
     loads code and thread pools but leaves little memory cached in the allocator)."""
@@ -244,17 +222,7 @@ def _rss_probe(framework: str, mode: str, batch: int) -> dict[str, int]:
         models.train_step(*_ember_case(mode, init, 2))
         em, eo, ex, ey = _ember_case(mode, init, batch)
         step = lambda: models.train_step(em, eo, ex, ey)  # noqa: E731
-    gc.collect()
-    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child started by a big parent
-    # would report the parent's peak. Resetting the high-water mark (clear_refs "5") drops the warm-up's peak.
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        pass  # then the warm-up's (smaller) peak stays in VmHWM, which only matters if it exceeds this step's
-    before = _status_bytes("VmRSS")
-    step()
-    return {"rss_before_bytes": before, "peak_rss_delta_bytes": max(_status_bytes("VmHWM") - before, 0)}
+    return peak_rss_growth(step)
 
 
 def rss_deltas(batch: int) -> dict[str, int | None]:
@@ -263,16 +231,8 @@ def rss_deltas(batch: int) -> dict[str, int | None]:
     out: dict[str, int | None] = {}
     for fw, mode in cases:
         name = "torch" if fw == "torch" else f"ember flex+autodiff ({mode})"
-        if not os.path.exists("/proc/self/status"):
-            out[name] = None
-            continue
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--rss-probe", fw, mode, str(batch)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"autodiff bench: RSS probe {name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-            out[name] = None
-            continue
-        out[name] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_delta_bytes"]
+        out[name] = run_rss_probe(str(Path(__file__).resolve()), [fw, mode, str(batch)],
+                                  f"autodiff bench: RSS probe {name}")
     return out
 
 
@@ -398,9 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "memory": memory,
             "environment": environment(),
         }
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-        print(f"\nwrote {args.json}")
+        write_json(args.json, result)
     # gradients that differ between checkpointing modes are a bug, not a measurement: fail loudly
     return 0 if memory["gradients"]["identical"] else 1
 

@@ -22,7 +22,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -35,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # `ember bench micro` loads this file by path: make its siblings importable
     sys.path.insert(0, str(HERE))
 
-from overhead import _stats, _time_loop, environment  # noqa: E402
+from _common import alternate, environment, stats, time_loop, write_json  # noqa: E402
 
 import ember  # noqa: E402
 import ember.nn.functional as F  # noqa: E402
@@ -68,12 +67,8 @@ def measure(cases: dict[str, Callable[[], Any]], repeats: int, number: int = 1, 
     for fn in cases.values():
         for _ in range(warmup):
             fn()
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            samples[name].append(_time_loop(cases[name], number))
-    return {name: _stats(s) for name, s in samples.items()}
+    samples = alternate(cases, repeats, lambda f: time_loop(f, number))
+    return {name: stats(s) for name, s in samples.items()}
 
 
 def figure(section: str, name: str, unit: str, seconds: dict[str, dict[str, float]], work: float = 1.0,
@@ -293,10 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     figs = run(args.quick)
     print(format_table(figs))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"benchmark": "micro", "quick": args.quick, "figures": figs, "environment": environment()},
-                      f, indent=2)
-        print(f"\nwrote {args.json}")
+        write_json(args.json, {"benchmark": "micro", "quick": args.quick, "figures": figs,
+                               "environment": environment()})
     return 0
 
 

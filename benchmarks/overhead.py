@@ -21,13 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # `ember bench overhead` loads this file by path: make its siblings importable
+    sys.path.insert(0, str(HERE))
+
+from _common import alternate, environment, stats, time_loop, write_json  # noqa: E402
 
 N_ELEMENTS = 1000
 
@@ -39,69 +43,6 @@ t1 = time.perf_counter()
 print(json.dumps({"seconds": t1 - t0, "ember_flex": "ember_flex" in sys.modules, "pluggy": "pluggy" in sys.modules,
                   "torch": "torch" in sys.modules}))
 """
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def _numpy_blas() -> str:
-    import numpy as np
-
-    try:
-        cfg = np.show_config(mode="dicts")
-        blas = cfg.get("Build Dependencies", {}).get("blas", {})
-        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
-    except Exception:  # numpy < 1.26 has no dict mode
-        return "unknown"
-
-
-def environment() -> dict[str, Any]:
-    """Where the numbers come from (written with --json)."""
-    import numpy as np
-
-    import ember
-
-    env: dict[str, Any] = {
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "numpy_blas": _numpy_blas(),
-        "ember": ember.__version__,
-        "torch": None,
-        "torch_threads": None,
-    }
-    try:
-        import torch
-
-        env["torch"] = torch.__version__
-        env["torch_threads"] = torch.get_num_threads()
-    except ImportError:
-        pass
-    return env
-
-
-def _time_loop(fn: Callable[[], Any], number: int) -> float:
-    """Seconds per call of fn, over a loop of number calls."""
-    t0 = time.perf_counter()
-    for _ in range(number):
-        fn()
-    return (time.perf_counter() - t0) / number
-
-
-def _stats(samples: list[float]) -> dict[str, float]:
-    s = sorted(samples)
-    q = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else [s[0], s[0], s[0]]
-    return {"median": statistics.median(s), "min": s[0], "max": s[-1], "q1": q[0], "q3": q[2], "iqr": q[2] - q[0]}
 
 
 def bench_add(repeats: int, number: int) -> dict[str, dict[str, float]]:
@@ -135,14 +76,9 @@ def bench_add(repeats: int, number: int) -> dict[str, dict[str, float]]:
         pass
 
     for fn in cases.values():  # warm-up: caches, lazy imports, allocator pools
-        _time_loop(fn, max(number // 10, 10))
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for r in range(repeats):
-        # rotate the order each repeat so no framework always runs first (or right after another's garbage)
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            samples[name].append(_time_loop(cases[name], number))
-    return {name: _stats(s) for name, s in samples.items()}
+        time_loop(fn, max(number // 10, 10))
+    samples = alternate(cases, repeats, lambda f: time_loop(f, number))
+    return {name: stats(s) for name, s in samples.items()}
 
 
 def bench_import(runs: int) -> dict[str, Any]:
@@ -160,7 +96,7 @@ def bench_import(runs: int) -> dict[str, Any]:
         rec = json.loads(out.stdout.strip().splitlines()[-1])
         times.append(rec["seconds"])
         leaked.update(k for k in ("ember_flex", "pluggy", "torch") if rec[k])
-    return {**_stats(times), "runs": runs, "imported_by_import_ember": sorted(leaked)}
+    return {**stats(times), "runs": runs, "imported_by_import_ember": sorted(leaked)}
 
 
 def _us(x: float) -> str:
@@ -224,9 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "import_ember_seconds": imp,
             "environment": environment(),
         }
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-        print(f"\nwrote {args.json}")
+        write_json(args.json, result)
     # a backend imported by `import ember` breaks the lazy-discovery guarantee: fail loudly
     return 1 if "ember_flex" in imp["imported_by_import_ember"] else 0
 

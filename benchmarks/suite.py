@@ -26,10 +26,7 @@ micro-benchmarks; CI never asserts timings. Sections: cnn, transformer, inferenc
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,9 +41,9 @@ if str(HERE) not in sys.path:  # `ember bench` loads this file by path: make its
 
 import micro  # noqa: E402
 import transformer  # noqa: E402
+from _common import environment, peak_rss_growth, run_rss_probe, write_json  # noqa: E402
 from micro import EMBER, EMBER_AD, TORCH, figure, format_table, measure, torch_module  # noqa: E402
 from models import seed_cnn_batch  # noqa: E402
-from overhead import environment  # noqa: E402
 
 import ember  # noqa: E402
 import ember.nn.functional as F  # noqa: E402
@@ -188,30 +185,12 @@ def bench_inference(model: str, batch: int, repeats: int, warmup: int) -> dict[s
                   work=float(batch), note=note)
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
 def rss_probe(model: str, framework: str, batch: int) -> dict[str, int]:
     """In a fresh process: peak RSS growth of one training step at ``batch``, after a warm-up step at batch 1 (it
     loads code and thread pools but leaves little memory cached)."""
     make = torch_train_step if framework == "torch" else ember_train_step
     make(model, 1)()
-    step = make(model, batch)
-    gc.collect()
-    # VmHWM, not ru_maxrss (carried across exec from the parent); clear_refs "5" resets the high-water mark
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        pass
-    before = _status_bytes("VmRSS")
-    step()
-    return {"rss_before_bytes": before, "peak_rss_delta_bytes": max(_status_bytes("VmHWM") - before, 0)}
+    return peak_rss_growth(make(model, batch))
 
 
 def bench_memory(model: str, batch: int) -> dict[str, Any]:
@@ -219,16 +198,8 @@ def bench_memory(model: str, batch: int) -> dict[str, Any]:
     frameworks = ["ember"] + (["torch"] if torch_module() is not None else [])
     out: dict[str, int | None] = {}
     for fw in frameworks:
-        if not os.path.exists("/proc/self/status"):
-            out[fw] = None
-            continue
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--rss-probe", model, fw, str(batch)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"suite: RSS probe {model}/{fw} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-            out[fw] = None
-            continue
-        out[fw] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_delta_bytes"]
+        out[fw] = run_rss_probe(str(Path(__file__).resolve()), [model, fw, str(batch)],
+                                f"suite: RSS probe {model}/{fw}")
     em, to = out.get("ember"), out.get("torch")
     return {"section": "memory", "name": f"{model} train step, batch {batch}, peak RSS growth", "unit": "MiB",
             "bytes": out, "ratio_ember_torch": em / to if em is not None and to else None}
@@ -312,9 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n" + format_memory(result["memory"]))
     if args.json:
         result["environment"] = env
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-        print(f"\nwrote {args.json}")
+        write_json(args.json, result)
     return 0
 
 

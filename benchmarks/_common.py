@@ -1,0 +1,138 @@
+"""Helpers shared by the benchmark scripts: timing loops, statistics, environment, peak-RSS probes, JSON output.
+
+Scripts import it as a sibling module (``import _common``); each script puts its own directory on ``sys.path``
+first, because ``ember bench NAME`` loads the script by file path. Nothing here imports ember or numpy at module
+level, so overhead.py's cold-import figure is unaffected.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def time_loop(fn: Callable[[], Any], number: int) -> float:
+    """Seconds per call of fn, over a loop of number calls."""
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - t0) / number
+
+
+def stats(samples: list[float]) -> dict[str, float]:
+    """Median, min, max, quartiles and IQR of samples."""
+    s = sorted(samples)
+    q = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else [s[0], s[0], s[0]]
+    return {"median": statistics.median(s), "min": s[0], "max": s[-1], "q1": q[0], "q3": q[2], "iqr": q[2] - q[0]}
+
+
+def alternate(cases: dict[str, Callable[[], Any]], repeats: int, run: Callable[[Callable[[], Any]], float]
+              ) -> dict[str, list[float]]:
+    """Samples of run(case) per case, rotating the order each repeat so drift hits every case alike."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(repeats):
+        # rotate the order each repeat so no case always runs first (or right after another's garbage)
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            samples[name].append(run(cases[name]))
+    return samples
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _numpy_blas() -> str:
+    import numpy as np
+
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg.get("Build Dependencies", {}).get("blas", {})
+        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:  # numpy < 1.26 has no dict mode
+        return "unknown"
+
+
+def environment() -> dict[str, Any]:
+    """Where the numbers come from (written with --json)."""
+    import numpy as np
+
+    import ember
+
+    env: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numpy_blas": _numpy_blas(),
+        "ember": ember.__version__,
+        "torch": None,
+        "torch_threads": None,
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    return env
+
+
+def status_bytes(field: str) -> int:
+    """A memory figure of this process from /proc/self/status (VmRSS, VmHWM), in bytes."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def peak_rss_growth(step: Callable[[], Any]) -> dict[str, int]:
+    """Peak RSS growth of this process over one call of step (run it in a fresh process, after a warm-up)."""
+    gc.collect()
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child started by a big parent
+    # would report the parent's peak. Resetting the high-water mark (clear_refs "5") drops the warm-up's peak.
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        pass  # then the warm-up's (smaller) peak stays in VmHWM, which only matters if it exceeds this step's
+    before = status_bytes("VmRSS")
+    step()
+    return {"rss_before_bytes": before, "peak_rss_delta_bytes": max(status_bytes("VmHWM") - before, 0)}
+
+
+def run_rss_probe(script: str, probe_args: Sequence[str], label: str) -> int | None:
+    """Peak RSS growth reported by ``script --rss-probe *probe_args`` in a fresh interpreter (None if unavailable);
+    ``label`` prefixes the error printed when the probe fails."""
+    if not os.path.exists("/proc/self/status"):
+        return None
+    proc = subprocess.run([sys.executable, script, "--rss-probe", *probe_args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"{label} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return int(json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_delta_bytes"])
+
+
+def write_json(path: str, result: dict[str, Any]) -> None:
+    """Write result to path and say so."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+    print(f"\nwrote {path}")
