@@ -30,7 +30,6 @@ from ember.nn.layers_seq import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
-from ember.nn.layers_seq._common import _LayerNorm
 
 torch = pytest.importorskip("torch")
 
@@ -376,7 +375,7 @@ def test_encoder_and_decoder_stacks(rng: np.random.Generator) -> None:
     el = TransformerEncoderLayer(8, 2, 16, dtype=ember.float64, device=AD)
     tm = torch.nn.TransformerEncoder(tl, 2, norm=torch.nn.LayerNorm(8, dtype=torch.float64),
                                      enable_nested_tensor=False).eval()
-    em = TransformerEncoder(el, 2, norm=_LayerNorm(8, dtype=ember.float64, device=AD)).eval()
+    em = TransformerEncoder(el, 2, norm=ember.nn.LayerNorm(8, dtype=ember.float64, device=AD)).eval()
     # perturb torch's clones so each layer differs (a load that mixed layers up would then fail)
     with torch.no_grad():
         for p in tm.parameters():

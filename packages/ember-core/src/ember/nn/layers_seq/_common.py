@@ -15,7 +15,7 @@ from ...autograd import no_grad
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...tensor import Tensor
 from .. import functional as F
-from ..module import Module, Parameter
+from ..module import Parameter
 
 
 def _rand(shape: tuple[int, ...], device: Any, dtype: Any) -> Tensor:
@@ -73,69 +73,6 @@ def check_input(cls: str, name: str, t: Any) -> Tensor:
     if not t._dtype.is_floating_point:
         raise DTypeError(f"{cls}: expected {name} to be a floating-point tensor, got dtype {t._dtype.name}")
     return t
-
-
-class _Linear(Module):
-    """``y = x W^T + b`` with torch Linear's parameters (weight (out, in), bias (out,)) and initialisation."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
-                 dtype: Any = None) -> None:
-        super().__init__()
-        self.in_features = in_features
-        self.out_features = out_features
-        # kaiming_uniform_(a=sqrt(5)) on the weight reduces to U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as the bias
-        bound = 1.0 / math.sqrt(in_features) if in_features > 0 else 0.0
-        self.weight = uniform_param((out_features, in_features), bound, device, dtype)
-        if bias:
-            self.bias = uniform_param((out_features,), bound, device, dtype)
-        else:
-            self.register_parameter("bias", None)
-
-    def forward(self, input: Tensor) -> Tensor:
-        return F.linear(input, self.weight, self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-class _LayerNorm(Module):
-    """Layer normalisation over the last dim with torch LayerNorm's parameters (weight ones, bias zeros)."""
-
-    def __init__(self, normalized_shape: int, eps: float = 1e-5, bias: bool = True, device: Any = None,
-                 dtype: Any = None) -> None:
-        super().__init__()
-        self.normalized_shape = (normalized_shape,)
-        self.eps = eps
-        self.elementwise_affine = True
-        self.weight = const_param(self.normalized_shape, 1.0, device, dtype)
-        if bias:
-            self.bias = const_param(self.normalized_shape, 0.0, device, dtype)
-        else:
-            self.register_parameter("bias", None)
-
-    def forward(self, input: Tensor) -> Tensor:
-        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine=True"
-
-
-class _Dropout(Module):
-    """Dropout active in training mode only (no state)."""
-
-    def __init__(self, p: float = 0.5) -> None:
-        super().__init__()
-        self.p = check_prob("Dropout", "p", p)
-
-    def forward(self, input: Tensor) -> Tensor:
-        return F.dropout(input, self.p, self.training)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}, inplace=False"
-
-
-# reprs read as torch's (``(linear1): Linear(in_features=...)``); the classes stay private
-_Linear.__name__, _LayerNorm.__name__, _Dropout.__name__ = "Linear", "LayerNorm", "Dropout"
 
 
 def get_activation(cls: str, activation: Any) -> Callable[[Tensor], Tensor]:

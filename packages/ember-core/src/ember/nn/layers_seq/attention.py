@@ -11,9 +11,9 @@ from ...ops.creation import zeros
 from ...ops.shape import cat
 from ...tensor import Tensor
 from .. import functional as F
+from ..layers import Linear
 from ..module import Module
 from ._common import (
-    _Linear,
     causal_mask,
     check_input,
     check_positive_int,
@@ -68,7 +68,7 @@ class MultiheadAttention(Module):
             self.in_proj_bias = const_param((3 * e,), 0.0, device, dtype)
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = _Linear(e, e, bias=bias, device=device, dtype=dtype)
+        self.out_proj = Linear(e, e, bias=bias, device=device, dtype=dtype)
         if bias:
             with no_grad():
                 self.out_proj.bias.zero_()

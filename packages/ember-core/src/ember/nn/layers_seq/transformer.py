@@ -11,11 +11,9 @@ from ...autograd import no_grad
 from ...errors import DTypeError, ShapeError
 from ...ops.creation import full
 from ...tensor import Tensor
+from ..layers import Dropout, LayerNorm, Linear
 from ..module import Module, ModuleList
 from ._common import (
-    _Dropout,
-    _LayerNorm,
-    _Linear,
     check_input,
     check_positive_int,
     check_prob,
@@ -60,13 +58,13 @@ class TransformerEncoderLayer(Module):
         kw = {"device": device, "dtype": dtype}
         _init_layer(self, cls, d_model, nhead, dim_feedforward, dropout, activation, batch_first, norm_first)
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, **kw)
-        self.linear1 = _Linear(d_model, dim_feedforward, bias=bias, **kw)
-        self.dropout = _Dropout(dropout)
-        self.linear2 = _Linear(dim_feedforward, d_model, bias=bias, **kw)
-        self.norm1 = _LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.norm2 = _LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.dropout1 = _Dropout(dropout)
-        self.dropout2 = _Dropout(dropout)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
+        self.dropout = Dropout(float(dropout))
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.dropout1 = Dropout(float(dropout))
+        self.dropout2 = Dropout(float(dropout))
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
@@ -104,15 +102,15 @@ class TransformerDecoderLayer(Module):
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, **kw)
         self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
                                                  batch_first=batch_first, **kw)
-        self.linear1 = _Linear(d_model, dim_feedforward, bias=bias, **kw)
-        self.dropout = _Dropout(dropout)
-        self.linear2 = _Linear(dim_feedforward, d_model, bias=bias, **kw)
-        self.norm1 = _LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.norm2 = _LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.norm3 = _LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.dropout1 = _Dropout(dropout)
-        self.dropout2 = _Dropout(dropout)
-        self.dropout3 = _Dropout(dropout)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
+        self.dropout = Dropout(float(dropout))
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.dropout1 = Dropout(float(dropout))
+        self.dropout2 = Dropout(float(dropout))
+        self.dropout3 = Dropout(float(dropout))
 
     def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
@@ -234,13 +232,13 @@ class Transformer(Module):
         else:
             layer = TransformerEncoderLayer(d_model, nhead, **common, **kw)
             self.encoder = TransformerEncoder(layer, num_encoder_layers,
-                                              _LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw))
+                                              LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw))
         if custom_decoder is not None:
             self.decoder = custom_decoder
         else:
             layer = TransformerDecoderLayer(d_model, nhead, **common, **kw)
             self.decoder = TransformerDecoder(layer, num_decoder_layers,
-                                              _LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw))
+                                              LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw))
         self.d_model = d_model
         self.nhead = nhead
         self.batch_first = bool(batch_first)
