@@ -17,6 +17,12 @@ from ..module import Module
 from ._common import _check_input, _empty, _label, _param, _positive_int
 
 
+def _register_affine(module: Module, shape: tuple[int, ...], affine: bool, bias: bool, device: Any,
+                     dtype: Any) -> None:
+    """The learnable per-element scale (``weight``) and shift (``bias``) of a norm layer, or None entries."""
+    module.register_parameter("weight", _param(shape, device, dtype) if affine else None)
+    module.register_parameter("bias", _param(shape, device, dtype) if affine and bias else None)
+
 class _NormBase(Module):
     """Per-channel affine parameters and running statistics (torch.nn.modules.batchnorm._NormBase)."""
 
@@ -32,15 +38,7 @@ class _NormBase(Module):
         self.momentum = momentum
         self.affine = affine
         self.track_running_stats = track_running_stats
-        if affine:
-            self.weight = _param((num_features,), device, dtype)
-            if bias:
-                self.bias = _param((num_features,), device, dtype)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _register_affine(self, (num_features,), affine, bias, device, dtype)
         if track_running_stats:
             self.register_buffer("running_mean", _empty((num_features,), device, dtype))
             self.register_buffer("running_var", _empty((num_features,), device, dtype))
@@ -194,15 +192,7 @@ class LayerNorm(Module):
         self.normalized_shape = _shape_tuple("LayerNorm", normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = _param(self.normalized_shape, device, dtype)
-            if bias:
-                self.bias = _param(self.normalized_shape, device, dtype)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _register_affine(self, self.normalized_shape, elementwise_affine, bias, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -259,15 +249,7 @@ class GroupNorm(Module):
             raise ValueRangeError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups "
                                   f"({num_groups})")
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
-        if affine:
-            self.weight = _param((num_channels,), device, dtype)
-            if bias:
-                self.bias = _param((num_channels,), device, dtype)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _register_affine(self, (num_channels,), affine, bias, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
