@@ -45,6 +45,8 @@ class Plugin:
 PLUGINS: list[Plugin] = [
     Plugin("flex", "plugins/backends/ember-flex", device="flex"),
     Plugin("autodiff", "plugins/decorators/ember-autodiff", device="flex+autodiff", needs=("flex",)),
+    # needs an OpenCL platform: scripts/setup.sh installs PoCL (CPU OpenCL) when none is present
+    Plugin("opencl", "plugins/backends/ember-opencl", device="opencl"),
 ]
 
 _BY_NAME = {p.name: p for p in PLUGINS}

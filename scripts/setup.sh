@@ -24,11 +24,24 @@ pip_install() {
 
 pip_install --upgrade pip
 
+# An OpenCL platform for ember-opencl's tests and kit run: when the machine has none (no ICD registered), install
+# PoCL, the portable CPU OpenCL runtime, from the system's Debian packages (needs root; skipped otherwise).
+if [[ ! -d /etc/OpenCL/vendors || -z "$(ls -A /etc/OpenCL/vendors 2>/dev/null)" ]]; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+        echo "setup: no OpenCL platform found; installing PoCL (pocl-opencl-icd)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocl-opencl-icd ocl-icd-libopencl1 >/dev/null
+    else
+        echo "setup: no OpenCL platform found and cannot install PoCL (not root or no apt-get); OpenCL tests skip"
+    fi
+fi
+
 # First-party packages, editable. torch==2.13.0 comes with core's `test` extra (plain pip; it is a local file).
 PACKAGES=(
     -e "packages/ember-core[test]"
     -e "plugins/backends/ember-flex"
     -e "plugins/decorators/ember-autodiff"
+    -e "plugins/backends/ember-opencl"
     -e "packages/ember-train[plot]"
     -e "packages/ember"
     # the third-party example plugin used by the cross-plugin tests and the docs

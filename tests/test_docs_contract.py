@@ -57,7 +57,7 @@ def test_required_primitives_are_listed_as_required(name: str) -> None:
     )
 
 
-DEVICE_MANAGEMENT = ("sync", "memory_report", "describe", "lift", "lower")
+DEVICE_MANAGEMENT = ("sync", "memory_report", "memory_dry_run", "describe", "lift", "lower")
 
 
 @pytest.mark.parametrize("name", [n for n in DEFAULTS if n not in DEVICE_MANAGEMENT])

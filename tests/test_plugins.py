@@ -219,7 +219,7 @@ def test_decorator_contract_mismatch_is_skipped(plugins: manager.PluginRegistry)
 @pytest.mark.parametrize("make, extra", [
     (lambda: Device.cuda(0), "cuda"),
     (lambda: Device.rocm(), "rocm"),
-    (lambda: Device.opencl(0), "opencl"),
+    (lambda: Device.wgpu(0), "wgpu"),
     (lambda: Device.parse("cuda:1"), "cuda"),
 ])
 def test_missing_backend_names_the_extra(plugins: manager.PluginRegistry, make: Any, extra: str) -> None:

@@ -23,6 +23,7 @@ Conventions every method follows:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -95,6 +96,11 @@ class Backend:
     def memory_report(self) -> dict[str, Any]:
         """Memory statistics: at least ``in_use``, ``reserved`` and ``peak`` bytes where the backend knows them."""
         return {}
+
+    def memory_dry_run(self) -> AbstractContextManager[dict[str, Any]]:
+        """Record the allocations of the workload run inside the context and size the memory pools from them;
+        yields a dict of the recorded statistics (filled on exit). Backends without a pool do nothing."""
+        return nullcontext({})
 
     def describe(self) -> str:
         """One line naming the hardware (shown by ``ember info``)."""

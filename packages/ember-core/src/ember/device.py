@@ -127,7 +127,7 @@ class Device:
         for spec_ in registry.backends.values():
             if spec_.kind not in rank or spec_.device_count() < 1:
                 continue
-            score = (rank[spec_.kind], spec_.priority)
+            score = (rank.get(spec_.kind_of(0), 0), spec_.priority)
             if best is None or score > best[0]:
                 best = (score, spec_.name)
         if best is None:
@@ -145,7 +145,7 @@ class Device:
         if self.index >= count:
             raise DeviceError(
                 f"Device.{self.kind}({self.index}): only {count} {self.kind} device(s) found"
-                + ("" if count else f" (is the {self.kind} driver/runtime installed?)")
+                + ("" if count else f" ({spec.install_hint or f'is the {self.kind} driver/runtime installed?'})")
             )
         return self
 
@@ -225,6 +225,12 @@ class Device:
         from .dtypes import as_dtype
 
         return as_dtype(dtype) in self.stack.supported_dtypes
+
+    def memory_dry_run(self) -> Any:
+        """A context manager that records the allocations of the workload run inside it and sizes the device's
+        memory pools from them (a no-op context on backends without a pooling allocator). It yields a dict that
+        holds the recorded statistics once the block exits."""
+        return self.stack.memory_dry_run()
 
     def memory_report(self) -> dict[str, Any]:
         return dict(self.stack.memory_report())

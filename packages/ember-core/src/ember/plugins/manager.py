@@ -34,6 +34,20 @@ class BackendSpec:
     is_available: Callable[[], int] | None = None
     description: str = ""
     plugin: str = ""
+    #: the ranking kind of device i when it differs between devices (OpenCL: a GPU, or a CPU runtime such as
+    #: PoCL that must not be preferred over flex); None means every device is of ``kind``
+    device_kind: Callable[[int], str] | None = None
+    #: what to install when no device is found (shown by Device.<kind>(i) and ember info)
+    install_hint: str = ""
+
+    def kind_of(self, index: int) -> str:
+        if self.device_kind is None:
+            return self.kind
+        try:
+            return str(self.device_kind(index))
+        except Exception as exc:  # a driver failing to describe a device: rank it lowest, never crash default()
+            log.debug("backend %s device_kind(%d) failed: %s", self.name, index, exc)
+            return "emulated"
 
     def device_count(self) -> int:
         if self.is_available is None:

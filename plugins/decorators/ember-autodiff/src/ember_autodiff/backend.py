@@ -101,6 +101,9 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
     def memory_report(self) -> dict[str, Any]:
         return self.inner.memory_report()
 
+    def memory_dry_run(self) -> Any:
+        return self.inner.memory_dry_run()
+
     def describe(self) -> str:
         mode = "balanced checkpointing" if self.balanced else "no checkpointing"
         return f"autodiff ({mode}) over {self.inner.describe()}"

@@ -1,0 +1,449 @@
+"""Kernel compilation with a warm on-disk cache, and the autotune result store.
+
+Layout under the cache directory (:func:`default_cache_dir`)::
+
+    <cache>/opencl/<device_key>/<sha256 of source and options>.bin   program binaries (checksummed, see below)
+    <cache>/opencl/<device_key>/tune.json                            autotune winners, {op: {shape key: config}}
+
+The device key (:func:`device_key`) hashes the platform, device, driver version and vendor id, so a driver update
+starts a fresh directory instead of loading binaries the new driver might reject (or, worse, misread).
+
+Our cache is the single source of truth for OpenCL programs: pyopencl's own program cache is bypassed
+(``build(cache_dir=False)``). Drivers may still cache underneath us, which is harmless but skews cold-compile timings:
+
+* PoCL keeps compiled kernels in ``$POCL_CACHE_DIR`` (default ``~/.cache/pocl/kcache``); ``POCL_KERNEL_CACHE=0``
+  turns that off. Both are read when PoCL loads, so set them before the first OpenCL call of the process.
+* NVIDIA keeps ``~/.nv/ComputeCache`` (``CUDA_CACHE_DISABLE=1`` turns it off).
+
+Robustness: a missing, truncated or corrupt cache file, a binary the driver rejects, or an unwritable cache directory
+never fails a run -- the program is compiled from source (and the file rewritten when the directory is writable).
+Binaries are written with a header holding their length and SHA-256 and checked before they reach the driver,
+because some drivers crash on a truncated binary instead of rejecting it (PoCL 3.1 segfaults).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import pathlib
+import re
+import struct
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pyopencl as cl
+
+from ember.errors import ValueRangeError
+
+from .errors import AutotuneError, KernelBuildError
+
+try:  # POSIX advisory locks for the tune file's read-merge-write; elsewhere the merge is best effort.
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+# Bumped when the binary file layout or the key derivation changes; old files are then simply never looked up.
+_FORMAT = 1
+_MAGIC = b"EMBRCLB\x01"
+_HEADER = struct.Struct("<8s32sQ")  # magic, sha256(binary), len(binary)
+
+
+def default_cache_dir() -> pathlib.Path:
+    """The ember cache directory: ``$EMBER_CACHE_DIR`` if set, else the user cache directory for ``ember``.
+
+    The OpenCL backend keeps its files under ``<dir>/opencl/``.
+    """
+    env = os.environ.get("EMBER_CACHE_DIR")
+    if env:
+        return pathlib.Path(env).expanduser()
+    import platformdirs
+
+    return pathlib.Path(platformdirs.user_cache_dir("ember"))
+
+
+def _device_strings(device: cl.Device) -> list[str]:
+    # Everything that changes what the compiler emits or whether a binary loads.
+    return [
+        device.platform.name,
+        device.platform.version,
+        device.name,
+        device.version,
+        device.driver_version,
+        str(device.vendor_id),
+    ]
+
+
+def device_key(device: cl.Device) -> str:
+    """A stable, filesystem-safe id for ``device``: a readable slug of its name plus a hash of platform name and
+    version, device name and version, driver version and vendor id (e.g. ``pthread-haswell-amd-epyc-1f0c...``)."""
+    digest = hashlib.sha256("\0".join(_device_strings(device)).encode()).hexdigest()[:20]
+    slug = re.sub(r"[^a-z0-9]+", "-", device.name.lower()).strip("-")[:40] or "device"
+    return f"{slug}-{digest}"
+
+
+def describe_device(device: cl.Device) -> str:
+    """A one-line description of ``device`` for messages: name, platform and driver version."""
+    return f"'{device.name.strip()}' ({device.platform.name.strip()}, driver {device.driver_version.strip()})"
+
+
+def _normalise_options(options: Sequence[str] | str) -> tuple[str, ...]:
+    # A bare string would otherwise be iterated character by character.
+    if isinstance(options, str):
+        return tuple(options.split())
+    return tuple(options)
+
+
+def _program_hash(source: str, options: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    h.update(f"ember-opencl program v{_FORMAT}\0".encode())
+    h.update(source.encode())
+    for opt in options:
+        h.update(b"\0" + opt.encode())
+    # pyopencl appends these to every build, so they change the binary.
+    h.update(b"\0\0" + os.environ.get("PYOPENCL_BUILD_OPTIONS", "").encode())
+    return h.hexdigest()
+
+
+def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _clean_cl_error(err: BaseException) -> str:
+    # pyopencl repeats the status once per nesting level ("X failed: Y - X failed: Y - ..."); once is enough.
+    return re.sub(r"^(.+?)(?: - \1)+", r"\1", str(err), count=1)
+
+
+@contextlib.contextmanager
+def _quiet_compiler() -> Iterator[None]:
+    """Route pyopencl's CompilerWarning (a build log with warnings only) to the debug log, not the user's screen."""
+    import pyopencl as cl
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", cl.CompilerWarning)
+        yield
+    for w in caught:
+        if issubclass(w.category, cl.CompilerWarning):
+            logger.debug("ember-opencl: compiler output: %s", w.message)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+class ProgramCache:
+    """Builds OpenCL programs for one (context, device), memoised in memory and persisted as binaries on disk.
+
+    ``stats`` counts ``memory_hits`` (program already built in this instance), ``disk_hits`` (loaded from a cached
+    binary), ``compiled`` (built from source), ``compile_seconds`` (time spent building from source) and
+    ``disk_rejected`` (cache files that were corrupt or refused by the driver and replaced).
+
+    Not thread-safe for the returned kernels (their arguments are per-object state); building is serialised.
+    """
+
+    def __init__(self, context: cl.Context, device: cl.Device, cache_dir: pathlib.Path | None = None) -> None:
+        self.context = context
+        self.device = device
+        self.device_key = device_key(device)
+        root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.dir = root / "opencl" / self.device_key
+        self._persist = True  # cleared when the directory turns out unwritable
+        self._programs: dict[tuple[str, tuple[str, ...]], cl.Program] = {}
+        self._kernels: dict[tuple[str, tuple[str, ...], str], cl.Kernel] = {}
+        self._lock = threading.RLock()
+        self.stats: dict[str, float] = {
+            "memory_hits": 0,
+            "disk_hits": 0,
+            "compiled": 0,
+            "compile_seconds": 0.0,
+            "disk_rejected": 0,
+        }
+
+    def kernel(self, source: str, name: str, options: Sequence[str] = ()) -> cl.Kernel:
+        """The kernel ``name`` of the program built from ``source`` with ``options``.
+
+        The same :class:`pyopencl.Kernel` object is returned on every call with the same arguments, so callers can
+        set its arguments and enqueue it without creating kernels per call.
+        """
+        opts = options if type(options) is tuple else _normalise_options(options)
+        # Fast path: keyed by the source string itself (its hash is cached by Python), no SHA-256 per call.
+        knl = self._kernels.get((source, opts, name))
+        if knl is not None:
+            self.stats["memory_hits"] += 1
+            return knl
+        with self._lock:
+            knl = self._kernels.get((source, opts, name))
+            if knl is not None:
+                return knl
+            prg = self.program(source, opts)
+            try:
+                knl = cl.Kernel(prg, name)
+            except cl.Error as err:
+                names = prg.get_info(cl.program_info.KERNEL_NAMES)
+                raise ValueRangeError(
+                    f"OpenCL program has no kernel {name!r} (it defines: {names or 'none'}) "
+                    f"on device {describe_device(self.device)}"
+                ) from err
+            self._kernels[(source, opts, name)] = knl
+            return knl
+
+    def program(self, source: str, options: Sequence[str] = ()) -> cl.Program:
+        """The program built from ``source`` with ``options``: from memory, else from a cached binary, else compiled
+        (and the binary saved). Raises :class:`~ember_opencl.errors.KernelBuildError` if the compiler rejects it."""
+        opts = _normalise_options(options)
+        prg = self._programs.get((source, opts))
+        if prg is not None:
+            self.stats["memory_hits"] += 1
+            return prg
+        with self._lock:
+            prg = self._programs.get((source, opts))
+            if prg is not None:
+                self.stats["memory_hits"] += 1
+                return prg
+            digest = _program_hash(source, opts)
+            path = self.dir / f"{digest}.bin"
+            prg = self._load(path, opts)
+            if prg is not None:
+                self.stats["disk_hits"] += 1
+            else:
+                prg = self._compile(source, opts, digest)
+                self._save(path, prg)
+            self._programs[(source, opts)] = prg
+            return prg
+
+    def _load(self, path: pathlib.Path, opts: tuple[str, ...]) -> cl.Program | None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            logger.debug("ember-opencl: cannot read cached binary %s: %s", path, err)
+            return None
+        binary = self._unpack(data)
+        if binary is None:
+            logger.debug("ember-opencl: cached binary %s is truncated or corrupt; rebuilding", path)
+            self.stats["disk_rejected"] += 1
+            return None
+        try:
+            with _quiet_compiler():
+                return cl.Program(self.context, [self.device], [binary]).build(options=list(opts),
+                                                                               devices=[self.device])
+        except cl.Error as err:
+            logger.debug("ember-opencl: driver rejected cached binary %s (%s); rebuilding", path, _clean_cl_error(err))
+            self.stats["disk_rejected"] += 1
+            return None
+
+    @staticmethod
+    def _unpack(data: bytes) -> bytes | None:
+        if len(data) < _HEADER.size:
+            return None
+        magic, digest, length = _HEADER.unpack_from(data)
+        binary = data[_HEADER.size :]
+        if magic != _MAGIC or length != len(binary) or length == 0 or hashlib.sha256(binary).digest() != digest:
+            return None
+        return binary
+
+    def _compile(self, source: str, opts: tuple[str, ...], digest: str) -> cl.Program:
+        t0 = time.perf_counter()
+        try:
+            # cache_dir=False: bypass pyopencl's program cache, ours is the only one.
+            with _quiet_compiler():
+                prg = cl.Program(self.context, source).build(options=list(opts), devices=[self.device],
+                                                             cache_dir=False)
+        except cl.Error as err:
+            raise KernelBuildError.from_build_log(
+                source,
+                _clean_cl_error(err),
+                device=describe_device(self.device),
+                options=opts,
+                program=digest[:12],
+            ) from None  # the pyopencl traceback repeats the log and adds nothing
+        dt = time.perf_counter() - t0
+        self.stats["compiled"] += 1
+        self.stats["compile_seconds"] += dt
+        logger.debug("ember-opencl: compiled program %s in %.3f s", digest[:12], dt)
+        return prg
+
+    def _save(self, path: pathlib.Path, prg: cl.Program) -> None:
+        if not self._persist:
+            return
+        try:
+            devices = prg.get_info(cl.program_info.DEVICES)
+            binary = prg.get_info(cl.program_info.BINARIES)[devices.index(self.device)]
+        except (cl.Error, ValueError, IndexError) as err:
+            logger.debug("ember-opencl: driver gives no program binary (%s); not caching", err)
+            return
+        if not binary:
+            return
+        try:
+            _atomic_write(path, _HEADER.pack(_MAGIC, hashlib.sha256(binary).digest(), len(binary)) + bytes(binary))
+        except OSError as err:
+            self._persist = False
+            logger.debug("ember-opencl: cache dir %s is not writable (%s); binaries stay in memory", self.dir, err)
+
+
+class TuneStore:
+    """Autotune winners for one device, persisted as JSON in ``<cache>/opencl/<device_key>/tune.json``.
+
+    Entries are ``{op: {key: config}}`` where ``key`` names a shape class (the caller decides its granularity) and
+    ``config`` is a JSON-serialisable dict (tile sizes, work-group sizes, ...). Writes are atomic and merge with what
+    other processes wrote meanwhile; an unreadable file counts as empty and an unwritable directory keeps results in
+    memory only.
+    """
+
+    def __init__(self, cache_dir: pathlib.Path | None, device_key: str) -> None:
+        root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.device_key = device_key
+        self.path = root / "opencl" / device_key / "tune.json"
+        self._entries: dict[str, dict[str, dict[str, Any]]] = {}
+        self._stamp: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read
+        self._persist = True
+        self._lock = threading.RLock()
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Merge the file's entries into memory if it changed since the last read (the file, being newer, wins)."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            return
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        for op, table in self._read_file().items():
+            self._entries.setdefault(op, {}).update(table)
+
+    def _read_file(self) -> dict[str, dict[str, dict[str, Any]]]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            logger.debug("ember-opencl: ignoring unreadable tune file %s: %s", self.path, err)
+            return {}
+        entries = data.get("entries") if isinstance(data, dict) and data.get("format") == _FORMAT else None
+        if not isinstance(entries, dict):
+            return {}
+        # Keep only well-formed entries so one bad record cannot poison lookups.
+        return {
+            op: {k: v for k, v in table.items() if isinstance(v, dict)}
+            for op, table in entries.items()
+            if isinstance(table, dict)
+        }
+
+    def get(self, op: str, key: str) -> dict[str, Any] | None:
+        """The stored config for ``(op, key)``, or ``None``. A miss rereads the file if another process changed it."""
+        with self._lock:
+            hit = self._entries.get(op, {}).get(key)
+            if hit is None:
+                self._refresh()
+                hit = self._entries.get(op, {}).get(key)
+            return dict(hit) if hit is not None else None
+
+    def put(self, op: str, key: str, value: dict[str, Any]) -> None:
+        """Store ``value`` for ``(op, key)`` in memory and on disk (merged with the file's current content)."""
+        if not isinstance(value, dict):
+            raise ValueRangeError(f"TuneStore.put({op!r}, {key!r}): value must be a dict, got {type(value).__name__}")
+        try:
+            blob = json.dumps(value, sort_keys=True)
+        except (TypeError, ValueError) as err:
+            raise ValueRangeError(f"TuneStore.put({op!r}, {key!r}): value is not JSON-serialisable: {err}") from err
+        with self._lock:
+            self._entries.setdefault(op, {})[key] = json.loads(blob)
+            if not self._persist:
+                return
+            try:
+                with self._file_lock():
+                    merged = self._read_file()
+                    for o, table in self._entries.items():
+                        merged.setdefault(o, {}).update(table)
+                    text = json.dumps({"format": _FORMAT, "entries": merged}, indent=1, sort_keys=True)
+                    _atomic_write(self.path, text.encode("utf-8"))
+                    self._entries = merged
+                    st = self.path.stat()
+                    self._stamp = (st.st_mtime_ns, st.st_size)
+            except OSError as err:
+                self._persist = False
+                logger.debug("ember-opencl: cannot write tune file %s (%s); results stay in memory", self.path, err)
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        # Serialises read-merge-write among processes on POSIX so that neither loses the other's entries.
+        if fcntl is None:
+            yield
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a+b") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def tune(
+        self, op: str, key: str, candidates: Sequence[dict[str, Any]], run: Callable[[dict[str, Any]], float]
+    ) -> dict[str, Any]:
+        """The fastest of ``candidates`` for ``(op, key)``, timed once per device and then remembered.
+
+        If a winner is stored (by this or an earlier process) and is still among ``candidates``, it is returned
+        without timing. Otherwise ``run(candidate)`` is called for each candidate and must return its time in
+        seconds (measure a warmed-up run: ``run`` should build and launch once before timing). Candidates whose
+        ``run`` raises (a build failure, ``CL_INVALID_WORK_GROUP_SIZE``, out of resources) or returns a non-finite or
+        negative time are skipped. The winner is stored and returned; if every candidate fails,
+        :class:`~ember_opencl.errors.AutotuneError` is raised.
+        """
+        if not candidates:
+            raise ValueRangeError(f"autotune {op!r} for {key!r}: no candidate configurations given")
+        stored = self.get(op, key)
+        # A stored winner outside today's candidate list comes from an older kernel generator; retune.
+        if stored is not None and stored in candidates:
+            return stored
+        best: dict[str, Any] | None = None
+        best_t = math.inf
+        failures: list[str] = []
+        last_err: BaseException | None = None
+        for cand in candidates:
+            try:
+                t = float(run(cand))
+            except Exception as err:  # any failure just disqualifies the candidate
+                last_err = err
+                failures.append(f"{cand}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+                logger.debug("ember-opencl: autotune %s %s: candidate %s failed: %s", op, key, cand, err)
+                continue
+            if not math.isfinite(t) or t < 0:
+                failures.append(f"{cand}: run() returned {t!r}")
+                continue
+            logger.debug("ember-opencl: autotune %s %s: %s took %.3g s", op, key, cand, t)
+            if t < best_t:
+                best, best_t = cand, t
+        if best is None:
+            shown = "\n  ".join(failures[:8]) + (f"\n  ... ({len(failures) - 8} more)" if len(failures) > 8 else "")
+            raise AutotuneError(
+                f"autotune {op!r} for {key!r} on device {self.device_key}: all {len(candidates)} candidate "
+                f"configurations failed:\n  {shown}"
+            ) from last_err
+        winner = dict(best)
+        self.put(op, key, winner)
+        logger.debug("ember-opencl: autotune %s %s: winner %s (%.3g s)", op, key, winner, best_t)
+        return winner
+
+
+__all__ = ["ProgramCache", "TuneStore", "default_cache_dir", "describe_device", "device_key"]

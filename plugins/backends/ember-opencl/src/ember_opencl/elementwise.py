@@ -1,0 +1,455 @@
+"""Generated elementwise kernels: one "map" template serves unary, binary, where, cast, copy, assign and fill.
+
+A map writes ``out[i] = EXPR(v0, v1, ...)`` where each array operand is read through its own strides (0 for
+broadcast dims, negative for reversed views), so inputs are never copied to make them contiguous. Dims that are
+contiguous relative to each other in every operand are merged first; when everything is contiguous the kernel
+indexes linearly. Kernels are generated per (expression, operand types, rank, layout) and memoised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ember import dtypes as dt
+from ember.backend import BINARY_OPS, COMPARISON_OPS, PREDICATE_UNARY_OPS, UNARY_OPS
+from ember.dtypes import DType
+
+from .array import CLArray, empty
+from .ctypes_ import CType, ctype, header
+
+# -- scalar helper functions (emitted only into programs that use them) ------------------------------------------
+_ERFINV = """
+inline {T} ember_erfinv_{S}({T} x) {{
+    {T} a = fabs(x);
+    if (a >= ({T})1) return a == ({T})1 ? copysign(({T})INFINITY, x) : ({T})NAN;
+    float af = (float)a;
+    float w = -log((1.0f - af) * (1.0f + af));
+    float p;
+    if (w < 5.0f) {{
+        w -= 2.5f;
+        p = 2.81022636e-08f; p = 3.43273939e-07f + p * w; p = -3.5233877e-06f + p * w;
+        p = -4.39150654e-06f + p * w; p = 0.00021858087f + p * w; p = -0.00125372503f + p * w;
+        p = -0.00417768164f + p * w; p = 0.246640727f + p * w; p = 1.50140941f + p * w;
+    }} else {{
+        w = sqrt(w) - 3.0f;
+        p = -0.000200214257f; p = 0.000100950558f + p * w; p = 0.00134934322f + p * w;
+        p = -0.00367342844f + p * w; p = 0.00573950773f + p * w; p = -0.0076224613f + p * w;
+        p = 0.00943887047f + p * w; p = 1.00167406f + p * w; p = 2.83297682f + p * w;
+    }}
+    {T} z = ({T})(p * af);
+    /* Newton steps; near 1 solve log(erfc(z)) = log1p(-a) instead, where erf(z) - a cancels */
+    for (int k = 0; k < {STEPS}; ++k) {{
+        {T} slope = ({T})1.1283791670955126 * exp(-z * z);
+        if (a > ({T})0.5) {{
+            {T} c = erfc(z);
+            z += (log(c) - log1p(-a)) * c / slope;
+        }} else {{
+            z -= (erf(z) - a) / slope;
+        }}
+    }}
+    return copysign(z, x);
+}}
+"""
+
+_IPOW = """
+inline {T} ember_ipow_{S}({T} a, {T} b) {{
+    if (b < 0) return (a == 1) ? ({T})1 : (a == -1 ? ((b & 1) ? ({T})-1 : ({T})1) : ({T})0);
+    {T} r = 1;
+    while (b) {{ if (b & 1) r *= a; a *= a; b >>= 1; }}
+    return r;
+}}
+"""
+
+_FLOORDIV = """
+inline {T} ember_floordiv_{S}({T} a, {T} b) {{
+    if (b == ({T})0) return a / b;
+    {T} m = fmod(a, b);
+    {T} d = (a - m) / b;
+    if (m != ({T})0 && ((b < ({T})0) != (m < ({T})0))) d -= ({T})1;
+    if (d == ({T})0) return copysign(({T})0, a / b);
+    {T} f = floor(d);
+    if (d - f > ({T})0.5) f += ({T})1;
+    return f;
+}}
+"""
+
+
+def _helpers(used: set[str], types: list[CType]) -> str:
+    out = []
+    for t in {t.compute for t in types}:
+        suffix = t
+        if "erfinv" in used and t in ("float", "double"):
+            out.append(_ERFINV.format(T=t, S=suffix, STEPS=1 if t == "float" else 3))
+        if "ipow" in used and t not in ("float", "double"):
+            out.append(_IPOW.format(T=t, S=suffix))
+        if "floordiv" in used and t in ("float", "double"):
+            out.append(_FLOORDIV.format(T=t, S=suffix))
+    return "".join(out)
+
+
+# -- op expressions: (value names, operand ctype) -> OpenCL C expression ----------------------------------------
+def _unary_expr(op: str, x: str, t: CType) -> tuple[str, set[str]]:
+    T, fl = t.compute, t.is_float
+    if op in ("floor", "ceil", "trunc", "round") and not fl:
+        return x, set()
+    simple = {"exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log", "log2": "log2", "log10": "log10",
+              "log1p": "log1p", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tan": "tan",
+              "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "tanh": "tanh",
+              "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "erf": "erf", "erfc": "erfc",
+              "floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "rint"}
+    if op in simple:
+        return f"{simple[op]}({x})", set()
+    if op == "neg":
+        return f"-{x}", set()
+    if op == "abs":
+        return (f"fabs({x})" if fl else x if not t.is_signed else f"({T})abs({x})"), set()
+    if op == "sign":
+        s = f"({T})(({x} > ({T})0) - ({x} < ({T})0))"
+        return (f"(isnan({x}) ? ({T})0 : {s})" if fl else s), set()
+    if op == "reciprocal":
+        return f"(({T})1 / {x})", set()
+    if op == "erfinv":
+        return f"ember_erfinv_{T}({x})", {"erfinv"}
+    if op == "sigmoid":
+        return (f"({x} >= ({T})0 ? ({T})1 / (({T})1 + exp(-{x})) : exp({x}) / (({T})1 + exp({x})))"), set()
+    if op == "isnan":
+        return (f"isnan({x})" if fl else "0"), set()
+    if op == "isinf":
+        return (f"isinf({x})" if fl else "0"), set()
+    if op == "isfinite":
+        return (f"isfinite({x})" if fl else "1"), set()
+    if op == "isposinf":
+        return (f"(isinf({x}) && {x} > ({T})0)" if fl else "0"), set()
+    if op == "isneginf":
+        return (f"(isinf({x}) && {x} < ({T})0)" if fl else "0"), set()
+    if op == "logical_not":
+        return f"({x} == ({T})0)", set()
+    if op == "bitwise_not":
+        return (f"({x} == 0)" if t.is_bool else f"(~{x})"), set()
+    if op == "signbit":
+        return (f"(signbit({x}) != 0)" if fl else f"({x} < 0)"), set()
+    raise KeyError(op)
+
+
+def _binary_expr(op: str, a: str, b: str, t: CType) -> tuple[str, set[str]]:
+    T, fl = t.compute, t.is_float
+    arith = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
+             "ge": ">="}
+    if op in arith:
+        return f"({a} {arith[op]} {b})", set()
+    if op == "div":
+        return f"({a} / {b})", set()
+    if op == "floor_divide":
+        if fl:
+            return f"ember_floordiv_{T}({a}, {b})", {"floordiv"}
+        return (f"(({a} / {b}) - ((({a} % {b}) != 0) && ((({a} < 0) != ({b} < 0)))))"), set()
+    if op == "remainder":
+        if fl:
+            m = f"fmod({a}, {b})"
+            return (f"({b} == ({T})0 ? ({T})NAN : ({m} != ({T})0 && (({b} < ({T})0) != ({m} < ({T})0)) "
+                    f"? {m} + {b} : ({m} == ({T})0 ? copysign(({T})0, {b}) : {m})))"), set()
+        m = f"({a} % {b})"
+        return f"({m} != 0 && (({b} < 0) != ({m} < 0)) ? {m} + {b} : {m})", set()
+    if op == "fmod":
+        return (f"fmod({a}, {b})" if fl else f"({a} % {b})"), set()
+    if op == "pow":
+        if fl:
+            return f"pow({a}, {b})", set()
+        if t.is_bool:
+            return f"({a} || !{b})", set()
+        return f"ember_ipow_{T}({a}, {b})", {"ipow"}
+    if op in ("maximum", "minimum"):
+        f = "max" if op == "maximum" else "min"
+        if fl:
+            return f"((isnan({a}) || isnan({b})) ? {a} + {b} : f{f}({a}, {b}))", set()
+        return f"{f}({a}, {b})", set()
+    if op in ("fmax", "fmin"):
+        return (f"{op}({a}, {b})" if fl else f"{op[1:]}({a}, {b})"), set()
+    if op in ("atan2", "copysign", "hypot"):
+        return f"{op}({a}, {b})", set()
+    if op == "logical_and":
+        return f"(({a} != ({T})0) && ({b} != ({T})0))", set()
+    if op == "logical_or":
+        return f"(({a} != ({T})0) || ({b} != ({T})0))", set()
+    if op == "logical_xor":
+        return f"(({a} != ({T})0) != ({b} != ({T})0))", set()
+    if op in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+        sym = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}[op]
+        return f"({a} {sym} {b})", set()
+    if op == "bitwise_left_shift":
+        return f"(({b} < 0 || {b} >= {t.bits}) ? ({T})0 : ({T})((long){a} << {b}))", set()
+    if op == "bitwise_right_shift":
+        neg = f"({a} < 0 ? ({T})-1 : ({T})0)" if t.is_signed else f"({T})0"
+        return f"(({b} < 0 || {b} >= {t.bits}) ? {neg} : ({T})({a} >> {b}))", set()
+    raise KeyError(op)
+
+
+# -- the map kernel ---------------------------------------------------------------------------------------------
+def _broadcast_strides(h: CLArray, shape: tuple[int, ...]) -> tuple[int, ...]:
+    lead = len(shape) - h.ndim
+    out = [0] * lead
+    for d, (n, s) in enumerate(zip(h.shape, h.estrides)):
+        out.append(0 if n == 1 and shape[lead + d] != 1 else s)
+    return tuple(out)
+
+
+def collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Drop size-1 dims and merge neighbours that are contiguous relative to each other in every operand."""
+    dims = [d for d, n in enumerate(shape) if n != 1]
+    new_shape: list[int] = []
+    new_strides: list[list[int]] = [[] for _ in strides]
+    for d in dims:
+        if new_shape and all(st[d] * shape[d] == ns[-1] for st, ns in zip(strides, new_strides)):
+            new_shape[-1] *= shape[d]
+            for st, ns in zip(strides, new_strides):
+                ns[-1] = st[d]
+        else:
+            new_shape.append(shape[d])
+            for st, ns in zip(strides, new_strides):
+                ns.append(st[d])
+    return tuple(new_shape), [tuple(ns) for ns in new_strides]
+
+
+class Family:
+    """Map expressions compiled together, one kernel each, into one program.
+
+    Drivers pay a fixed cost per program build (PoCL: ~0.25 s of clang per program, then ~0.1 s per kernel on its
+    first launch), so all unary ops of a dtype share one program, as do all binary ops.
+    """
+
+    __slots__ = ("members", "index")
+
+    def __init__(self, members: list[tuple[str, frozenset[str], DType]]) -> None:
+        self.members = tuple(members)
+        self.index = {(expr, out): k for k, (expr, _, out) in enumerate(self.members)}
+
+
+_singles: dict[tuple[str, DType], Family] = {}
+_sources: dict[tuple[Any, ...], str] = {}
+
+
+def _rank_bucket(rank: int) -> int:
+    # few distinct kernels: collapsed ranks 2-3 share the rank-3 kernel, 4-8 the rank-8 one
+    return 3 if rank <= 3 else 8 if rank <= 8 else rank
+
+
+def _map_kernel(k: int, expr: str, out_t: CType, operands: tuple[tuple[CType, bool], ...], rank: int,
+                linear: bool) -> str:
+    params = [f"__global {out_t.storage}* out", "long out_off"]
+    for j, (t, is_array) in enumerate(operands):
+        if is_array:
+            params += [f"__global const {t.storage}* a{j}", f"long a{j}_off"]
+        else:
+            params.append(f"{t.compute} s{j}")
+    params.append("long n")
+    arrays = [j for j, (_, is_array) in enumerate(operands) if is_array]
+    if not linear:
+        params += [f"long n{d}" for d in range(rank)]
+        params += [f"long so{d}" for d in range(rank)]
+        params += [f"long s{j}_{d}" for j in arrays for d in range(rank)]
+    body = ["for (long i = get_global_id(0); i < n; i += get_global_size(0)) {"]
+    if linear:
+        out_idx = "out_off + i"
+        idx = {j: f"a{j}_off + i" for j in arrays}
+    else:
+        body.append("    long r = i, oo = out_off;" + "".join(f" long o{j} = a{j}_off;" for j in arrays))
+        for d in range(rank - 1, -1, -1):
+            body.append(f"    {{ long c = r % n{d}; r /= n{d}; oo += c * so{d};"
+                        + "".join(f" o{j} += c * s{j}_{d};" for j in arrays) + " }")
+        out_idx = "oo"
+        idx = {j: f"o{j}" for j in arrays}
+    for j, (t, is_array) in enumerate(operands):
+        value = t.load(f"a{j}", idx[j]) if is_array else f"s{j}"
+        body.append(f"    {t.compute} v{j} = {value};")
+    body.append(f"    {out_t.store('out', out_idx, expr)};")
+    body.append("}")
+    return f"__kernel void ember_map{k}({', '.join(params)}) {{\n    " + "\n    ".join(body) + "\n}\n"
+
+
+def _map_source(family: Family, operands: tuple[tuple[CType, bool], ...], rank: int, linear: bool) -> str:
+    types = [t for t, _ in operands] + [ctype(out) for _, _, out in family.members]
+    used = set().union(*(u for _, u, _ in family.members))
+    kernels = [_map_kernel(k, expr, ctype(out), operands, rank, linear)
+               for k, (expr, _, out) in enumerate(family.members)]
+    return header(*types) + _helpers(used, types) + "".join(kernels)
+
+
+def run_map(expr: str, used: frozenset[str], out: CLArray, operands: list[tuple[Any, CType]],
+            family: Family | None = None) -> None:
+    """out[...] = expr over operands (arrays broadcast to out's shape, or scalars given with their ctype).
+
+    The expression names the operands' values v0, v1, ... (in their compute types) and may use the flat output
+    index ``i``. ``family``, when given and holding (expr, out.dtype), compiles expr together with its siblings.
+    """
+    n = out.size
+    if n == 0:
+        return
+    rt = out.rt
+    arrays = [op for op, _ in operands if isinstance(op, CLArray)]
+    shape, strides = collapse(out.shape, [out.estrides] + [_broadcast_strides(a, out.shape) for a in arrays])
+    linear = len(shape) <= 1 and all(st == (1,) or st == () for st in strides)
+    k = family.index.get((expr, out.dtype)) if family is not None else None
+    if k is None:
+        family = _singles.get((expr, out.dtype))
+        if family is None:
+            family = _singles[(expr, out.dtype)] = Family([(expr, used, out.dtype)])
+        k = 0
+    desc = tuple((t, isinstance(op, CLArray)) for op, t in operands)
+    rank = 1 if linear else _rank_bucket(len(shape))
+    key = (family, tuple((t.dtype, a) for t, a in desc), rank)
+    src = _sources.get(key)
+    if src is None:
+        src = _sources[key] = _map_source(family, desc, rank, linear)
+    kernel = rt.kernel(src, f"ember_map{k}")
+    args: list[Any] = [out.buf, np.int64(out.eoff)]
+    for op, t in operands:
+        if isinstance(op, CLArray):
+            args += [op.buf, np.int64(op.eoff)]
+        else:
+            args.append(t.arg(op))
+    args.append(np.int64(n))
+    if not linear:
+        pad = rank - len(shape)
+        args += [np.int64(1)] * pad + [np.int64(v) for v in shape]
+        for st in strides:
+            args += [np.int64(0)] * pad + [np.int64(v) for v in st]
+    gsize, lsize = rt.grid(n)
+    kernel(rt.queue, gsize, lsize, *args)
+
+
+# -- the ops the backend exposes ---------------------------------------------------------------------------------
+def _scalar_ctype(value: Any, other: CType, rt: Any) -> CType:
+    """The ctype a Python scalar is passed as, beside an array operand of type other."""
+    if isinstance(value, float) and not other.is_float:
+        return ctype(dt.float64 if rt.fp64 else dt.float32)  # a comparison of ints with a float (no truncation)
+    return other
+
+
+def _shape_of(*xs: Any) -> tuple[int, ...]:
+    shapes = [x.shape for x in xs if isinstance(x, CLArray)]
+    if all(sh == shapes[0] for sh in shapes):
+        return shapes[0]
+    return tuple(np.broadcast_shapes(*shapes))
+
+
+_FLOAT_ONLY = frozenset("""exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan sinh cosh tanh
+    asinh acosh atanh erf erfc erfinv sigmoid reciprocal atan2 copysign hypot""".split())
+_INTEGER_ONLY = frozenset("""bitwise_not bitwise_and bitwise_or bitwise_xor bitwise_left_shift
+    bitwise_right_shift""".split())
+
+
+def _valid(op: str, t: CType) -> bool:
+    return op not in (_INTEGER_ONLY if t.is_float else _FLOAT_ONLY)
+
+
+_unary_plans: dict[tuple[str, DType], tuple[str, frozenset[str], DType, Family]] = {}
+_binary_plans: dict[tuple[str, DType, DType], tuple[str, frozenset[str], DType, Family]] = {}
+
+
+def _unary_plan(op: str, dtype: DType) -> tuple[str, frozenset[str], DType, Family]:
+    plan = _unary_plans.get((op, dtype))
+    if plan is None:
+        t = ctype(dtype)
+        members = {}
+        for name in sorted(UNARY_OPS):
+            if _valid(name, t) or name == op:
+                expr, used = _unary_expr(name, "v0", t)
+                members[name] = (expr, frozenset(used), dt.bool_ if name in PREDICATE_UNARY_OPS else dtype)
+        family = Family(list(members.values()))
+        for name, (expr, used, out) in members.items():
+            _unary_plans[(name, dtype)] = (expr, used, out, family)
+        plan = _unary_plans[(op, dtype)]
+    return plan
+
+
+def _binary_plan(op: str, dtype: DType, wide: DType) -> tuple[str, frozenset[str], DType, Family]:
+    """(expr, helpers, result dtype, family) of a binary op on operands of dtype (wide: a float scalar's type)."""
+    plan = _binary_plans.get((op, dtype, wide))
+    if plan is None:
+        t = ctype(wide)
+        names = sorted(n for n in BINARY_OPS if _valid(n, t) or n == op) if wide is dtype else [op]
+        members = {}
+        for name in names:
+            expr, used = _binary_expr(name, "v0", "v1", t)
+            members[name] = (expr, frozenset(used), dt.bool_ if name in COMPARISON_OPS else dtype)
+        family = Family(list(members.values()))
+        for name, (expr, used, out) in members.items():
+            _binary_plans[(name, dtype, wide)] = (expr, used, out, family)
+        plan = _binary_plans[(op, dtype, wide)]
+    return plan
+
+
+def unary(op: str, h: CLArray) -> CLArray:
+    expr, used, out_dtype, family = _unary_plan(op, h.dtype)
+    out = empty(h.rt, h.shape, out_dtype)
+    run_map(expr, used, out, [(h, ctype(h.dtype))], family)
+    return out
+
+
+def binary(op: str, a: Any, b: Any, out: CLArray | None = None) -> CLArray:
+    ref = a if isinstance(a, CLArray) else b
+    t = ctype(ref.dtype)
+    ta = t if isinstance(a, CLArray) else _scalar_ctype(a, t, ref.rt)
+    tb = t if isinstance(b, CLArray) else _scalar_ctype(b, t, ref.rt)
+    wide = ta if ta is not t else tb  # a float scalar beside ints: compare in the float type
+    expr, used, out_dtype, family = _binary_plan(op, ref.dtype, wide.dtype)
+    if out is None:
+        out = empty(ref.rt, _shape_of(a, b), out_dtype)
+    run_map(expr, used, out, [(a, ta), (b, tb)], family)
+    return out
+
+
+def where(cond: CLArray, a: Any, b: Any) -> CLArray:
+    ref = a if isinstance(a, CLArray) else b if isinstance(b, CLArray) else None
+    dtype = ref.dtype if ref is not None else (dt.float32 if isinstance(a, float) or isinstance(b, float)
+                                               else dt.int64)
+    t = ctype(dtype)
+    out = empty(cond.rt, _shape_of(cond, a, b), dtype)
+    run_map("(v0 ? v1 : v2)", frozenset(), out, [(cond, ctype(dt.bool_)), (a, t), (b, t)])
+    return out
+
+
+def cast(h: CLArray, dtype: DType) -> CLArray:
+    """A converted copy; the store's C conversion truncates floats toward zero, as C and PyTorch do."""
+    out = empty(h.rt, h.shape, dtype)
+    run_map("v0", frozenset(), out, [(h, ctype(h.dtype))])
+    return out
+
+
+def copy(h: CLArray) -> CLArray:
+    out = empty(h.rt, h.shape, h.dtype)
+    run_map("v0", frozenset(), out, [(h, ctype(h.dtype))])
+    return out
+
+
+def assign(dst: CLArray, src: Any) -> None:
+    """dst[...] = src (an array broadcastable to dst, of any dtype, or a scalar); dst may be a strided view."""
+    t = ctype(dst.dtype)
+    if isinstance(src, CLArray):
+        if src.block is dst.block:  # overlapping memory: read a snapshot, never a half-written source
+            src = copy(src)
+        run_map("v0", frozenset(), dst, [(src, ctype(src.dtype))])
+    else:
+        run_map("v0", frozenset(), dst, [(src, t)])
+
+
+def full(rt: Any, shape: tuple[int, ...], value: Any, dtype: DType) -> CLArray:
+    out = empty(rt, shape, dtype)
+    run_map("v0", frozenset(), out, [(value, ctype(dtype))])
+    return out
+
+
+def arange(rt: Any, start: Any, stop: Any, step: Any, dtype: DType) -> CLArray:
+    """start + i * step, computed in int64 for integer dtypes and in double (float without fp64) otherwise."""
+    import math
+
+    n = max(0, math.ceil((stop - start) / step))
+    out = empty(rt, (n,), dtype)
+    if dtype.is_floating_point or any(isinstance(v, float) for v in (start, step)):
+        t = ctype(dt.float64 if rt.fp64 else dt.float32)
+    else:
+        t = ctype(dt.int64)
+    run_map("(v0 + (" + t.compute + ")i * v1)", frozenset(), out, [(start, t), (step, t)])
+    return out

@@ -1,0 +1,70 @@
+"""ember plugin entry point for the OpenCL backend (entry-point group ``ember``, name ``opencl``).
+
+Registration is cheap: pyopencl is imported only when ember counts or ranks OpenCL devices (``Device.default()``,
+``Device.opencl(i)``, ``ember info``) or uses one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ember.plugins import hookimpl
+
+from . import CONTRACT, __version__
+
+
+def _factory(index: int = 0, **options: Any) -> Any:
+    from .backend import OpenCLBackend
+
+    if options:
+        from ember.errors import DeviceError
+
+        raise DeviceError(f"opencl takes no options, got {sorted(options)}")
+    return OpenCLBackend(index)
+
+
+def _count() -> int:
+    from .runtime import device_count
+
+    return device_count()
+
+
+def _kind(index: int) -> str:
+    from .runtime import device_kind
+
+    return device_kind(index)
+
+
+@hookimpl
+def register_backends(register: Callable[..., None]) -> None:
+    from .runtime import INSTALL_HINT
+
+    register(
+        "opencl",
+        _factory,
+        contract=CONTRACT,
+        kind="gpu",
+        # below flex: a CPU OpenCL runtime (PoCL) is ranked as "cpu" and must not win Device.default() over flex
+        priority=-1,
+        is_available=_count,
+        device_kind=_kind,
+        install_hint=INSTALL_HINT,
+        description=f"OpenCL backend on pyopencl (ember-opencl {__version__})",
+    )
+
+
+@hookimpl
+def plugin_info() -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    try:
+        import pyopencl as cl
+
+        info["pyopencl"] = cl.VERSION_TEXT
+        from .runtime import list_devices
+
+        info["devices"] = [f"{d.name.strip()} [{d.platform.name.strip()}, driver {d.driver_version}]"
+                           for d in list_devices()]
+    except Exception as exc:  # the info command must work without a runtime
+        info["error"] = str(exc)
+    return info
