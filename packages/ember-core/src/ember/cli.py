@@ -122,6 +122,8 @@ _BENCHMARKS = {
     "overhead": "per-op eager overhead (a + b on 1,000 float32, flex vs numpy vs PyTorch) and cold import time",
     "autodiff": "per-op autodiff overhead, seed-CNN training step and its peak memory (flex+autodiff vs PyTorch)",
     "micro": "micro-benchmarks: per-op overhead, matmul vs numpy sgemm, conv2d, elementwise, reductions, copy",
+    "opencl": "OpenCL backend: matmul GFLOP/s vs numpy, seed-CNN step on OpenCL vs flex, cold vs warm first step, "
+              "pool reserved/peak",
     "suite": "the full suite: seed CNN and transformer training and inference, micro-benchmarks, peak memory",
 }
 
