@@ -5,8 +5,9 @@
 #   3. the conformance kit against the flex backend
 #   4. the conformance kit against tests/example-backend (toy), which proves the default compositions
 #   5. the conformance kit through the autodiff decorator (flex+autodiff): every op recorded, gradients checked
-#   6. the code examples in the docs
-#   7. the docs build (warnings are errors)
+#   6. the conformance kit on OpenCL (PoCL, the CPU OpenCL runtime setup.sh installs, when there is no GPU driver)
+#   7. the code examples in the docs
+#   8. the docs build (warnings are errors)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,6 +35,13 @@ step "conformance kit (toy: the third-party example backend, required primitives
 
 step "conformance kit (flex+autodiff: the autodiff decorator over flex)"
 "$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=flex+autodiff -q
+
+step "conformance kit (opencl: generated OpenCL kernels, on whatever OpenCL device 0 is here)"
+if "$PY" -c "import sys, ember_opencl.runtime as r; sys.exit(0 if r.list_devices() else 1)"; then
+    "$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=opencl -q
+else
+    echo "no OpenCL platform on this machine (scripts/setup.sh installs PoCL when run as root): skipped"
+fi
 
 step "docs examples"
 # Exit code 5 means "no examples collected": not a failure while pages have none.
