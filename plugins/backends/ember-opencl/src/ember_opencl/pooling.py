@@ -1,0 +1,449 @@
+"""Pooling and resampling kernels: max/avg pooling (fixed and adaptive windows) and interpolate.
+
+Every op is one kernel with one work-item per output element (grid-stride), looping over its window or its
+interpolation taps and reading the input through its strides (no padding copy, no contiguous copy). Spatial
+ranks 1 and 2 run as rank 3 with leading size-1 dims; the batch dims in front of the spatial ones merge into at
+most two (strided) dims. All sizes, strides and modes are kernel arguments, so each dtype compiles a single
+program holding the five kernels. Semantics follow PyTorch's CPU kernels (and ember's default compositions):
+
+* max pooling: ``val > best || isnan(val)`` over the in-bounds window in row-major order from -inf, so the
+  first maximum and the last NaN win; indices are flat per (N, C) plane. Windows start at ``o*stride - pad``
+  and skip the padding in steps of the dilation (torch's ``while (start < 0) start += dilation``).
+* average pooling: the window's divisor counts the padding (``count_include_pad``) up to ``size + pad``;
+  ``divisor_override`` replaces it. Adaptive windows are ``[floor(o*I/O), ceil((o+1)*I/O))``.
+* interpolate: nearest indices in float32 as torch (``nearest`` short-cuts equal and doubled sizes in 2-d, or
+  when no scale was given), linear/cubic source coordinates in the op-math type, ``guard_index_and_lambda``,
+  cubic convolution with A = -0.75, and linear modes copy a dim whose size does not change. The source
+  coordinate ``scale * (o + 0.5) - 0.5`` is one fused multiply-add, as the compiler builds torch's x86 and ARM
+  kernels: it decides the taps, and a separately rounded product moves them near integer coordinates. Nothing
+  else is contracted (``FP_CONTRACT OFF``), so every device rounds alike.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ember import dtypes as dt
+from ember.dtypes import DType
+from ember.errors import ShapeError, UnsupportedError
+
+from . import elementwise as ew
+from .array import CLArray, empty
+from .ctypes_ import CType, ctype, header
+
+_RANK = 3  # kernels see every input as (batch0, batch1, D, H, W)
+_NARROW = 2**31  # below this many outputs the kernels split the output index in 32 bits
+
+_INTERP_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "bicubic", "area")
+
+# -- OpenCL source -------------------------------------------------------------------------------------------------
+_COMMON_ARGS = ("__global const {S}* x, long x_off, long n, long L1, long sb0, long sb1, "
+                "long I0, long I1, long I2, long sx0, long sx1, long sx2, long O0, long O1, long O2")
+
+# output index i -> spatial output coordinates and the element offset of its (batch0, batch1) plane in x; IX is
+# uint below 2**31 outputs (64-bit division is emulated, and slow, on GPUs), long above
+_DECOMPOSE = """
+        {IX} r = ({IX})i;
+        {IX} o2 = r % ({IX})O2; r /= ({IX})O2;
+        {IX} o1 = r % ({IX})O1; r /= ({IX})O1;
+        {IX} o0 = r % ({IX})O0; r /= ({IX})O0;
+        long base = x_off + (long)(r / ({IX})L1) * sb0 + (long)(r % ({IX})L1) * sb1;"""
+
+_TEMPLATE = """
+#pragma OPENCL FP_CONTRACT OFF
+
+/* a pooling window along one dim: [s, e) stepping by d; torch skips the left padding in steps of the dilation */
+inline void ember_pool_window(long o, long I, long O, long k, long st, long p, long d, int adaptive,
+                              long* s, long* e) {{
+    if (adaptive) {{
+        *s = (o * I) / O;
+        *e = ((o + 1) * I + O - 1) / O;
+    }} else {{
+        long a = o * st - p;
+        *e = min(a + (k - 1) * d + 1, I);
+        if (a < 0) a += ((-a + d - 1) / d) * d;
+        *s = a;
+    }}
+}}
+
+/* an averaging window: the clamped [s, e) and the divisor's extent (padding counted up to I + p) */
+inline void ember_avg_window(long o, long I, long O, long k, long st, long p, int adaptive,
+                             long* s, long* e, long* size) {{
+    if (adaptive) {{
+        *s = (o * I) / O;
+        *e = ((o + 1) * I + O - 1) / O;
+        *size = *e - *s;
+    }} else {{
+        long a = o * st - p;
+        long b = min(a + k, I + p);
+        *size = b - a;
+        *s = max(a, 0L);
+        *e = min(b, I);
+    }}
+}}
+
+__kernel void ember_max_pool(__global {S}* out, long out_off, __global long* idx, long idx_off, int want_idx,
+                             int adaptive, {ARGS},
+                             long k0, long k1, long k2, long st0, long st1, long st2,
+                             long p0, long p1, long p2, long d0, long d1, long d2) {{
+    for (long i = get_global_id(0); i < n; i += get_global_size(0)) {{{DECOMPOSE}
+        long s0, e0, s1, e1, s2, e2;
+        ember_pool_window(o0, I0, O0, k0, st0, p0, d0, adaptive, &s0, &e0);
+        ember_pool_window(o1, I1, O1, k1, st1, p1, d1, adaptive, &s1, &e1);
+        ember_pool_window(o2, I2, O2, k2, st2, p2, d2, adaptive, &s2, &e2);
+        {T} best = {LOWEST};
+        long bi = (s0 * I1 + s1) * I2 + s2;
+        for (long a = s0; a < e0; a += d0) {{
+            long ra = base + a * sx0;
+            for (long b = s1; b < e1; b += d1) {{
+                long rb = ra + b * sx1;
+                for (long c = s2; c < e2; c += d2) {{
+                    {T} v = {LOAD_V};
+                    if (v > best{NAN_WINS}) {{
+                        best = v;
+                        bi = (a * I1 + b) * I2 + c;
+                    }}
+                }}
+            }}
+        }}
+        {STORE_BEST};
+        if (want_idx) idx[idx_off + i] = bi;
+    }}
+}}
+
+__kernel void ember_avg_pool(__global {S}* out, long out_off, int adaptive, {ARGS},
+                             long k0, long k1, long k2, long st0, long st1, long st2,
+                             long p0, long p1, long p2, int count_include_pad, long divisor) {{
+    for (long i = get_global_id(0); i < n; i += get_global_size(0)) {{{DECOMPOSE}
+        long s0, e0, n0, s1, e1, n1, s2, e2, n2;
+        ember_avg_window(o0, I0, O0, k0, st0, p0, adaptive, &s0, &e0, &n0);
+        ember_avg_window(o1, I1, O1, k1, st1, p1, adaptive, &s1, &e1, &n1);
+        ember_avg_window(o2, I2, O2, k2, st2, p2, adaptive, &s2, &e2, &n2);
+        {A} acc = 0;
+        for (long a = s0; a < e0; ++a) {{
+            long ra = base + a * sx0;
+            for (long b = s1; b < e1; ++b) {{
+                long rb = ra + b * sx1;
+                for (long c = s2; c < e2; ++c) acc += ({A}){LOAD_C};
+            }}
+        }}
+        {A} res;
+        if (adaptive) {{
+            res = acc / ({A})n0 / ({A})n1 / ({A})n2;  /* torch: sum / kd / kh / kw */
+        }} else if (s0 >= e0 || s1 >= e1 || s2 >= e2) {{
+            res = 0;
+        }} else {{
+            long div = divisor > 0 ? divisor
+                     : (count_include_pad ? n0 * n1 * n2 : (e0 - s0) * (e1 - s1) * (e2 - s2));
+            res = acc / ({A})div;
+        }}
+        {STORE_RES};
+    }}
+}}
+
+/* nearest source index along one dim; code 0 copies, 2 halves (torch's short-cuts), 1 scales in float32 */
+inline long ember_nearest_index(long o, long I, float scale, int code, int exact) {{
+    if (code == 0) return o;
+    if (code == 2) return o >> 1;
+    long src;
+    if (exact) src = (long)floor((float)((({R})o + ({R})0.5) * ({R})scale));
+    else src = (long)floor((float)o * scale);
+    return min(src, I - 1);
+}}
+
+__kernel void ember_nearest(__global {S}* out, long out_off, {ARGS}, float sc0, float sc1, float sc2,
+                            int code0, int code1, int code2, int exact) {{
+    for (long i = get_global_id(0); i < n; i += get_global_size(0)) {{{DECOMPOSE}
+        long src = base + ember_nearest_index(o0, I0, sc0, code0, exact) * sx0
+                        + ember_nearest_index(o1, I1, sc1, code1, exact) * sx1
+                        + ember_nearest_index(o2, I2, sc2, code2, exact) * sx2;
+        {COPY};
+    }}
+}}
+
+"""
+
+# linear (TAPS 2) and cubic (TAPS 4) resampling: constant tap counts unroll and keep the tables in registers; a
+# copied dim (code 0) or a padded rank uses one tap
+_INTERP_TEMPLATE = """
+/* the taps (indices, weights) of one dim as torch's area_pixel_compute_source_index + guard_index_and_lambda
+   (+ get_cubic_upsample_coefficients); returns how many are used */
+inline int ember_taps_{NAME}(long o, long I, {A} scale, int code, int align_corners, long* ix, {A}* w) {{
+    if (code == 0) {{
+        ix[0] = o;
+        w[0] = 1;
+        return 1;
+    }}
+    {A} src;
+    if (align_corners) {{
+        src = scale * ({A})o;
+    }} else {{
+        src = fma(scale, ({A})o + ({A})0.5, ({A})-0.5);
+        if ({TAPS} == 2 && src < 0) src = 0;
+    }}
+    long i0 = min((long)floor((float)src), I - 1);
+    {A} lam = src - ({A})i0;
+    lam = lam < 0 ? ({A})0 : (lam > 1 ? ({A})1 : lam);
+#if {TAPS} == 2
+    ix[0] = i0;
+    ix[1] = i0 < I - 1 ? i0 + 1 : i0;
+    w[0] = ({A})1 - lam;
+    w[1] = lam;
+#else
+    const {A} A = ({A})-0.75;
+    {A} t = lam + ({A})1;
+    w[0] = ((A * t - 5 * A) * t + 8 * A) * t - 4 * A;
+    t = lam;
+    w[1] = ((A + 2) * t - (A + 3)) * t * t + 1;
+    t = ({A})1 - lam;
+    w[2] = ((A + 2) * t - (A + 3)) * t * t + 1;
+    t = ({A})2 - lam;
+    w[3] = ((A * t - 5 * A) * t + 8 * A) * t - 4 * A;
+    for (int j = 0; j < 4; ++j) ix[j] = clamp(i0 - 1 + j, 0L, I - 1);
+#endif
+    return {TAPS};
+}}
+
+__kernel void ember_interp_{NAME}(__global {S}* out, long out_off, {ARGS}, {A} sc0, {A} sc1, {A} sc2,
+                                  int code0, int code1, int code2, int align_corners) {{
+    for (long i = get_global_id(0); i < n; i += get_global_size(0)) {{{DECOMPOSE}
+        long ix0[{TAPS}], ix1[{TAPS}], ix2[{TAPS}];
+        {A} w0[{TAPS}], w1[{TAPS}], w2[{TAPS}];
+        int t0 = ember_taps_{NAME}(o0, I0, sc0, code0, align_corners, ix0, w0);
+        int t1 = ember_taps_{NAME}(o1, I1, sc1, code1, align_corners, ix1, w1);
+        int t2 = ember_taps_{NAME}(o2, I2, sc2, code2, align_corners, ix2, w2);
+        {A} acc = 0;
+        for (int a = 0; a < {TAPS}; ++a) {{
+            if (a >= t0) break;
+            long ra = base + ix0[a] * sx0;
+            {A} acc1 = 0;
+            for (int b = 0; b < {TAPS}; ++b) {{
+                if (b >= t1) break;
+                long rb = ra + ix1[b] * sx1;
+                {A} acc2 = 0;
+                for (int c = 0; c < {TAPS}; ++c) {{
+                    if (c >= t2) break;
+                    acc2 += w2[c] * ({A}){LOAD_I};
+                }}
+                acc1 += w1[b] * acc2;
+            }}
+            acc += w0[a] * acc1;
+        }}
+        {STORE_ACC};
+    }}
+}}
+"""
+
+_LOWEST = {dt.bool_: "0", dt.uint8: "0", dt.int8: "(-128)", dt.int16: "(-32768)", dt.int32: "(-2147483647 - 1)",
+           dt.int64: "(-9223372036854775807L - 1)"}
+
+_programs: dict[tuple[Any, ...], str] = {}
+
+
+def _acc_ctype(t: CType, fp64: bool) -> CType:
+    """The type sums and weights live in: the float compute type, else double (float without fp64) for ints."""
+    if t.is_float:
+        return t
+    return ctype(dt.float64 if fp64 else dt.float32)
+
+
+def _program(dtype: DType, fp64: bool, wide: bool) -> str:
+    """The program of the five kernels for dtype (memoised: generating it costs more than a launch)."""
+    key = (dtype, fp64, wide)
+    src = _programs.get(key)
+    if src is None:
+        t = ctype(dtype)
+        a = _acc_ctype(t, fp64)
+        types = [t, a] + ([ctype(dt.float64)] if fp64 else [])
+        common = dict(S=t.storage, A=a.compute, ARGS=_COMMON_ARGS.format(S=t.storage),
+                      DECOMPOSE=_DECOMPOSE.format(IX="long" if wide else "uint"),
+                      LOAD_I=t.load("x", "rb + ix2[c] * sx2"), STORE_ACC=t.store("out", "out_off + i", "acc"))
+        src = header(*types) + _TEMPLATE.format(
+            T=t.compute, R="double" if fp64 else "float", **common,
+            LOWEST=f"(({t.compute})-INFINITY)" if t.is_float else _LOWEST[dtype],
+            NAN_WINS=" || isnan(v)" if t.is_float else "",
+            LOAD_V=t.load("x", "rb + c * sx2"), LOAD_C=t.load("x", "rb + c * sx2"),
+            STORE_BEST=t.store("out", "out_off + i", "best"), STORE_RES=t.store("out", "out_off + i", "res"),
+            COPY=t.store("out", "out_off + i", t.load("x", "src")))
+        src += "".join(_INTERP_TEMPLATE.format(NAME=name, TAPS=taps, **common)
+                       for name, taps in (("linear", 2), ("cubic", 4)))
+        _programs[key] = src
+    return src
+
+
+def _kernel(x: CLArray, name: str, n: int) -> Any:
+    rt = x.rt
+    return rt.kernel(_program(x.dtype, bool(rt.fp64), n >= _NARROW), name)
+
+
+# -- host side ---------------------------------------------------------------------------------------------------
+def _i64(*values: int) -> list[np.int64]:
+    return [np.int64(v) for v in values]
+
+
+def _layout(op: str, x: CLArray, nd: int) -> tuple[CLArray, tuple[int, ...], list[np.int64], tuple[int, ...]]:
+    """(x, lead shape, the common kernel arguments after n, padded input sizes) for op over nd trailing dims.
+
+    The batch dims merge where their strides allow into (L0, L1); more than two that do not merge are copied."""
+    if not 1 <= nd <= _RANK or x.ndim < nd:
+        raise ShapeError(f"{op}: {nd} spatial dims over an input of shape {x.shape} (1 to {_RANK} supported on "
+                         f"opencl)")
+    lead = tuple(x.shape[: x.ndim - nd])
+    merged: list[list[int]] = []
+    for size, stride in zip(lead, x.estrides[: x.ndim - nd]):
+        if size == 1:
+            continue
+        if merged and merged[-1][1] == stride * size:
+            merged[-1] = [merged[-1][0] * size, stride]
+        else:
+            merged.append([size, stride])
+    if len(merged) > 2:
+        x = ew.copy(x)
+        merged = [[math.prod(lead), math.prod(x.shape[x.ndim - nd:])]]
+    while len(merged) < 2:
+        merged.insert(0, [1, 0])
+    sizes = (1,) * (_RANK - nd) + tuple(x.shape[x.ndim - nd:])
+    strides = (0,) * (_RANK - nd) + tuple(x.estrides[x.ndim - nd:])
+    return x, lead, _i64(merged[1][0], merged[0][1], merged[1][1], *sizes, *strides), sizes
+
+
+def _pad3(values: tuple[int, ...], fill: int) -> tuple[int, ...]:
+    return (fill,) * (_RANK - len(values)) + tuple(int(v) for v in values)
+
+
+def _launch(kernel: Any, x: CLArray, n: int, args: list[Any]) -> None:
+    gsize, lsize = x.rt.grid(n)
+    kernel(x.rt.queue, gsize, lsize, *args)
+
+
+def _pool_out_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """PyTorch's pooling_output_shape: a ceil_mode window that would start in the right padding is dropped."""
+    num = n + 2 * p - d * (k - 1) - 1
+    if ceil_mode:
+        out = -(-num // s) + 1
+        if (out - 1) * s >= n + p:
+            out -= 1
+    else:
+        out = num // s + 1
+    return max(out, 0)
+
+
+def _max(op: str, x: CLArray, nd: int, out_size: tuple[int, ...], window: list[np.int64], adaptive: bool,
+         return_indices: bool) -> Any:
+    x, lead, common, _ = _layout(op, x, nd)
+    shape = lead + tuple(out_size)
+    out = empty(x.rt, shape, x.dtype)
+    idx = empty(x.rt, shape, dt.int64) if return_indices else None
+    n = out.size
+    if n:
+        args: list[Any] = [out.buf, np.int64(out.eoff)]
+        args += [idx.buf, np.int64(idx.eoff), np.int32(1)] if idx is not None else [out.buf, np.int64(0), np.int32(0)]
+        args += [np.int32(adaptive), x.buf, np.int64(x.eoff), np.int64(n), *common, *_i64(*_pad3(out_size, 1))]
+        _launch(_kernel(x, "ember_max_pool", n), x, n, args + window)
+    return (out, idx) if return_indices else out
+
+
+def max_pool(x: CLArray, kernel_size: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
+             dilation: tuple[int, ...], ceil_mode: bool, return_indices: bool) -> Any:
+    """Max pooling over the trailing len(kernel_size) dims; with return_indices also the int64 argmax, a flat index
+    into each input plane (PyTorch). NaN wins over numbers; among equal maxima the first in row-major order."""
+    nd = len(kernel_size)
+    spatial = x.shape[x.ndim - nd:]
+    out_size = tuple(_pool_out_size(L, k, s, p, d, ceil_mode)
+                     for L, k, s, p, d in zip(spatial, kernel_size, stride, padding, dilation))
+    window = _i64(*_pad3(kernel_size, 1), *_pad3(stride, 1), *_pad3(padding, 0), *_pad3(dilation, 1))
+    return _max("max_pool", x, nd, out_size, window, False, return_indices)
+
+
+def adaptive_max_pool(x: CLArray, output_size: tuple[int, ...], return_indices: bool) -> Any:
+    """Max over the windows [floor(o*I/O), ceil((o+1)*I/O)) of the trailing len(output_size) dims (+ indices)."""
+    nd = len(output_size)
+    window = _i64(*(1,) * _RANK, *(1,) * _RANK, *(0,) * _RANK, *(1,) * _RANK)
+    return _max("adaptive_max_pool", x, nd, tuple(int(o) for o in output_size), window, True, return_indices)
+
+
+def _avg(op: str, x: CLArray, nd: int, out_size: tuple[int, ...], tail: list[Any], adaptive: bool) -> CLArray:
+    x, lead, common, _ = _layout(op, x, nd)
+    out = empty(x.rt, lead + tuple(out_size), x.dtype)
+    n = out.size
+    if n:
+        args = [out.buf, np.int64(out.eoff), np.int32(adaptive), x.buf, np.int64(x.eoff), np.int64(n), *common,
+                *_i64(*_pad3(out_size, 1))]
+        _launch(_kernel(x, "ember_avg_pool", n), x, n, args + tail)
+    return out
+
+
+def avg_pool(x: CLArray, kernel_size: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
+             ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> CLArray:
+    """Average pooling over the trailing len(kernel_size) dims (sums in float, double for float64)."""
+    nd = len(kernel_size)
+    spatial = x.shape[x.ndim - nd:]
+    out_size = tuple(_pool_out_size(L, k, s, p, 1, ceil_mode) for L, k, s, p in zip(spatial, kernel_size, stride,
+                                                                                     padding))
+    tail = [*_i64(*_pad3(kernel_size, 1), *_pad3(stride, 1), *_pad3(padding, 0)), np.int32(bool(count_include_pad)),
+            np.int64(int(divisor_override) if divisor_override else 0)]
+    return _avg("avg_pool", x, nd, out_size, tail, False)
+
+
+def adaptive_avg_pool(x: CLArray, output_size: tuple[int, ...]) -> CLArray:
+    """Mean over the windows [floor(o*I/O), ceil((o+1)*I/O)) of the trailing len(output_size) dims."""
+    nd = len(output_size)
+    tail = [*_i64(*(1,) * _RANK, *(1,) * _RANK, *(0,) * _RANK), np.int32(1), np.int64(0)]
+    return _avg("adaptive_avg_pool", x, nd, tuple(int(o) for o in output_size), tail, True)
+
+
+def _user_scale(scales: Any, d: int) -> float | None:
+    if scales is None:
+        return None
+    s = scales[d] if len(scales) > 1 else scales[0]
+    return float(s) if s is not None and s > 0 else None
+
+
+def interpolate(x: CLArray, size: tuple[int, ...], mode: str, align_corners: bool | None,
+                scales: tuple[float, ...] | None) -> CLArray:
+    """Resize the trailing len(size) dims (torch.nn.functional.interpolate); scales are the user's scale factors
+    (output / input) when torch would hand them to its kernel, which then steps the source by 1 / scale."""
+    if mode not in _INTERP_MODES:
+        raise UnsupportedError(f"interpolate: mode {mode!r} is not supported on opencl (one of "
+                               f"{', '.join(_INTERP_MODES)}; input shape {x.shape}, dtype {x.dtype})")
+    size = tuple(int(s) for s in size)
+    if mode == "area":
+        return adaptive_avg_pool(x, size)
+    nd = len(size)
+    x, lead, common, sizes = _layout("interpolate", x, nd)
+    out = empty(x.rt, lead + size, x.dtype)
+    n = out.size
+    if not n:
+        return out
+    out_size = _pad3(size, 1)
+    user = (None,) * (_RANK - nd) + tuple(_user_scale(scales, d) for d in range(nd))
+    head = [out.buf, np.int64(out.eoff), x.buf, np.int64(x.eoff), np.int64(n), *common, *_i64(*out_size)]
+    codes = []
+    if mode in ("nearest", "nearest-exact"):
+        factors = []
+        for n_in, n_out, s in zip(sizes, out_size, user):
+            # torch's nearest_idx short-cuts equal and doubled sizes; its 1-d and 3-d kernels only without a scale
+            short = mode == "nearest" and (nd == 2 or s is None)
+            codes.append(0 if short and n_in == n_out else 2 if short and n_out == 2 * n_in else 1)
+            factors.append(np.float32(1.0 / s) if s is not None else np.float32(n_in) / np.float32(n_out))
+        args = head + [np.float32(f) for f in factors] + [np.int32(c) for c in codes]
+        _launch(_kernel(x, "ember_nearest", n), x, n, args + [np.int32(mode == "nearest-exact")])
+        return out
+    cubic = mode == "bicubic"
+    ac = bool(align_corners)
+    acc = _acc_ctype(ctype(x.dtype), bool(x.rt.fp64))
+    real = acc.scalar
+    factors = []
+    for n_in, n_out, s in zip(sizes, out_size, user):
+        # linear modes copy a dim whose size is kept, whatever the scale; cubic honours a given scale there
+        codes.append(0 if n_in == n_out and (not cubic or ac or s is None or s == 1.0) else 1)
+        if ac:
+            factors.append(real(n_in - 1) / real(n_out - 1) if n_out > 1 else real(0))
+        else:
+            factors.append(real(1.0 / s) if s is not None else real(n_in) / real(n_out))
+    args = head + [real(f) for f in factors] + [np.int32(c) for c in codes] + [np.int32(ac)]
+    _launch(_kernel(x, "ember_interp_cubic" if cubic else "ember_interp_linear", n), x, n, args)
+    return out
