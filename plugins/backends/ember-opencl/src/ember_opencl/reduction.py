@@ -1,0 +1,745 @@
+"""Reductions (sum/prod/max/min, argmax/argmin), inclusive scans, softmax and logsumexp.
+
+Every op views its input logically as (outer rows) x (reduced length) without copying: the kept dims and the reduced
+dims are each collapsed (neighbours merged when their strides allow, in their original order, so a flat index over
+the reduced dims is the C-order index argmax needs) and passed to the kernel as sizes and element strides. Two kernel
+shapes serve every layout:
+
+* ``row``: work-groups stride over (row, chunk) pairs; the items of a group read the row interleaved (coalesced
+  when the reduced dim is the inner one) and combine their results in a local-memory tree.
+* ``col``: one work-item per (row, chunk), reading its chunk sequentially; used when the rows are short or when
+  the kept dims are inner in memory (e.g. a sum over dim 0), so neighbouring items read neighbouring elements.
+
+When there are too few rows to fill the device, each row is split into G chunks: pass 1 writes per-chunk partials
+(float for float16/bfloat16 inputs), pass 2 reduces them with G = 1. float sums are compensated (Kahan) per item
+and then combined in the tree; integer sums and products wrap in the input dtype as numpy's do.
+
+Kernel variants depend only on (op, dtypes, number of collapsed reduced dims, pass); every size and stride is a
+kernel argument, so a new shape never compiles anything.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ember import dtypes as dt
+from ember.dtypes import DType
+
+from . import elementwise as ew
+from .array import CLArray, contiguous_strides, empty, permute
+from .ctypes_ import CType, ctype, header
+
+OMAX = 4  # outer (kept) dims a kernel decomposes its row index into; more are first copied contiguous
+RMAX = 3  # reduced dims a reduction kernel decomposes its element index into; more are copied contiguous
+_SHORT = 16  # rows at most this long are reduced one work-item per row
+_HALF = (dt.float16, dt.bfloat16)
+_BOOL_OP = {"sum": "max", "prod": "min"}  # bool sum/prod stored as bool are any/all
+
+
+# -- layout helpers -----------------------------------------------------------------------------------------------
+def _collapse(shape: list[int], strides: list[int]) -> tuple[list[int], list[int]]:
+    """Drop size-1 dims and merge neighbours that are contiguous relative to each other (order kept)."""
+    out_shape: list[int] = []
+    out_strides: list[int] = []
+    for n, s in zip(shape, strides):
+        if n == 1:
+            continue
+        if out_shape and out_strides[-1] == s * n:
+            out_shape[-1] *= n
+            out_strides[-1] = s
+        else:
+            out_shape.append(n)
+            out_strides.append(s)
+    return out_shape, out_strides
+
+
+def _split(h: CLArray, dims: tuple[int, ...]) -> tuple[CLArray, list[int], list[int], list[int], list[int]]:
+    """(h or a contiguous copy of it, outer sizes, outer strides, reduced sizes, reduced strides)."""
+    red = sorted(set(dims))
+    kept = [d for d in range(h.ndim) if d not in red]
+    osh, ost = _collapse([h.shape[d] for d in kept], [h.estrides[d] for d in kept])
+    rsh, rst = _collapse([h.shape[d] for d in red], [h.estrides[d] for d in red])
+    if len(osh) > OMAX or len(rsh) > RMAX:
+        # too scattered to decompose: a contiguous copy with the reduced dims last (logical order preserved)
+        h = ew.copy(permute(h, tuple(kept + red)))
+        rows, n = math.prod(h.shape[: len(kept)]), math.prod(h.shape[len(kept):])
+        osh, ost = ([rows], [n]) if rows != 1 else ([], [])
+        rsh, rst = [n], [1]
+    if not rsh:
+        rsh, rst = [1], [0]
+    return h, osh, ost, rsh, rst
+
+
+def _outer_joint(h: CLArray, out: CLArray, dim: int) -> tuple[CLArray, tuple[int, ...], tuple[int, ...],
+                                                                  tuple[int, ...]]:
+    """The dims other than dim, collapsed jointly for h and out (h copied contiguous when they are too many)."""
+    others = [d for d in range(h.ndim) if d != dim]
+    shape = tuple(h.shape[d] for d in others)
+    osh, (ist, pst) = ew.collapse(shape, [tuple(h.estrides[d] for d in others),
+                                          tuple(out.estrides[d] for d in others)])
+    if len(osh) > OMAX:
+        h = ew.copy(h)
+        osh, (ist, pst) = ew.collapse(shape, [tuple(h.estrides[d] for d in others),
+                                              tuple(out.estrides[d] for d in others)])
+    return h, osh, ist, pst
+
+
+def _outer_args(osh: Any, *strides: Any) -> list[np.int64]:
+    pad = OMAX - len(osh)
+    args = [np.int64(v) for v in [1] * pad + list(osh)]
+    for st in strides:
+        args += [np.int64(v) for v in [0] * pad + list(st)]
+    return args
+
+
+def _red_args(rsh: list[int], rst: list[int]) -> list[np.int64]:
+    return [np.int64(v) for v in rsh + rst]
+
+
+def _out_shape(shape: tuple[int, ...], dims: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
+    if keepdim:
+        return tuple(1 if d in dims else n for d, n in enumerate(shape))
+    return tuple(n for d, n in enumerate(shape) if d not in dims)
+
+
+def _acc_dtype(dtype: DType) -> DType:
+    """The dtype partial results are kept in (float16/bfloat16 accumulate in float)."""
+    return dt.float32 if dtype in _HALF else dtype
+
+
+def _acc_itemsize(t: CType) -> int:
+    """Bytes of one element of t's compute type (local-memory sizing)."""
+    return _acc_dtype(t.dtype).itemsize
+
+
+# -- sizing ------------------------------------------------------------------------------------------------------
+def _target_groups(rt: Any) -> int:
+    """Work-groups that keep every compute unit busy."""
+    return rt.compute_units * (2 if rt.is_cpu else 8)
+
+
+def _target_items(rt: Any) -> int:
+    """Work-items that keep every compute unit busy (one-item-per-row kernels)."""
+    return rt.compute_units * (128 if rt.is_cpu else 2048)
+
+
+_wg_caps: dict[int, int] = {}
+
+
+def _local_size(rt: Any, kernel: Any, length: int) -> int:
+    """A power-of-two work-group size for rows of this length (the tree needs a power of two), within what
+    kernel (when given) can launch."""
+    cap = rt.max_work_group
+    if kernel is not None:
+        cap = _wg_caps.get(id(kernel), 0)
+        if not cap:
+            import pyopencl as cl
+
+            info = cl.kernel_work_group_info.WORK_GROUP_SIZE
+            cap = _wg_caps[id(kernel)] = int(kernel.get_work_group_info(info, rt.device))
+    local = 1 << (min(rt.ew_local, cap, rt.max_work_group).bit_length() - 1)
+    while local > 16 and local > length:
+        local //= 2
+    return local
+
+
+def _chunks(length: int, want: int) -> tuple[int, int]:
+    """(chunk count, chunk length) splitting length into at most want non-empty chunks."""
+    want = max(1, min(want, length))
+    size = -(-length // want)
+    return -(-length // size), size
+
+
+def _local_mem(nbytes: int) -> Any:
+    import pyopencl as cl
+
+    return cl.LocalMemory(max(nbytes, 8))
+
+
+# -- OpenCL C snippets -----------------------------------------------------------------------------------------------
+_INT_LIMITS = {"char": ("CHAR_MIN", "CHAR_MAX"), "short": ("SHRT_MIN", "SHRT_MAX"), "int": ("INT_MIN", "INT_MAX"),
+               "long": ("LONG_MIN", "LONG_MAX"), "uchar": ("0", "UCHAR_MAX")}
+_UNSIGNED = {"char": "uint", "short": "uint", "int": "uint", "long": "ulong"}
+
+
+def _identity(op: str, t: CType) -> str:
+    """The neutral element of op in t's compute type."""
+    a = t.compute
+    if op == "sum":
+        return f"(({a})0)"
+    if op == "prod":
+        return f"(({a})1)"
+    high = op in ("max", "argmax")
+    if t.is_float:
+        return f"(({a})-INFINITY)" if high else f"(({a})INFINITY)"
+    if t.is_bool:
+        return "((uchar)0)" if high else "((uchar)1)"
+    lo, hi = _INT_LIMITS[t.storage]
+    return f"(({a}){lo if high else hi})"
+
+
+def _comb_fn(op: str, t: CType) -> str:
+    """``ember_comb(a, b)``: op on two compute values (NaN propagates through max/min; ints wrap)."""
+    a = t.compute
+    if op in ("sum", "prod"):
+        sym = "+" if op == "sum" else "*"
+        body = f"a {sym} b"
+        if t.is_signed and not t.is_float:  # unsigned arithmetic: wrap without signed-overflow UB
+            u = _UNSIGNED[t.storage]
+            body = f"({u})a {sym} ({u})b"
+    elif t.is_float:
+        cmp = ">" if op == "max" else "<"
+        body = f"(a {cmp} b || isnan(a)) ? a : b"
+    else:
+        body = f"{op}(a, b)"
+    return f"inline {a} ember_comb({a} a, {a} b) {{ return ({a})({body}); }}\n"
+
+
+def _better_fn(op: str, t: CType) -> str:
+    """``ember_better(v, vi, a, ai)``: does (v, vi) beat the current (a, ai)? NaN is the extreme, lower index
+    wins ties."""
+    a = t.compute
+    cmp = ">" if op == "argmax" else "<"
+    if t.is_float:
+        body = f"isnan(v) ? (!isnan(a) || vi < ai) : (!isnan(a) && (v {cmp} a || (v == a && vi < ai)))"
+    else:
+        body = f"v {cmp} a || (v == a && vi < ai)"
+    return f"inline int ember_better({a} v, long vi, {a} a, long ai) {{ return {body}; }}\n"
+
+
+def _outer_params(*prefixes: str) -> str:
+    params = [f"long o{d}" for d in range(OMAX)]
+    for pre in prefixes:
+        params += [f"long {pre}{d}" for d in range(OMAX)]
+    return ", ".join(params)
+
+
+def _outer_code(row: str, bases: list[tuple[str, str, str]]) -> str:
+    """Declare each base = start + the offset of row (over the outer dims, through that array's strides)."""
+    lines = [f"long rem_ = {row};"] + [f"long {name} = {start};" for name, start, _ in bases]
+    for d in range(OMAX - 1, -1, -1):
+        lines.append(f"{{ long k_ = rem_ % o{d}; rem_ /= o{d};"
+                     + "".join(f" {name} += k_ * {pre}{d};" for name, _, pre in bases) + " }")
+    return "\n        ".join(lines)
+
+
+def _red_params(nred: int) -> str:
+    return ", ".join([f"long r{d}" for d in range(nred)] + [f"long rs{d}" for d in range(nred)])
+
+
+def _red_offset(nred: int, base: str, j: str) -> str:
+    """``long p = ...``: the element offset of the j-th reduced element (C order over the reduced dims)."""
+    if nred == 1:
+        return f"long p = {base} + {j} * rs0;"
+    if nred == 2:
+        return f"long p = {base} + ({j} / r1) * rs0 + ({j} % r1) * rs1;"
+    return (f"long q_ = {j} / r2; long p = {base} + (q_ / r1) * rs0 + (q_ % r1) * rs1 + ({j} % r2) * rs2;")
+
+
+# -- reduce / argreduce kernels ---------------------------------------------------------------------------------
+_red_sources: dict[tuple[Any, ...], str] = {}
+
+
+def _reduce_source(op: str, tin: CType, tout: CType, nred: int, arg: bool, idx_in: bool) -> str:
+    """A program with ``ember_red_row`` and ``ember_red_col`` for one (op, dtypes, reduced rank, pass)."""
+    key = (op, tin.dtype, tout.dtype, nred, arg, idx_in)
+    src = _red_sources.get(key)
+    if src is not None:
+        return src
+    a = tin.compute
+    ident = _identity(op, tin)
+    kahan = op == "sum" and tin.is_float
+    helpers = _better_fn(op, tin) if arg else _comb_fn(op, tin)
+    if arg:
+        out_p = f"__global long* out, long out_off, __global {a}* pv, long pv_off, int write_v"
+        init = f"{a} acc = {ident}; long ai = LONG_MAX;"
+        idx = "xi[xi_off + (p - x_off)]" if idx_in else "j"
+        step = (f"{{ {a} v = {tin.load('x', 'p')}; long vi = {idx}; "
+                "if (ember_better(v, vi, acc, ai)) { acc = v; ai = vi; } }")
+        finish = ""
+
+        def store(i: str) -> str:
+            return f"out[out_off + {i}] = ai; if (write_v) pv[pv_off + {i}] = acc;"
+    else:
+        out_p = f"__global {tout.storage}* out, long out_off"
+        init = f"{a} acc = {ident};" + (f" {a} cmp = ({a})0;" if kahan else "")
+        if kahan:  # compensated; a non-finite partial sum stays exactly what plain summation gives
+            step = (f"{{ {a} y = {tin.load('x', 'p')} - cmp; {a} t = acc + y; "
+                    f"cmp = isfinite(t) ? (t - acc) - y : ({a})0; acc = t; }}")
+            finish = "acc -= cmp;"
+        else:
+            step = f"acc = ember_comb(acc, {tin.load('x', 'p')});"
+            finish = ""
+
+        def store(i: str) -> str:
+            return tout.store("out", f"out_off + {i}", "acc") + ";"
+    in_p = f"__global const {tin.storage}* x, long x_off" + (", __global const long* xi, long xi_off" if idx_in else "")
+    common = f"{out_p}, {in_p}, long rows, long L, long G, long CL, {_outer_params('os')}, {_red_params(nred)}"
+    if arg:
+        tree = ("if (ember_better(sv[lid + s], si[lid + s], sv[lid], si[lid])) "
+                "{ sv[lid] = sv[lid + s]; si[lid] = si[lid + s]; }")
+        locals_p = f"__local {a}* sv, __local long* si"
+        to_local = "sv[lid] = acc; si[lid] = ai;"
+        from_local = "acc = sv[0]; ai = si[0];"
+    else:
+        tree = "sv[lid] = ember_comb(sv[lid], sv[lid + s]);"
+        locals_p = f"__local {a}* sv"
+        to_local = "sv[lid] = acc;"
+        from_local = "acc = sv[0];"
+    src = header(tin, tout) + helpers + f"""
+__kernel void ember_red_row({common}, {locals_p}) {{
+    const int lid = get_local_id(0), ls = get_local_size(0);
+    const long total = rows * G;
+    for (long g = get_group_id(0); g < total; g += get_num_groups(0)) {{
+        const long row = g / G, c = g - row * G;
+        {_outer_code("row", [("base", "x_off", "os")])}
+        {init}
+        for (long j = c * ls + lid; j < L; j += G * ls) {{
+            {_red_offset(nred, "base", "j")}
+            {step}
+        }}
+        {finish}
+        {to_local}
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = ls >> 1; s > 0; s >>= 1) {{
+            if (lid < s) {{ {tree} }}
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }}
+        if (lid == 0) {{ {from_local} {store("g")} }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+}}
+
+__kernel void ember_red_col({common}) {{
+    const long total = rows * G;
+    for (long t = get_global_id(0); t < total; t += get_global_size(0)) {{
+        const long c = t / rows, row = t - c * rows;
+        {_outer_code("row", [("base", "x_off", "os")])}
+        const long j1 = min(L, (c + 1) * CL);
+        {init}
+        for (long j = c * CL; j < j1; ++j) {{
+            {_red_offset(nred, "base", "j")}
+            {step}
+        }}
+        {finish}
+        {store("t")}
+    }}
+}}
+"""
+    _red_sources[key] = src
+    return src
+
+
+def _reduce(op: str, arg: bool, h: CLArray, dims: tuple[int, ...], out_shape: tuple[int, ...], out_dtype: DType,
+            xi: CLArray | None = None, final: bool = False) -> CLArray:
+    """Reduce h over dims into a new contiguous array of out_shape (pass 2 when xi or final is given)."""
+    rt = h.rt
+    if math.prod(out_shape) == 0:
+        return empty(rt, out_shape, out_dtype)
+    h, osh, ost, rsh, rst = _split(h, dims)
+    rows, length = math.prod(osh), math.prod(rsh)
+    if length == 0:  # max/min/argmax of nothing are rejected by core; bool min is all() of nothing
+        return ew.full(rt, out_shape, 1 if op in ("prod", "min") else 0, out_dtype)
+    tin = ctype(h.dtype)
+    col = length <= _SHORT or (bool(ost) and abs(ost[-1]) < min(abs(s) for s in rst))
+    if col:
+        want = 1 if final or rows >= _target_items(rt) else min(-(-_target_items(rt) // rows), length // 64)
+        groups, chunk = _chunks(length, want)
+    else:
+        local = _local_size(rt, None, length)
+        want = 1 if final or rows >= _target_groups(rt) else min(-(-_target_groups(rt) // rows),
+                                                                  length // (local * 16))
+        groups, chunk = _chunks(length, want)
+    if groups > 1:  # pass 1 writes partials in the accumulation dtype, pass 2 reduces them
+        pdt = _acc_dtype(h.dtype)
+        pshape = (groups, rows) if col else (rows, groups)
+        pv = empty(rt, pshape, pdt)
+        pi = empty(rt, pshape, dt.int64) if arg else None
+        tout = ctype(pdt)
+        outs: list[Any] = ([pi.buf, np.int64(pi.eoff), pv.buf, np.int64(pv.eoff), np.int32(1)] if pi is not None
+                           else [pv.buf, np.int64(pv.eoff)])
+        result = None
+    else:
+        out = empty(rt, out_shape, out_dtype)
+        tout = ctype(out_dtype)
+        outs = ([out.buf, np.int64(out.eoff), out.buf, np.int64(0), np.int32(0)] if arg
+                else [out.buf, np.int64(out.eoff)])
+        result = out
+    src = _reduce_source(op, tin, tout if not arg else ctype(dt.int64), len(rsh), arg, xi is not None)
+    args: list[Any] = [*outs, h.buf, np.int64(h.eoff)]
+    if xi is not None:
+        args += [xi.buf, np.int64(xi.eoff)]
+    args += [np.int64(rows), np.int64(length), np.int64(groups), np.int64(chunk)]
+    args += _outer_args(osh, ost) + _red_args(rsh, rst)
+    if col:
+        kernel = rt.kernel(src, "ember_red_col")
+        gsize, lsize = rt.grid(rows * groups)
+        kernel(rt.queue, gsize, lsize, *args)
+    else:
+        kernel = rt.kernel(src, "ember_red_row")
+        local = _local_size(rt, kernel, length)
+        args.append(_local_mem(local * _acc_itemsize(tin)))
+        if arg:
+            args.append(_local_mem(local * 8))
+        ngroups = min(rows * groups, max(rt.ew_max_groups, _target_groups(rt)))
+        kernel(rt.queue, (ngroups * local,), (local,), *args)
+    if result is not None:
+        return result
+    return _reduce(op, arg, pv, (0 if col else 1,), out_shape, out_dtype, xi=pi, final=True)
+
+
+def reduce(op: str, h: CLArray, dims: tuple[int, ...], keepdim: bool) -> CLArray:
+    """sum/prod/max/min of h over dims (result dtype = h's; max/min propagate NaN; ints wrap)."""
+    if h.dtype is dt.bool_:
+        op = _BOOL_OP.get(op, op)
+    return _reduce(op, False, h, dims, _out_shape(h.shape, dims, keepdim), h.dtype)
+
+
+def argreduce(op: str, h: CLArray, dim: int | None, keepdim: bool) -> CLArray:
+    """argmax/argmin (int64) along dim, or over the flattened tensor when dim is None; the first occurrence wins
+    and NaN counts as the extreme value."""
+    dims = tuple(range(h.ndim)) if dim is None else (dim,)
+    return _reduce(op, True, h, dims, _out_shape(h.shape, dims, keepdim), dt.int64)
+
+
+# -- logsumexp ------------------------------------------------------------------------------------------------------
+_lse_sources: dict[tuple[Any, ...], str] = {}
+
+
+def _lse_source(t: CType, nred: int) -> str:
+    key = (t.dtype, nred)
+    src = _lse_sources.get(key)
+    if src is not None:
+        return src
+    a = t.compute
+    load = t.load("x", "p")
+    common = (f"__global {t.storage}* out, long out_off, __global const {t.storage}* x, long x_off, long rows, "
+              f"long L, {_outer_params('os')}, {_red_params(nred)}")
+    # the same steps as the default composition: m = max (NaN propagates), 0 where not finite, log(sum exp) + m
+    src = header(t) + _comb_fn("max", t) + f"""
+__kernel void ember_lse_row({common}, __local {a}* sv) {{
+    const int lid = get_local_id(0), ls = get_local_size(0);
+    for (long row = get_group_id(0); row < rows; row += get_num_groups(0)) {{
+        {_outer_code("row", [("base", "x_off", "os")])}
+        {a} m = ({a})-INFINITY;
+        for (long j = lid; j < L; j += ls) {{ {_red_offset(nred, "base", "j")} m = ember_comb(m, {load}); }}
+        sv[lid] = m;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = ls >> 1; s > 0; s >>= 1) {{
+            if (lid < s) sv[lid] = ember_comb(sv[lid], sv[lid + s]);
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }}
+        m = sv[0];
+        m = isfinite(m) ? m : ({a})0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        {a} acc = ({a})0;
+        for (long j = lid; j < L; j += ls) {{ {_red_offset(nred, "base", "j")} acc += exp({load} - m); }}
+        sv[lid] = acc;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = ls >> 1; s > 0; s >>= 1) {{
+            if (lid < s) sv[lid] += sv[lid + s];
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }}
+        if (lid == 0) {{ {t.store("out", "out_off + row", "log(sv[0]) + m")}; }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+}}
+
+__kernel void ember_lse_col({common}) {{
+    for (long row = get_global_id(0); row < rows; row += get_global_size(0)) {{
+        {_outer_code("row", [("base", "x_off", "os")])}
+        {a} m = ({a})-INFINITY;
+        for (long j = 0; j < L; ++j) {{ {_red_offset(nred, "base", "j")} m = ember_comb(m, {load}); }}
+        m = isfinite(m) ? m : ({a})0;
+        {a} acc = ({a})0;
+        for (long j = 0; j < L; ++j) {{ {_red_offset(nred, "base", "j")} acc += exp({load} - m); }}
+        {t.store("out", "out_off + row", "log(acc) + m")};
+    }}
+}}
+"""
+    _lse_sources[key] = src
+    return src
+
+
+def _lse_composed(h: CLArray, dims: tuple[int, ...], keepdim: bool) -> CLArray:
+    """The core default composition (used for few, very long rows, where the two-pass reductions parallelise)."""
+    m = reduce("max", h, dims, True)
+    m = ew.where(ew.unary("isfinite", m), m, 0.0)
+    s = reduce("sum", ew.unary("exp", ew.binary("sub", h, m)), dims, True)
+    r = ew.binary("add", ew.unary("log", s), m)
+    if keepdim:
+        return r
+    shape = _out_shape(h.shape, dims, False)
+    return r.view(shape, contiguous_strides(shape), r.offset)
+
+
+def logsumexp(h: CLArray, dims: tuple[int, ...], keepdim: bool) -> CLArray:
+    """log(sum(exp(h))) over dims, stably (max shifted out; rows of -inf give -inf, NaN propagates)."""
+    rt = h.rt
+    out_shape = _out_shape(h.shape, dims, keepdim)
+    if math.prod(out_shape) == 0:
+        return empty(rt, out_shape, h.dtype)
+    src_h, osh, ost, rsh, rst = _split(h, dims)
+    rows, length = math.prod(osh), math.prod(rsh)
+    if length == 0:
+        return ew.full(rt, out_shape, -math.inf, h.dtype)
+    if rows < _target_groups(rt) and length > 4096:
+        return _lse_composed(h, dims, keepdim)
+    t = ctype(h.dtype)
+    src = _lse_source(t, len(rsh))
+    out = empty(rt, out_shape, h.dtype)
+    args = [out.buf, np.int64(out.eoff), src_h.buf, np.int64(src_h.eoff), np.int64(rows), np.int64(length)]
+    args += _outer_args(osh, ost) + _red_args(rsh, rst)
+    if length <= _SHORT or (bool(ost) and abs(ost[-1]) < min(abs(s) for s in rst)):
+        gsize, lsize = rt.grid(rows)
+        rt.kernel(src, "ember_lse_col")(rt.queue, gsize, lsize, *args)
+    else:
+        kernel = rt.kernel(src, "ember_lse_row")
+        local = _local_size(rt, kernel, length)
+        args.append(_local_mem(local * _acc_itemsize(t)))
+        ngroups = min(rows, rt.ew_max_groups)
+        kernel(rt.queue, (ngroups * local,), (local,), *args)
+    return out
+
+
+# -- softmax ---------------------------------------------------------------------------------------------------------
+_softmax_sources: dict[DType, str] = {}
+
+
+def _softmax_source(t: CType) -> str:
+    src = _softmax_sources.get(t.dtype)
+    if src is not None:
+        return src
+    a = t.compute
+    load = t.load("x", "base + j * sx")
+    common = (f"__global {t.storage}* out, long out_off, __global const {t.storage}* x, long x_off, long rows, "
+              f"long L, long sx, long so, int logm, {_outer_params('os', 'ps')}")
+    bases = [("base", "x_off", "os"), ("obase", "out_off", "ps")]
+    # the default composition: m = max (NaN propagates), 0 where not finite; exp(x - m) / s or (x - m) - log(s)
+
+    def write(j0: str, js: str) -> str:
+        loop = f"for (long j = {j0}; j < L; j += {js})"
+        logv = t.store("out", "obase + j * so", f"({load} - m) - ls_")
+        expv = t.store("out", "obase + j * so", f"exp({load} - m) / s")
+        return (f"if (logm) {{ {a} ls_ = log(s); {loop} {{ {logv}; }} }}"
+                f"\n        else {{ {loop} {{ {expv}; }} }}")
+    src = header(t) + _comb_fn("max", t) + f"""
+__kernel void ember_softmax_row({common}, __local {a}* sv) {{
+    const int lid = get_local_id(0), ls = get_local_size(0);
+    for (long row = get_group_id(0); row < rows; row += get_num_groups(0)) {{
+        {_outer_code("row", bases)}
+        {a} m = ({a})-INFINITY;
+        for (long j = lid; j < L; j += ls) m = ember_comb(m, {load});
+        sv[lid] = m;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = ls >> 1; s > 0; s >>= 1) {{
+            if (lid < s) sv[lid] = ember_comb(sv[lid], sv[lid + s]);
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }}
+        m = sv[0];
+        m = isfinite(m) ? m : ({a})0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        {a} acc = ({a})0;
+        for (long j = lid; j < L; j += ls) acc += exp({load} - m);
+        sv[lid] = acc;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = ls >> 1; s > 0; s >>= 1) {{
+            if (lid < s) sv[lid] += sv[lid + s];
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }}
+        const {a} s = sv[0];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        {write("lid", "ls")}
+    }}
+}}
+
+__kernel void ember_softmax_col({common}) {{
+    for (long row = get_global_id(0); row < rows; row += get_global_size(0)) {{
+        {_outer_code("row", bases)}
+        {a} m = ({a})-INFINITY;
+        for (long j = 0; j < L; ++j) m = ember_comb(m, {load});
+        m = isfinite(m) ? m : ({a})0;
+        {a} s = ({a})0;
+        for (long j = 0; j < L; ++j) s += exp({load} - m);
+        {write("0", "1")}
+    }}
+}}
+"""
+    _softmax_sources[t.dtype] = src
+    return src
+
+
+def _softmax_composed(h: CLArray, dim: int, log: bool) -> CLArray:
+    """The core default composition (used for few, very long rows)."""
+    m = reduce("max", h, (dim,), True)
+    m = ew.where(ew.unary("isfinite", m), m, 0.0)
+    z = ew.binary("sub", h, m)
+    if log:
+        return ew.binary("sub", z, ew.unary("log", reduce("sum", ew.unary("exp", z), (dim,), True)))
+    e = ew.unary("exp", z)
+    return ew.binary("div", e, reduce("sum", e, (dim,), True))
+
+
+def softmax(h: CLArray, dim: int, log: bool) -> CLArray:
+    """softmax (or log_softmax) of h along dim, one fused kernel per row (max, sum of exp, write)."""
+    rt = h.rt
+    out = empty(rt, h.shape, h.dtype)
+    if out.size == 0:
+        return out
+    length = h.shape[dim]
+    rows = out.size // length
+    if rows < _target_groups(rt) and length > 4096:
+        return _softmax_composed(h, dim, log)
+    h, osh, ist, pst = _outer_joint(h, out, dim)
+    t = ctype(h.dtype)
+    src = _softmax_source(t)
+    args = [out.buf, np.int64(out.eoff), h.buf, np.int64(h.eoff), np.int64(rows), np.int64(length),
+            np.int64(h.estrides[dim]), np.int64(out.estrides[dim]), np.int32(log)]
+    args += _outer_args(osh, ist, pst)
+    if length <= _SHORT or (bool(ist) and abs(ist[-1]) < abs(h.estrides[dim])):
+        gsize, lsize = rt.grid(rows)
+        rt.kernel(src, "ember_softmax_col")(rt.queue, gsize, lsize, *args)
+    else:
+        kernel = rt.kernel(src, "ember_softmax_row")
+        local = _local_size(rt, kernel, length)
+        args.append(_local_mem(local * _acc_itemsize(t)))
+        kernel(rt.queue, (min(rows, rt.ew_max_groups) * local,), (local,), *args)
+    return out
+
+
+# -- inclusive scans -------------------------------------------------------------------------------------------------
+_scan_sources: dict[tuple[Any, ...], str] = {}
+
+
+def _scan_source(op: str, t: CType) -> str:
+    """``ember_scan_seq`` (one item per row), ``ember_scan_totals`` and ``ember_scan_block`` (a group per chunk of
+    a row, local-memory Hillis-Steele per tile, carry from the scanned chunk totals)."""
+    key = (op, t.dtype)
+    src = _scan_sources.get(key)
+    if src is not None:
+        return src
+    a = t.compute
+    ident = _identity(op, t)
+    load = t.load("x", "base + j * sx")
+    outer = _outer_params("os", "ps")
+    bases = [("base", "x_off", "os"), ("obase", "out_off", "ps")]
+    if op == "sum" and t.is_float:  # running sums compensated (Kahan), as torch's CPU scans are accurate
+        kahan = (f"{{ {a} y_ = (V) - cmp; {a} t_ = acc + y_; cmp = isfinite(t_) ? (t_ - acc) - y_ : ({a})0; "
+                 "acc = t_; }")
+        seq_step = kahan.replace("V", load)
+        carry_step = kahan.replace("acc", "carry").replace("V", "sv[ls - 1]")
+        tile_out = "carry + (sv[lid] - cmp)"
+    else:
+        seq_step = f"acc = ember_comb(acc, {load});"
+        carry_step = "carry = ember_comb(carry, sv[ls - 1]);"
+        tile_out = "ember_comb(carry, sv[lid])"
+    src = header(t) + _comb_fn(op, t) + f"""
+__kernel void ember_scan_seq(__global {t.storage}* out, long out_off, __global const {t.storage}* x, long x_off,
+                             long rows, long L, long sx, long so, {outer}) {{
+    for (long row = get_global_id(0); row < rows; row += get_global_size(0)) {{
+        {_outer_code("row", bases)}
+        {a} acc = {ident}, cmp = ({a})0;
+        for (long j = 0; j < L; ++j) {{
+            {seq_step}
+            {t.store("out", "obase + j * so", "acc")};
+        }}
+    }}
+}}
+
+__kernel void ember_scan_totals(__global {a}* tot, long out_off, __global const {t.storage}* x, long x_off,
+                                long rows, long L, long G, long CL, long sx, {outer}, __local {a}* sv) {{
+    const int lid = get_local_id(0), ls = get_local_size(0);
+    for (long g = get_group_id(0); g < rows * G; g += get_num_groups(0)) {{
+        const long row = g / G, c = g - row * G;
+        {_outer_code("row", bases)}
+        const long j1 = min(L, (c + 1) * CL);
+        {a} acc = {ident}, cmp = ({a})0;
+        for (long j = c * CL + lid; j < j1; j += ls) {seq_step}
+        sv[lid] = acc - cmp;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = ls >> 1; s > 0; s >>= 1) {{
+            if (lid < s) sv[lid] = ember_comb(sv[lid], sv[lid + s]);
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }}
+        if (lid == 0) tot[out_off + g] = sv[0];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+}}
+
+__kernel void ember_scan_block(__global {t.storage}* out, long out_off, __global const {t.storage}* x, long x_off,
+                               __global const {a}* cr, long cr_off, int has_carry,
+                               long rows, long L, long G, long CL, long sx, long so, {outer}, __local {a}* sv) {{
+    const int lid = get_local_id(0), ls = get_local_size(0);
+    for (long g = get_group_id(0); g < rows * G; g += get_num_groups(0)) {{
+        const long row = g / G, c = g - row * G;
+        {_outer_code("row", bases)}
+        const long j1 = min(L, (c + 1) * CL);
+        {a} carry = (has_carry && c > 0) ? cr[cr_off + g - 1] : {ident}, cmp = ({a})0;
+        for (long t0 = c * CL; t0 < j1; t0 += ls) {{
+            const long j = t0 + lid;
+            sv[lid] = j < j1 ? {load} : {ident};
+            barrier(CLK_LOCAL_MEM_FENCE);
+            for (int s = 1; s < ls; s <<= 1) {{
+                {a} w = lid >= s ? sv[lid - s] : {ident};
+                barrier(CLK_LOCAL_MEM_FENCE);
+                sv[lid] = ember_comb(w, sv[lid]);
+                barrier(CLK_LOCAL_MEM_FENCE);
+            }}
+            if (j < j1) {{ {t.store("out", "obase + j * so", tile_out)}; }}
+            {carry_step}
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }}
+    }}
+}}
+"""
+    _scan_sources[key] = src
+    return src
+
+
+def _scan(op: str, h: CLArray, dim: int) -> CLArray:
+    rt = h.rt
+    out = empty(rt, h.shape, h.dtype)
+    if out.size == 0:
+        return out
+    length = h.shape[dim]
+    rows = out.size // length
+    h, osh, ist, pst = _outer_joint(h, out, dim)
+    sx, so = h.estrides[dim], out.estrides[dim]
+    t = ctype(h.dtype)
+    src = _scan_source(op, t)
+    outer = _outer_args(osh, ist, pst)
+    column = bool(ist) and abs(ist[-1]) < abs(sx)
+    if length <= 2 * _SHORT or rows >= _target_items(rt) or (column and rows >= _target_groups(rt) * 32):
+        gsize, lsize = rt.grid(rows)
+        rt.kernel(src, "ember_scan_seq")(rt.queue, gsize, lsize, out.buf, np.int64(out.eoff), h.buf,
+                                         np.int64(h.eoff), np.int64(rows), np.int64(length), np.int64(sx),
+                                         np.int64(so), *outer)
+        return out
+    block = rt.kernel(src, "ember_scan_block")
+    local = _local_size(rt, block, length)
+    want = 1 if rows >= _target_groups(rt) else min(-(-_target_groups(rt) // rows), length // (local * 16))
+    groups, chunk = _chunks(length, want)
+    acc_t = ctype(_acc_dtype(h.dtype))
+    ngroups = min(rows * groups, max(rt.ew_max_groups, _target_groups(rt)))
+    carry: CLArray = out  # unused unless there are several chunks per row
+    if groups > 1:
+        totals = empty(rt, (rows, groups), acc_t.dtype)
+        rt.kernel(src, "ember_scan_totals")(
+            rt.queue, (ngroups * local,), (local,), totals.buf, np.int64(totals.eoff), h.buf, np.int64(h.eoff),
+            np.int64(rows), np.int64(length), np.int64(groups), np.int64(chunk), np.int64(sx), *outer,
+            _local_mem(local * _acc_itemsize(t)))
+        carry = _scan(op, totals, 1)
+    block(rt.queue, (ngroups * local,), (local,), out.buf, np.int64(out.eoff), h.buf, np.int64(h.eoff), carry.buf,
+          np.int64(carry.eoff), np.int32(groups > 1), np.int64(rows), np.int64(length), np.int64(groups),
+          np.int64(chunk), np.int64(sx), np.int64(so), *outer, _local_mem(local * _acc_itemsize(t)))
+    return out
+
+
+def cumulative(op: str, h: CLArray, dim: int) -> CLArray:
+    """Inclusive cumsum/cumprod of h along dim in h's dtype (float16/bfloat16 accumulate in float; ints wrap)."""
+    if h.dtype is dt.bool_:
+        op = _BOOL_OP[op]
+    return _scan(op, h, dim)
