@@ -194,3 +194,19 @@ def test_memory_report_and_dry_run(dev: Device) -> None:
     before = report["raw_allocations"]
     step()
     assert dev.memory_report()["raw_allocations"] == before  # the planned step allocates nothing new
+
+
+def test_out_of_memory_names_requested_and_available_sizes(dev: Device) -> None:
+    with pytest.raises(ember.OutOfMemoryError, match=r"1099511627776 bytes \(1024.0 GiB\)"):
+        ember.zeros(2**38, device=dev)
+    # beyond what is left on the device: a pool over the real context, with a small capacity, trims then gives up
+    from ember_opencl.memory import MemoryPool
+
+    pool = MemoryPool(dev.stack.rt.ctx, capacity=8 << 20, label="opencl:test")
+    keep = [pool.allocate(3 << 20), pool.allocate(3 << 20)]
+    with pytest.raises(ember.OutOfMemoryError, match="available") as err:
+        keep.append(pool.allocate(3 << 20))
+    assert "opencl:test" in str(err.value) and "3.0 MiB" in str(err.value)
+    del keep
+    assert pool.allocate(3 << 20).nbytes == 3 << 20  # freed blocks are reusable afterwards
+    assert (ember.ones(4, device=dev) * 2).sum().item() == 8.0
