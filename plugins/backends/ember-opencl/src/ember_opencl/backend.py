@@ -142,6 +142,13 @@ class OpenCLBackend(Backend):
 
         return conv.conv(x, w, b, stride, padding, dilation, groups)
 
+    def conv_transpose(self, x: CLArray, w: CLArray, b: CLArray | None, stride: tuple[int, ...],
+                       padding: tuple[int, ...], output_padding: tuple[int, ...], dilation: tuple[int, ...],
+                       groups: int) -> CLArray:
+        from . import conv
+
+        return conv.conv_transpose(x, w, b, stride, padding, output_padding, dilation, groups)
+
     def conv_input_grad(self, grad_y: CLArray, w: CLArray, x_shape: tuple[int, ...], stride: tuple[int, ...],
                         padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> CLArray:
         """Gradient of ``conv`` w.r.t. its input of shape x_shape (the autodiff decorator uses it)."""

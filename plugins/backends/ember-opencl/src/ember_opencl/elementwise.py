@@ -236,7 +236,14 @@ def _rank_bucket(rank: int) -> int:
 
 
 def _map_kernel(k: int, expr: str, out_t: CType, operands: tuple[tuple[CType, bool], ...], rank: int,
-                linear: bool) -> str:
+                layout: str) -> str:
+    """One map kernel.
+
+    GPUs take grid-stride loops, so neighbouring work-items touch neighbouring elements: "linear" (contiguous
+    operands) and "strided" (each flat index split into coordinates). CPUs take a contiguous run of flat indices per
+    work-item: "linear_chunked" (a plain loop the compiler vectorises) and "chunked" (coordinates carried like an
+    odometer, since a 64-bit division per element and dim would dominate); on PoCL that is 20-50x faster.
+    """
     params = [f"__global {out_t.storage}* out", "long out_off"]
     for j, (t, is_array) in enumerate(operands):
         if is_array:
@@ -245,33 +252,62 @@ def _map_kernel(k: int, expr: str, out_t: CType, operands: tuple[tuple[CType, bo
             params.append(f"{t.compute} s{j}")
     params.append("long n")
     arrays = [j for j, (_, is_array) in enumerate(operands) if is_array]
-    if not linear:
+    if layout not in ("linear", "linear_chunked"):
         params += [f"long n{d}" for d in range(rank)]
         params += [f"long so{d}" for d in range(rank)]
         params += [f"long s{j}_{d}" for j in arrays for d in range(rank)]
-    body = ["for (long i = get_global_id(0); i < n; i += get_global_size(0)) {"]
-    if linear:
+    offsets = ["oo"] + [f"o{j}" for j in arrays]
+    strides = {"oo": "so"} | {f"o{j}": f"s{j}_" for j in arrays}
+    body: list[str] = []
+    chunk_head = ["long chunk = (n + get_global_size(0) - 1) / get_global_size(0);",
+                  "long start = get_global_id(0) * chunk;", "if (start >= n) return;",
+                  "long end = min(start + chunk, n);"]
+    if layout in ("linear", "linear_chunked"):
+        if layout == "linear":
+            body.append("for (long i = get_global_id(0); i < n; i += get_global_size(0)) {")
+        else:  # a contiguous run per work-item: a plain loop the compiler vectorises
+            body += chunk_head + ["for (long i = start; i < end; ++i) {"]
         out_idx = "out_off + i"
         idx = {j: f"a{j}_off + i" for j in arrays}
-    else:
+    elif layout == "strided":
+        body.append("for (long i = get_global_id(0); i < n; i += get_global_size(0)) {")
         body.append("    long r = i, oo = out_off;" + "".join(f" long o{j} = a{j}_off;" for j in arrays))
         for d in range(rank - 1, -1, -1):
-            body.append(f"    {{ long c = r % n{d}; r /= n{d}; oo += c * so{d};"
-                        + "".join(f" o{j} += c * s{j}_{d};" for j in arrays) + " }")
+            body.append(f"    {{ long c = r % n{d}; r /= n{d};"
+                        + "".join(f" {o} += c * {strides[o]}{d};" for o in offsets) + " }")
+        out_idx = "oo"
+        idx = {j: f"o{j}" for j in arrays}
+    else:
+        body += chunk_head
+        body.append("long r = start, oo = out_off;" + "".join(f" long o{j} = a{j}_off;" for j in arrays))
+        for d in range(rank - 1, -1, -1):
+            body.append(f"long c{d} = r % n{d}; r /= n{d};"
+                        + "".join(f" {o} += c{d} * {strides[o]}{d};" for o in offsets))
+        body.append("for (long i = start; i < end; ++i) {")
         out_idx = "oo"
         idx = {j: f"o{j}" for j in arrays}
     for j, (t, is_array) in enumerate(operands):
         value = t.load(f"a{j}", idx[j]) if is_array else f"s{j}"
         body.append(f"    {t.compute} v{j} = {value};")
     body.append(f"    {out_t.store('out', out_idx, expr)};")
+    if layout == "chunked":  # advance the innermost coordinate, carrying into outer ones
+        carry = ""
+        for d in range(rank):
+            step = f"++c{d};" + "".join(f" {o} += {strides[o]}{d};" for o in offsets)
+            if d == 0:
+                carry = step
+            else:
+                reset = f"c{d} = 0;" + "".join(f" {o} -= {strides[o]}{d} * n{d};" for o in offsets)
+                carry = f"{step} if (c{d} == n{d}) {{ {reset} {carry} }}"
+        body.append("    " + carry)
     body.append("}")
     return f"__kernel void ember_map{k}({', '.join(params)}) {{\n    " + "\n    ".join(body) + "\n}\n"
 
 
-def _map_source(family: Family, operands: tuple[tuple[CType, bool], ...], rank: int, linear: bool) -> str:
+def _map_source(family: Family, operands: tuple[tuple[CType, bool], ...], rank: int, layout: str) -> str:
     types = [t for t, _ in operands] + [ctype(out) for _, _, out in family.members]
     used = set().union(*(u for _, u, _ in family.members))
-    kernels = [_map_kernel(k, expr, ctype(out), operands, rank, linear)
+    kernels = [_map_kernel(k, expr, ctype(out), operands, rank, layout)
                for k, (expr, _, out) in enumerate(family.members)]
     return header(*types) + _helpers(used, types) + "".join(kernels)
 
@@ -298,10 +334,11 @@ def run_map(expr: str, used: frozenset[str], out: CLArray, operands: list[tuple[
         k = 0
     desc = tuple((t, isinstance(op, CLArray)) for op, t in operands)
     rank = 1 if linear else _rank_bucket(len(shape))
-    key = (family, tuple((t.dtype, a) for t, a in desc), rank)
+    layout = ("linear_chunked" if linear else "chunked") if rt.is_cpu else ("linear" if linear else "strided")
+    key = (family, tuple((t.dtype, a) for t, a in desc), rank, layout)
     src = _sources.get(key)
     if src is None:
-        src = _sources[key] = _map_source(family, desc, rank, linear)
+        src = _sources[key] = _map_source(family, desc, rank, layout)
     kernel = rt.kernel(src, f"ember_map{k}")
     args: list[Any] = [out.buf, np.int64(out.eoff)]
     for op, t in operands:
