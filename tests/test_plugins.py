@@ -57,7 +57,7 @@ def _clear_devices() -> None:
 
 
 def _backend_plugin(name: str, *, contract: int = CONTRACT_VERSION, kind: str = "emulated", priority: int = 0,
-                    count: int | None = None) -> Any:
+                    count: int | None = None, **extra: Any) -> Any:
     """A programmatic plugin registering one backend built on flex (its factory is never the point here)."""
 
     class Plugin:
@@ -69,7 +69,8 @@ def _backend_plugin(name: str, *, contract: int = CONTRACT_VERSION, kind: str = 
                 return FlexBackend(index)
 
             register(name, factory, contract=contract, kind=kind, priority=priority,
-                     is_available=None if count is None else (lambda: count), description=f"test backend {name}")
+                     is_available=None if count is None else (lambda: count), description=f"test backend {name}",
+                     **extra)
 
     return Plugin()
 
@@ -286,6 +287,43 @@ def test_default_device_prefers_present_gpus(plugins: manager.PluginRegistry) ->
     plugins.register_plugin(_backend_plugin("slowgpu", kind="gpu", count=1, priority=1), name="slowgpu")
     plugins.register_plugin(_backend_plugin("fastgpu", kind="gpu", count=2, priority=5), name="fastgpu")
     assert Device.default() is Device("fastgpu", 0)
+
+
+def test_default_device_ranks_devices_by_their_own_kind(plugins: manager.PluginRegistry) -> None:
+    # an OpenCL-style plugin: registered as a GPU backend, but its device 0 is a CPU runtime (PoCL)
+    plugins.register_plugin(_backend_plugin("cpuruntime", kind="gpu", count=1, priority=-1,
+                                            device_kind=lambda i: "cpu"), name="cpuruntime")
+    assert Device.default() is Device("flex")  # not preferred over flex: same rank, lower priority
+    plugins.register_plugin(_backend_plugin("realgpu", kind="gpu", count=1, priority=-1,
+                                            device_kind=lambda i: "gpu"), name="realgpu")
+    assert Device.default() is Device("realgpu", 0)
+
+
+def test_a_failing_device_kind_ranks_lowest(plugins: manager.PluginRegistry) -> None:
+    def broken(index: int) -> str:
+        raise RuntimeError("driver cannot describe device")
+
+    plugins.register_plugin(_backend_plugin("flaky", kind="gpu", count=1, priority=9, device_kind=broken),
+                            name="flaky")
+    assert plugins.backend("flaky").kind_of(0) == "emulated"
+    assert Device.default() is Device("flex")
+
+
+def test_absent_devices_show_the_plugins_install_hint(plugins: manager.PluginRegistry) -> None:
+    plugins.register_plugin(_backend_plugin("hinted", kind="gpu", count=0, install_hint="install the Foo driver"),
+                            name="hinted")
+    with pytest.raises(ember.DeviceError, match=r"only 0 hinted device\(s\) found \(install the Foo driver\)"):
+        Device("hinted", 0)._checked()
+    plugins.register_plugin(_backend_plugin("plain", kind="gpu", count=0), name="plain")
+    with pytest.raises(ember.DeviceError, match="is the plain driver/runtime installed"):
+        Device("plain", 0)._checked()
+
+
+def test_memory_dry_run_is_a_no_op_context_without_a_pool() -> None:
+    for dev in (Device.flex(), Device.flex().autodiff()):
+        with dev.memory_dry_run() as stats:
+            (ember.ones(3, device=dev) + 1).sum()
+        assert stats == {}
 
 
 def test_default_device_without_any_backend_names_flex(
