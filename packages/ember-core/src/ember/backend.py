@@ -22,6 +22,7 @@ Conventions every method follows:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -54,6 +55,36 @@ REQUIRED_PRIMITIVES = frozenset(
     """from_numpy to_numpy full arange cast copy dtype_of assign unary binary where reduce argreduce cumulative
     matmul sort reshape permute expand getitem setitem cat seed rand randn""".split()
 )
+
+
+def view_strides(shape: Shape, strides: Sequence[int], new_shape: Shape) -> tuple[int, ...] | None:
+    """The strides that view data laid out as (shape, strides) in new_shape without a copy, or None when no view
+    exists (PyTorch's computeStride). Strides are in elements; a helper for backends with strided handles."""
+    if math.prod(shape) == 0 or not shape or not new_shape:
+        out, acc = [], 1
+        for n in reversed(new_shape):
+            out.append(acc)
+            acc *= max(n, 1)
+        return tuple(reversed(out))
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    # walk the old dims from the innermost; a "chunk" is a run of dims contiguous relative to each other, and the
+    # new dims covering the same number of elements take strides inside that chunk
+    chunk_base = strides[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = strides[d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(new_strides) if view_d == -1 else None
 
 
 class Backend:

@@ -18,6 +18,7 @@ import numpy as np
 from .. import dtypes as dt
 from .._bridge import broadcast_shapes as _broadcast_shapes
 from .._bridge import norm_dim, norm_dims, same_device
+from ..backend import view_strides
 from ..errors import DimError, DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
 from ..tensor import Tensor
 
@@ -93,29 +94,6 @@ def _infer_shape(shape: tuple[int, ...], numel: int, op: str) -> Shape:
     raise ShapeError(f"{op}: shape '{_fmt(shape)}' is invalid for input of size {numel}")
 
 
-def _view_strides(old: Shape, strides: Sequence[int], new: Shape) -> bool:
-    """True when new can view data laid out as (old, strides) without a copy (PyTorch's computeStride)."""
-    if _numel(old) == 0 or not old or not new:
-        return True
-    view_d = len(new) - 1
-    chunk_base = strides[-1]
-    tensor_numel = 1
-    view_numel = 1
-    for d in range(len(old) - 1, -1, -1):
-        tensor_numel *= old[d]
-        if d == 0 or (old[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base):
-            while view_d >= 0 and (view_numel < tensor_numel or new[view_d] == 1):
-                view_numel *= new[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return False
-            if d > 0:
-                chunk_base = strides[d - 1]
-                tensor_numel = 1
-                view_numel = 1
-    return view_d == -1
-
-
 def _reshape_h(x: Tensor, shape: Shape) -> Any:
     h = x._h
     if tuple(h.shape) == shape:
@@ -144,7 +122,7 @@ def view(input: Tensor, *shape: Any) -> Tensor:
     strides = getattr(x._h, "strides", None)
     if strides is not None and tuple(x.shape) != s:
         item = x._h.dtype.itemsize if hasattr(x._h, "dtype") else x._dtype.itemsize
-        if not _view_strides(tuple(x.shape), [st // item for st in strides], s):
+        if view_strides(tuple(x.shape), [st // item for st in strides], s) is None:
             raise ShapeError(
                 f"view: view size {_fmt(s)} is not compatible with input tensor's size {_fmt(x.shape)} and "
                 "stride "

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ember.backend import view_strides
 from ember.dtypes import DType
 
 from .memory import Block
@@ -120,32 +121,8 @@ def reshape_view(h: CLArray, shape: tuple[int, ...]) -> CLArray | None:
     """A view of h with the new shape when its strides allow one (PyTorch's stride rule), else None."""
     if h.is_contiguous:
         return h.view(tuple(shape), contiguous_strides(shape), h.offset)
-    if math.prod(shape) == 0:
-        return None
-    old, old_strides = h.shape, h.estrides
-    new_strides = [0] * len(shape)
-    view_d = len(shape) - 1
-    # walk the old dims from the innermost; a "chunk" is a run of old dims contiguous relative to each other,
-    # and the new dims covering the same element count get strides inside that chunk
-    chunk_base = old_strides[-1]
-    tensor_numel = view_numel = 1
-    for tensor_d in range(len(old) - 1, -1, -1):
-        tensor_numel *= old[tensor_d]
-        chunk_ends = tensor_d == 0 or (old[tensor_d - 1] != 1
-                                       and old_strides[tensor_d - 1] != tensor_numel * chunk_base)
-        if chunk_ends:
-            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
-                new_strides[view_d] = view_numel * chunk_base
-                view_numel *= shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if tensor_d > 0:
-                chunk_base = old_strides[tensor_d - 1]
-                tensor_numel = view_numel = 1
-    if view_d != -1:
-        return None
-    return h.view(tuple(shape), tuple(new_strides), h.offset)
+    strides = view_strides(h.shape, h.estrides, tuple(shape))
+    return None if strides is None else h.view(tuple(shape), strides, h.offset)
 
 
 def basic_index(h: CLArray, key: tuple[Any, ...]) -> CLArray:
