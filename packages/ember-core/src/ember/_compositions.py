@@ -165,14 +165,18 @@ def pad(be, h: Handle, pads: Sequence[tuple[int, int]], mode: str, value: Any = 
         return out
     if mode not in ("reflect", "replicate", "circular"):
         raise UnsupportedError(f"pad mode {mode!r}")
-    # negative pads crop first; positive pads then wrap/reflect/replicate within the cropped extent (PyTorch)
+    # negative pads crop. As in PyTorch, circular wraps within the cropped extent, while reflect and replicate
+    # index the whole input (the same as crop-first for replicate; different for reflect)
     out = h
     for d, ((lo, hi), sz) in enumerate(zip(pads, shape)):
         if lo == 0 and hi == 0:
             continue
-        first = max(-lo, 0)
-        sz = sz - first - max(-hi, 0)
-        lo, hi = max(lo, 0), max(hi, 0)
+        if mode == "circular":
+            first = max(-lo, 0)
+            sz = sz - first - max(-hi, 0)
+            lo, hi = max(lo, 0), max(hi, 0)
+        else:
+            first = 0
         i = np.arange(sz + lo + hi, dtype=np.int64) - lo
         if mode == "replicate":
             i = np.clip(i, 0, sz - 1)

@@ -181,6 +181,12 @@ PAD_CASES = [
     ((1, 2, 3, 4, 5), (1, 1, 2, 0, 1, 2), "replicate", None),
     ((2, 3, 5), (2, 5), "circular", None),
     ((1, 2, 3, 4), (1, 2, 3, 1), "circular", None),
+    # negative pads crop: reflect and replicate index the whole input, circular wraps within the cropped extent
+    ((2, 1, 5), (3, -2), "reflect", None),
+    ((2, 4, 5), (-1, 2, 2, -3), "reflect", None),
+    ((2, 3, 5), (-2, 3), "replicate", None),
+    ((2, 3, 5), (3, -2), "circular", None),
+    ((2, 4, 5), (-1, 2, 1, -1), "circular", None),
 ]
 
 

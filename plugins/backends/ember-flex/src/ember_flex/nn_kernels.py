@@ -985,9 +985,11 @@ def pad(x: np.ndarray, pads: Sequence[tuple[int, int]], mode: str = "constant",
         if not any(lo > 0 or hi > 0 for lo, hi in pads):
             return np.array(out, copy=True, order="C")  # pure crop / no-op
         return out  # freshly allocated, contiguous
-    # crop negative pads first, then pad with numpy
-    sl = tuple(slice(max(-lo, 0), x.shape[i] - max(-hi, 0)) for i, (lo, hi) in enumerate(pads))
-    x = x[sl]
+    # negative pads crop: circular wraps within the cropped extent (crop, then pad), reflect and replicate index
+    # the whole input (pad, then crop), as PyTorch does
+    crop = tuple(slice(max(-lo, 0), None if hi >= 0 else hi) for lo, hi in pads)
+    if npmode == "wrap":
+        x = x[crop]
     pp = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
     if npmode == "reflect":
         for i, (lo, hi) in enumerate(pp):
@@ -998,8 +1000,11 @@ def pad(x: np.ndarray, pads: Sequence[tuple[int, int]], mode: str = "constant",
             if (lo or hi) and (lo > x.shape[i] or hi > x.shape[i]):
                 raise ValueError("Padding value causes wrapping around more than once.")
     if not any(lo or hi for lo, hi in pp):
-        return np.array(x, copy=True, order="C")
-    return np.ascontiguousarray(np.pad(x, pp, mode=npmode))
+        return np.array(x[crop] if npmode != "wrap" else x, copy=True, order="C")
+    out = np.pad(x, pp, mode=npmode)
+    if npmode != "wrap":  # a side is either padded or cropped, so the same slices crop the padded array
+        out = out[crop]
+    return np.ascontiguousarray(out)
 
 
 # --------------------------------------------------------------------------

@@ -52,6 +52,28 @@ _DECOMPOSE = """
         {IX} o0 = r % ({IX})O0; r /= ({IX})O0;
         long base = x_off + (long)(r / ({IX})L1) * sb0 + (long)(r % ({IX})L1) * sb1;"""
 
+# GPUs: a grid-stride loop, neighbouring work-items on neighbouring outputs, each index split into coordinates
+_GPU_LOOP = "for (long i = get_global_id(0); i < n; i += get_global_size(0)) {{" + _DECOMPOSE
+
+# CPUs: a contiguous run of outputs per work-item, coordinates split once and then carried like an odometer (a
+# division per element and dim, and the grid stride's scattered accesses, dominate on PoCL)
+_CPU_LOOP = """const long chunk_ = (n + get_global_size(0) - 1) / get_global_size(0);
+    const long start_ = get_global_id(0) * chunk_;
+    if (start_ >= n) return;
+    const long end_ = min(start_ + chunk_, n);
+    {IX} r = ({IX})start_;
+    {IX} o2 = r % ({IX})O2; r /= ({IX})O2;
+    {IX} o1 = r % ({IX})O1; r /= ({IX})O1;
+    {IX} o0 = r % ({IX})O0; r /= ({IX})O0;
+    {IX} q1 = r % ({IX})L1;
+    long base = x_off + (long)(r / ({IX})L1) * sb0 + (long)q1 * sb1;
+    for (long i = start_; i < end_; ++i) {{"""
+
+_CPU_NEXT = """
+        if (++o2 == ({IX})O2) {{ o2 = 0; if (++o1 == ({IX})O1) {{ o1 = 0; if (++o0 == ({IX})O0) {{ o0 = 0;
+            if (++q1 == ({IX})L1) {{ q1 = 0; base += sb0 - (L1 - 1) * sb1; }} else base += sb1; }} }} }}
+    """
+
 _TEMPLATE = """
 #pragma OPENCL FP_CONTRACT OFF
 
@@ -89,7 +111,7 @@ __kernel void ember_max_pool(__global {S}* out, long out_off, __global long* idx
                              int adaptive, {ARGS},
                              long k0, long k1, long k2, long st0, long st1, long st2,
                              long p0, long p1, long p2, long d0, long d1, long d2) {{
-    for (long i = get_global_id(0); i < n; i += get_global_size(0)) {{{DECOMPOSE}
+    {LOOP}
         long s0, e0, s1, e1, s2, e2;
         ember_pool_window(o0, I0, O0, k0, st0, p0, d0, adaptive, &s0, &e0);
         ember_pool_window(o1, I1, O1, k1, st1, p1, d1, adaptive, &s1, &e1);
@@ -111,13 +133,13 @@ __kernel void ember_max_pool(__global {S}* out, long out_off, __global long* idx
         }}
         {STORE_BEST};
         if (want_idx) idx[idx_off + i] = bi;
-    }}
+    {NEXT}}}
 }}
 
 __kernel void ember_avg_pool(__global {S}* out, long out_off, int adaptive, {ARGS},
                              long k0, long k1, long k2, long st0, long st1, long st2,
                              long p0, long p1, long p2, int count_include_pad, long divisor) {{
-    for (long i = get_global_id(0); i < n; i += get_global_size(0)) {{{DECOMPOSE}
+    {LOOP}
         long s0, e0, n0, s1, e1, n1, s2, e2, n2;
         ember_avg_window(o0, I0, O0, k0, st0, p0, adaptive, &s0, &e0, &n0);
         ember_avg_window(o1, I1, O1, k1, st1, p1, adaptive, &s1, &e1, &n1);
@@ -141,7 +163,7 @@ __kernel void ember_avg_pool(__global {S}* out, long out_off, int adaptive, {ARG
             res = acc / ({A})div;
         }}
         {STORE_RES};
-    }}
+    {NEXT}}}
 }}
 
 /* nearest source index along one dim; code 0 copies, 2 halves (torch's short-cuts), 1 scales in float32 */
@@ -156,12 +178,12 @@ inline long ember_nearest_index(long o, long I, float scale, int code, int exact
 
 __kernel void ember_nearest(__global {S}* out, long out_off, {ARGS}, float sc0, float sc1, float sc2,
                             int code0, int code1, int code2, int exact) {{
-    for (long i = get_global_id(0); i < n; i += get_global_size(0)) {{{DECOMPOSE}
+    {LOOP}
         long src = base + ember_nearest_index(o0, I0, sc0, code0, exact) * sx0
                         + ember_nearest_index(o1, I1, sc1, code1, exact) * sx1
                         + ember_nearest_index(o2, I2, sc2, code2, exact) * sx2;
         {COPY};
-    }}
+    {NEXT}}}
 }}
 
 """
@@ -209,7 +231,7 @@ inline int ember_taps_{NAME}(long o, long I, {A} scale, int code, int align_corn
 
 __kernel void ember_interp_{NAME}(__global {S}* out, long out_off, {ARGS}, {A} sc0, {A} sc1, {A} sc2,
                                   int code0, int code1, int code2, int align_corners) {{
-    for (long i = get_global_id(0); i < n; i += get_global_size(0)) {{{DECOMPOSE}
+    {LOOP}
         long ix0[{TAPS}], ix1[{TAPS}], ix2[{TAPS}];
         {A} w0[{TAPS}], w1[{TAPS}], w2[{TAPS}];
         int t0 = ember_taps_{NAME}(o0, I0, sc0, code0, align_corners, ix0, w0);
@@ -233,7 +255,7 @@ __kernel void ember_interp_{NAME}(__global {S}* out, long out_off, {ARGS}, {A} s
             acc += w0[a] * acc1;
         }}
         {STORE_ACC};
-    }}
+    {NEXT}}}
 }}
 """
 
@@ -250,16 +272,17 @@ def _acc_ctype(t: CType, fp64: bool) -> CType:
     return ctype(dt.float64 if fp64 else dt.float32)
 
 
-def _program(dtype: DType, fp64: bool, wide: bool) -> str:
+def _program(dtype: DType, fp64: bool, wide: bool, cpu: bool) -> str:
     """The program of the five kernels for dtype (memoised: generating it costs more than a launch)."""
-    key = (dtype, fp64, wide)
+    key = (dtype, fp64, wide, cpu)
     src = _programs.get(key)
     if src is None:
         t = ctype(dtype)
         a = _acc_ctype(t, fp64)
         types = [t, a] + ([ctype(dt.float64)] if fp64 else [])
         common = dict(S=t.storage, A=a.compute, ARGS=_COMMON_ARGS.format(S=t.storage),
-                      DECOMPOSE=_DECOMPOSE.format(IX="long" if wide else "uint"),
+                      LOOP=(_CPU_LOOP if cpu else _GPU_LOOP).format(IX="long" if wide else "uint"),
+                      NEXT=_CPU_NEXT.format(IX="long" if wide else "uint") if cpu else "",
                       LOAD_I=t.load("x", "rb + ix2[c] * sx2"), STORE_ACC=t.store("out", "out_off + i", "acc"))
         src = header(*types) + _TEMPLATE.format(
             T=t.compute, R="double" if fp64 else "float", **common,
@@ -276,7 +299,7 @@ def _program(dtype: DType, fp64: bool, wide: bool) -> str:
 
 def _kernel(x: CLArray, name: str, n: int) -> Any:
     rt = x.rt
-    return rt.kernel(_program(x.dtype, bool(rt.fp64), n >= _NARROW), name)
+    return rt.kernel(_program(x.dtype, bool(rt.fp64), n >= _NARROW, rt.is_cpu), name)
 
 
 # -- host side ---------------------------------------------------------------------------------------------------

@@ -146,6 +146,15 @@ def _local_size(rt: Any, kernel: Any, length: int) -> int:
     return local
 
 
+def _cpu_local(rt: Any, items: int) -> int:
+    """Work-group size for one-item-per-task CPU kernels: as large as ew_local while every core still gets a few
+    groups (PoCL spreads work-groups, not work-items, over its threads)."""
+    local = rt.ew_local
+    while local > 1 and -(-items // local) < 4 * rt.compute_units:
+        local //= 2
+    return local
+
+
 def _chunks(length: int, want: int) -> tuple[int, int]:
     """(chunk count, chunk length) splitting length into at most want non-empty chunks."""
     want = max(1, min(want, length))
@@ -243,9 +252,136 @@ def _red_offset(nred: int, base: str, j: str) -> str:
 _red_sources: dict[tuple[Any, ...], str] = {}
 
 
-def _reduce_source(op: str, tin: CType, tout: CType, nred: int, arg: bool, idx_in: bool) -> str:
-    """A program with ``ember_red_row`` and ``ember_red_col`` for one (op, dtypes, reduced rank, pass)."""
-    key = (op, tin.dtype, tout.dtype, nred, arg, idx_in)
+def _reduced_walk(nred: int, run: str) -> str:
+    """Walk the flat reduced indices [j, j1) as runs along the innermost reduced dim: the coordinates are split
+    once and then carried like an odometer (a 64-bit division per element dominates on CPUs). ``run`` is the code
+    of one run of ``n_`` elements from offset ``p0``, the first of flat index ``j``."""
+    last = nred - 1
+    split = ["long q_ = j;"] + [f"long k{d} = q_ % r{d}; q_ /= r{d};" for d in range(last, 0, -1)] + ["long k0 = q_;"]
+    offset = " + ".join(f"k{d} * rs{d}" for d in range(nred))
+    carry = _carry(last - 1) if last else ""
+    return ("\n        ".join(split) + f"""
+        while (j < j1) {{
+            const long n_ = min(r{last} - k{last}, j1 - j);
+            const long p0 = base + {offset};
+            {run}
+            j += n_;
+            k{last} = 0;
+            {carry}
+        }}""")
+
+
+def _carry(d: int) -> str:
+    """Advance reduced coordinate d by one, carrying into the dims outside it."""
+    if d == 0:
+        return "++k0;"
+    return f"if (++k{d} == r{d}) {{ k{d} = 0; {_carry(d - 1)} }}"
+
+
+_LANES = 8  # independent accumulators per CPU work-item: a dependency chain per element would bound the speed
+
+
+def _run_kernel(op: str, tin: CType, nred: int, arg: bool, idx_in: bool, kahan: bool, common: str,
+                store: Any) -> str:
+    """``ember_red_run`` (CPUs): one work-item per (row, chunk), each walking its contiguous chunk of the reduced
+    indices with carried coordinates into _LANES interleaved accumulators, then combining them (the same
+    combination rules as the tree: compensated sums, NaN/first-index argmax order)."""
+    a = tin.compute
+    ident = _identity(op, tin)
+    lanes = range(_LANES)
+    if arg:
+        init = " ".join(f"{a} acc{l_} = {ident}; long ai{l_} = LONG_MAX;" for l_ in lanes)
+
+        def step(l_: int, p: str, jj: str) -> str:
+            vi = f"xi[xi_off + ({p} - x_off)]" if idx_in else jj
+            return (f"{{ {a} v = {tin.load('x', p)}; long vi = {vi}; "
+                    f"if (ember_better(v, vi, acc{l_}, ai{l_})) {{ acc{l_} = v; ai{l_} = vi; }} }}")
+        combine = " ".join(f"if (ember_better(acc{l_}, ai{l_}, acc0, ai0)) {{ acc0 = acc{l_}; ai0 = ai{l_}; }}"
+                           for l_ in lanes if l_)
+        final = f"{a} acc = acc0; long ai = ai0;"
+    elif kahan:
+        init = " ".join(f"{a} acc{l_} = {ident}, cmp{l_} = ({a})0;" for l_ in lanes)
+
+        def step(l_: int, p: str, jj: str) -> str:
+            return (f"{{ {a} y = {tin.load('x', p)} - cmp{l_}; {a} t = acc{l_} + y; "
+                    f"cmp{l_} = isfinite(t) ? (t - acc{l_}) - y : ({a})0; acc{l_} = t; }}")
+        # each lane's compensated total, then a compensated sum of the lanes
+        combine = (" ".join(f"acc{l_} -= cmp{l_};" for l_ in lanes) + f" cmp0 = ({a})0;"
+                   + "".join(f" {{ {a} y = acc{l_} - cmp0; {a} t = acc0 + y; "
+                             f"cmp0 = isfinite(t) ? (t - acc0) - y : ({a})0; acc0 = t; }}" for l_ in lanes if l_))
+        final = f"{a} acc = acc0 - cmp0;"
+    else:
+        init = " ".join(f"{a} acc{l_} = {ident};" for l_ in lanes)
+
+        def step(l_: int, p: str, jj: str) -> str:
+            return f"acc{l_} = ember_comb(acc{l_}, {tin.load('x', p)});"
+        combine = " ".join(f"acc0 = ember_comb(acc0, acc{l_});" for l_ in lanes if l_)
+        final = f"{a} acc = acc0;"
+
+    def block(rs: str) -> str:
+        body = " ".join(step(l_, f"(q + {l_} * {rs})" if l_ else "q", f"(jr + k + {l_})") for l_ in lanes)
+        return (f"for (; k + {_LANES} <= n_; k += {_LANES}, q += {_LANES} * {rs}) {{ {body} }}")
+    run = (f"long k = 0, q = p0; const long jr = j; "
+           f"if (rs{nred - 1} == 1) {{ {block('1')} }} else {{ {block('rs' + str(nred - 1))} }} "
+           f"for (; k < n_; ++k, q += rs{nred - 1}) {step(0, 'q', '(jr + k)')}")
+    return f"""
+__kernel void ember_red_run({common}, int colmajor) {{
+    const long t = get_global_id(0);
+    if (t >= rows * G) return;
+    long row, c;
+    if (colmajor) {{ c = t / rows; row = t - c * rows; }} else {{ row = t / G; c = t - row * G; }}
+    {_outer_code("row", [("base", "x_off", "os")])}
+    long j = c * CL;
+    const long j1 = min(L, j + CL);
+    {init}
+    {_reduced_walk(nred, run)}
+    {combine}
+    {final}
+    {store("t")}
+}}
+""" + _tile_kernel(tin, nred, arg, kahan, common, store, init, step)
+
+
+_TILE = 8  # rows one CPU work-item reduces side by side when the kept dims are inner (a cache line per step)
+
+
+def _tile_kernel(tin: CType, nred: int, arg: bool, kahan: bool, common: str, store: Any, init: str,
+                 step: Any) -> str:
+    """``ember_red_tile`` (CPUs, kept dims inner): one work-item per (chunk, _TILE consecutive rows), each step
+    reading the rows' neighbouring elements into one accumulator per row; partials are (G, rows)."""
+    a = tin.compute
+    lanes = range(_TILE)
+    bases = "\n    ".join(f"long b{l_}; {{ {_outer_code(f'min(row0 + {l_}, rows - 1)', [('bb_', 'x_off', 'os')])} "
+                          f"b{l_} = bb_; }}" for l_ in lanes)
+    body = " ".join(step(l_, f"(b{l_} + q)", "jj") for l_ in lanes)
+    last = nred - 1
+    run = (f"long q = p0; for (long k = 0; k < n_; ++k, q += rs{last}) {{ const long jj = j + k; {body} }}")
+    stores = []
+    for l_ in lanes:
+        value = (f"{a} acc = acc{l_}; long ai = ai{l_};" if arg else
+                 f"{a} acc = acc{l_} - cmp{l_};" if kahan else f"{a} acc = acc{l_};")
+        stores.append(f"if (row0 + {l_} < rows) {{ {value} {store(f'(c * rows + row0 + {l_})')} }}")
+    return f"""
+__kernel void ember_red_tile({common}) {{
+    const long tiles = (rows + {_TILE - 1}) / {_TILE};
+    const long t = get_global_id(0);
+    if (t >= tiles * G) return;
+    const long c = t / tiles, row0 = (t - c * tiles) * {_TILE};
+    {bases}
+    const long base = 0;
+    long j = c * CL;
+    const long j1 = min(L, j + CL);
+    {init}
+    {_reduced_walk(nred, run)}
+    {" ".join(stores)}
+}}
+"""
+
+
+def _reduce_source(op: str, tin: CType, tout: CType, nred: int, arg: bool, idx_in: bool, cpu: bool = False) -> str:
+    """A program with ``ember_red_row`` and ``ember_red_col`` (and on CPUs ``ember_red_run``) for one (op, dtypes,
+    reduced rank, pass)."""
+    key = (op, tin.dtype, tout.dtype, nred, arg, idx_in, cpu)
     src = _red_sources.get(key)
     if src is not None:
         return src
@@ -329,6 +465,8 @@ __kernel void ember_red_col({common}) {{
     }}
 }}
 """
+    if cpu:
+        src += _run_kernel(op, tin, nred, arg, idx_in, kahan, common, store)
     _red_sources[key] = src
     return src
 
@@ -345,7 +483,13 @@ def _reduce(op: str, arg: bool, h: CLArray, dims: tuple[int, ...], out_shape: tu
         return ew.full(rt, out_shape, 1 if op in ("prod", "min") else 0, out_dtype)
     tin = ctype(h.dtype)
     col = length <= _SHORT or (bool(ost) and abs(ost[-1]) < min(abs(s) for s in rst))
-    if col:
+    tile = rt.is_cpu and col and rows >= 2 * _TILE
+    if rt.is_cpu:  # one work-item per (row or tile of rows, chunk): enough chunks to feed every core, each long
+        # enough to pay for its partial
+        tasks = -(-rows // _TILE) if tile else rows
+        want = 1 if final or tasks >= _target_items(rt) else min(-(-_target_items(rt) // tasks), length // 2048)
+        groups, chunk = _chunks(length, want)
+    elif col:
         want = 1 if final or rows >= _target_items(rt) else min(-(-_target_items(rt) // rows), length // 64)
         groups, chunk = _chunks(length, want)
     else:
@@ -368,13 +512,23 @@ def _reduce(op: str, arg: bool, h: CLArray, dims: tuple[int, ...], out_shape: tu
         outs = ([out.buf, np.int64(out.eoff), out.buf, np.int64(0), np.int32(0)] if arg
                 else [out.buf, np.int64(out.eoff)])
         result = out
-    src = _reduce_source(op, tin, tout if not arg else ctype(dt.int64), len(rsh), arg, xi is not None)
+    src = _reduce_source(op, tin, tout if not arg else ctype(dt.int64), len(rsh), arg, xi is not None, rt.is_cpu)
     args: list[Any] = [*outs, h.buf, np.int64(h.eoff)]
     if xi is not None:
         args += [xi.buf, np.int64(xi.eoff)]
     args += [np.int64(rows), np.int64(length), np.int64(groups), np.int64(chunk)]
     args += _outer_args(osh, ost) + _red_args(rsh, rst)
-    if col:
+    if tile:
+        total = -(-rows // _TILE) * groups
+        local = _cpu_local(rt, total)
+        rt.kernel(src, "ember_red_tile")(rt.queue, (-(-total // local) * local,), (local,), *args)
+    elif rt.is_cpu:
+        kernel = rt.kernel(src, "ember_red_run")
+        args.append(np.int32(col))
+        total = rows * groups
+        local = _cpu_local(rt, total)
+        kernel(rt.queue, (-(-total // local) * local,), (local,), *args)
+    elif col:
         kernel = rt.kernel(src, "ember_red_col")
         gsize, lsize = rt.grid(rows * groups)
         kernel(rt.queue, gsize, lsize, *args)
