@@ -210,3 +210,25 @@ def test_out_of_memory_names_requested_and_available_sizes(dev: Device) -> None:
     del keep
     assert pool.allocate(3 << 20).nbytes == 3 << 20  # freed blocks are reusable afterwards
     assert (ember.ones(4, device=dev) * 2).sum().item() == 8.0
+
+
+def test_threads_launch_the_same_kernels_without_racing(dev: Device) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal((64, 33)).astype(np.float32) for _ in range(8)]
+
+    def work(a: np.ndarray) -> np.ndarray:
+        x = put(a, dev)
+        for _ in range(20):
+            x = (x * 1.5 + 0.25).tanh()
+        return x.numpy()
+
+    def reference(a: np.ndarray) -> np.ndarray:
+        return work(a)
+
+    expected = [reference(a) for a in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(work, inputs))
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)

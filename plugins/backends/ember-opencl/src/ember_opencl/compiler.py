@@ -166,7 +166,7 @@ class ProgramCache:
         self.dir = root / "opencl" / self.device_key
         self._persist = True  # cleared when the directory turns out unwritable
         self._programs: dict[tuple[str, tuple[str, ...]], cl.Program] = {}
-        self._kernels: dict[tuple[str, tuple[str, ...], str], cl.Kernel] = {}
+        self._local = threading.local()  # per-thread kernel objects (see kernel())
         self._lock = threading.RLock()
         self.stats: dict[str, float] = {
             "memory_hits": 0,
@@ -179,30 +179,31 @@ class ProgramCache:
     def kernel(self, source: str, name: str, options: Sequence[str] = ()) -> cl.Kernel:
         """The kernel ``name`` of the program built from ``source`` with ``options``.
 
-        The same :class:`pyopencl.Kernel` object is returned on every call with the same arguments, so callers can
-        set its arguments and enqueue it without creating kernels per call.
+        The same :class:`pyopencl.Kernel` object is returned on every call with the same arguments in one thread, so
+        callers can set its arguments and enqueue it without creating kernels per call; each thread gets its own
+        object, because a kernel's arguments live in the object and two threads launching it would race.
         """
         opts = options if type(options) is tuple else _normalise_options(options)
+        kernels = getattr(self._local, "kernels", None)
+        if kernels is None:
+            kernels = self._local.kernels = {}
         # Fast path: keyed by the source string itself (its hash is cached by Python), no SHA-256 per call.
-        knl = self._kernels.get((source, opts, name))
+        knl = kernels.get((source, opts, name))
         if knl is not None:
             self.stats["memory_hits"] += 1
             return knl
         with self._lock:
-            knl = self._kernels.get((source, opts, name))
-            if knl is not None:
-                return knl
             prg = self.program(source, opts)
-            try:
-                knl = cl.Kernel(prg, name)
-            except cl.Error as err:
-                names = prg.get_info(cl.program_info.KERNEL_NAMES)
-                raise ValueRangeError(
-                    f"OpenCL program has no kernel {name!r} (it defines: {names or 'none'}) "
-                    f"on device {describe_device(self.device)}"
-                ) from err
-            self._kernels[(source, opts, name)] = knl
-            return knl
+        try:
+            knl = cl.Kernel(prg, name)
+        except cl.Error as err:
+            names = prg.get_info(cl.program_info.KERNEL_NAMES)
+            raise ValueRangeError(
+                f"OpenCL program has no kernel {name!r} (it defines: {names or 'none'}) "
+                f"on device {describe_device(self.device)}"
+            ) from err
+        kernels[(source, opts, name)] = knl
+        return knl
 
     def program(self, source: str, options: Sequence[str] = ()) -> cl.Program:
         """The program built from ``source`` with ``options``: from memory, else from a cached binary, else compiled
