@@ -478,3 +478,37 @@ def test_tune_store_unwritable_and_bad_values(tmp_path: pathlib.Path) -> None:
         store.put("matmul", "k", [8])  # type: ignore[arg-type]
     with pytest.raises(ValueRangeError, match="JSON"):
         store.put("matmul", "k", {"f": object()})
+
+
+def test_scalar_arg_dtypes_parses_generated_signatures() -> None:
+    from ember_opencl.compiler import scalar_arg_dtypes
+
+    src = """
+    #define T float
+    __kernel __attribute__((reqd_work_group_size(64, 1, 1))) void k1(__global float* out, const long n,
+        __local double* scratch, uint flags, __private float scale, unsigned char b) { }
+    __kernel void k2(__global T* out, T scale) { }
+    kernel void k3(void) { }
+    """
+    assert scalar_arg_dtypes(src, "k1") == [None, np.int64, None, np.uint32, np.float32, np.uint8]
+    assert scalar_arg_dtypes(src, "k2") is None  # a macro type: pyopencl's generic path is kept
+    assert scalar_arg_dtypes(src, "missing") is None
+
+
+@needs_cl
+def test_kernels_with_declared_scalar_types_accept_numpy_and_python_scalars(
+    device: cl.Device, tmp_path: pathlib.Path
+) -> None:
+    ctx = cl.Context([device])
+    queue = cl.CommandQueue(ctx)
+    cache = ProgramCache(ctx, device, tmp_path)
+    src = ("__kernel void axpb(__global float* y, long off, float a, int b, long n) {"
+           " long i = get_global_id(0); if (i < n) y[off + i] = a * y[off + i] + (float)b; }")
+    knl = cache.kernel(src, "axpb")
+    host = np.arange(8, dtype=np.float32)
+    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    knl(queue, (8,), None, buf, np.int64(0), np.float32(2.0), 3, np.int64(8))
+    knl(queue, (8,), None, buf, 0, 0.5, np.int32(1), 8)
+    out = np.empty_like(host)
+    cl.enqueue_copy(queue, out, buf)
+    np.testing.assert_array_equal(out, (2 * host + 3) * 0.5 + 1)

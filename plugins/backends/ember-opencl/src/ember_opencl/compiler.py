@@ -39,6 +39,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pyopencl as cl
 
 from ember.errors import ValueRangeError
@@ -133,6 +134,60 @@ def _clean_cl_error(err: BaseException) -> str:
     return re.sub(r"^(.+?)(?: - \1)+", r"\1", str(err), count=1)
 
 
+# C scalar types of kernel parameters -> the numpy types pyopencl packs them as
+_C_SCALARS: dict[str, Any] = {
+    "char": np.int8, "uchar": np.uint8, "unsigned char": np.uint8, "short": np.int16, "ushort": np.uint16,
+    "unsigned short": np.uint16, "int": np.int32, "uint": np.uint32, "unsigned int": np.uint32, "long": np.int64,
+    "ulong": np.uint64, "unsigned long": np.uint64, "float": np.float32, "double": np.float64,
+}
+_QUALIFIERS = frozenset({"const", "__const", "private", "__private", "volatile"})
+_arg_dtypes: dict[tuple[str, str], list[Any] | None] = {}
+
+
+def scalar_arg_dtypes(source: str, name: str) -> list[Any] | None:
+    """The argument types of kernel ``name`` in ``source`` as pyopencl's ``set_scalar_arg_dtypes`` wants them
+    (None for pointers), or None when a parameter's type is not a plain C scalar (e.g. a macro).
+
+    Declaring them lets pyopencl pack scalars with ``struct`` instead of probing each argument on every launch:
+    on PoCL that is ~8 us per launch instead of ~65 us with seven arguments.
+    """
+    key = (source, name)
+    if key in _arg_dtypes:
+        return _arg_dtypes[key]
+    result: list[Any] | None = None
+    m = re.search(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+" + re.escape(name) + r"\s*\(",
+                  source, re.S)
+    if m is not None:
+        depth, i = 1, m.end()
+        while depth and i < len(source):
+            depth += {"(": 1, ")": -1}.get(source[i], 0)
+            i += 1
+        params, depth, cur = [], 0, []
+        for ch in source[m.end():i - 1]:
+            if ch == "," and depth == 0:
+                params.append("".join(cur))
+                cur = []
+                continue
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            cur.append(ch)
+        params.append("".join(cur))
+        result = []
+        for param in (p.strip() for p in params):
+            if not param:
+                continue
+            if "*" in param:
+                result.append(None)
+                continue
+            words = [w for w in param.split() if w not in _QUALIFIERS]
+            dtype = _C_SCALARS.get(" ".join(words[:-1]))
+            if dtype is None:
+                result = None
+                break
+            result.append(dtype)
+    _arg_dtypes[key] = result
+    return result
+
+
 @contextlib.contextmanager
 def _quiet_compiler() -> Iterator[None]:
     """Route pyopencl's CompilerWarning (a build log with warnings only) to the debug log, not the user's screen."""
@@ -202,6 +257,9 @@ class ProgramCache:
                 f"OpenCL program has no kernel {name!r} (it defines: {names or 'none'}) "
                 f"on device {describe_device(self.device)}"
             ) from err
+        dtypes = scalar_arg_dtypes(source, name)
+        if dtypes is not None:
+            knl.set_scalar_arg_dtypes(dtypes)
         kernels[(source, opts, name)] = knl
         return knl
 
