@@ -328,8 +328,8 @@ def test_wide_index_kernels(dev, monkeypatch):
 
 def test_one_program_per_dtype(rt):
     # sizes are arguments: pools and interpolate of every rank share one compiled program per dtype (and index width)
-    src = pooling._program(dt.float32, bool(rt.fp64), False)
-    assert pooling._program(dt.float32, bool(rt.fp64), False) is src
+    src = pooling._program(dt.float32, bool(rt.fp64), False, rt.is_cpu)
+    assert pooling._program(dt.float32, bool(rt.fp64), False, rt.is_cpu) is src
     for name in ("ember_max_pool", "ember_avg_pool", "ember_nearest", "ember_interp_linear", "ember_interp_cubic"):
         assert f"__kernel void {name}(" in src
         assert rt.kernel(src, name) is not None
@@ -349,3 +349,19 @@ def test_bad_arguments(dev, rt):
         F.max_pool2d(ember.tensor(np.ones((1, 1, 4, 4), bool), device=dev), 2)
     with pytest.raises(ember.ValueRangeError, match="interpolate"):
         F.interpolate(ember.tensor(rand((1, 2, 4, 4)), device=dev), size=3, mode="cubic")
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2, stride=2), dict(kernel_size=3, stride=2, padding=1, dilation=2),
+                                dict(kernel_size=(3, 2), stride=(1, 3), padding=(1, 0), ceil_mode=True)])
+def test_max_pool_runs_cross_planes(dev, kw):
+    """Many (N, C) planes of odd sizes through a transposed (strided) batch: CPU work-items carry their output
+    coordinates across rows and planes, which must land on the same values and indices as torch."""
+    a = rand((7, 13, 11, 9), nans=3, ties=True)
+    x = T(a).transpose(0, 1)
+    got, gi = F.max_pool2d(ember.tensor(a, device=dev).transpose(0, 1), return_indices=True, **kw)
+    ref, ri = TF.max_pool2d(x, return_indices=True, **kw)
+    same(got, ref)
+    np.testing.assert_array_equal(gi.numpy(), ri.numpy())
+    same(F.avg_pool2d(ember.tensor(a, device=dev).transpose(0, 1), kw["kernel_size"], kw["stride"],
+                      kw.get("padding", 0)), TF.avg_pool2d(x, kw["kernel_size"], kw["stride"], kw.get("padding", 0)),
+         rtol=1e-6, atol=1e-6)

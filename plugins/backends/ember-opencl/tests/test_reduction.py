@@ -433,3 +433,24 @@ def test_public_api_and_errors() -> None:
         t.cumsum(3)
     with pytest.raises(DTypeError, match="mean"):
         ember.tensor(np.arange(3), device=dev).mean()
+
+
+@pytest.mark.parametrize("shape, dims", [((64, 64, 26, 26), (0, 2, 3)), ((9, 5, 7, 33), (0, 2, 3)),
+                                         ((3, 300, 17), (1,)), ((4097, 37), (0,)), ((5, 11, 13, 3), (0, 1, 3))])
+def test_chunked_walks_over_several_reduced_dims(be, shape, dims):
+    """Batch-norm style statistics (kept dim between reduced ones) and kept-inner columns: on CPUs each work-item
+    walks a chunk whose coordinates are carried across reduced dims, and rows are reduced in tiles of 8."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal(shape).astype(np.float32)
+    a.flat[rng.integers(0, a.size, 5)] = 3.5  # ties: the first flat index wins
+    h = be.from_numpy(a)
+    ref = a.astype(np.float64).sum(dims, keepdims=True)
+    np.testing.assert_allclose(be.to_numpy(be.reduce("sum", h, dims, True)), ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(be.to_numpy(be.reduce("max", h, dims, False)), a.max(dims))
+    np.testing.assert_array_equal(be.to_numpy(be.reduce("min", h, dims, False)), a.min(dims))
+    if len(dims) == 1:
+        np.testing.assert_array_equal(be.to_numpy(be.argreduce("argmax", h, dims[0], False)), a.argmax(dims[0]))
+    a[(0,) * a.ndim] = np.nan
+    h = be.from_numpy(a)
+    got = be.to_numpy(be.reduce("max", h, dims, False))
+    assert np.isnan(got.flat[0]) and np.array_equal(got, a.max(dims), equal_nan=True)

@@ -272,7 +272,7 @@ def _acc_ctype(t: CType, fp64: bool) -> CType:
     return ctype(dt.float64 if fp64 else dt.float32)
 
 
-def _program(dtype: DType, fp64: bool, wide: bool, cpu: bool) -> str:
+def _program(dtype: DType, fp64: bool, wide: bool, cpu: bool = False) -> str:
     """The program of the five kernels for dtype (memoised: generating it costs more than a launch)."""
     key = (dtype, fp64, wide, cpu)
     src = _programs.get(key)
