@@ -232,3 +232,30 @@ def test_threads_launch_the_same_kernels_without_racing(dev: Device) -> None:
         got = list(pool.map(work, inputs))
     for g, e in zip(got, expected):
         np.testing.assert_array_equal(g, e)
+
+
+def test_generated_sources_are_identical_across_processes() -> None:
+    # the on-disk cache is keyed by the source text: nothing in it may depend on set order (PYTHONHASHSEED)
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import hashlib; from ember import dtypes as dt; from ember_opencl import elementwise as ew\n"
+        "from ember_opencl.ctypes_ import ctype\n"
+        "h = hashlib.sha256()\n"
+        "for d in dt.ALL_DTYPES:\n"
+        "    for plan in (ew._unary_plan('abs', d), ew._binary_plan('add', d, d)):\n"
+        "        desc = ((ctype(d), True),) * (1 if plan in ew._unary_plans.values() else 2)\n"
+        "        for layout in ('linear', 'strided', 'chunked', 'linear_chunked'):\n"
+        "            h.update(ew._map_source(plan[3], desc, 3, layout).encode())\n"
+        "print(h.hexdigest())\n"
+    )
+    digests = set()
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1 and len(digests.pop()) == len(hashlib.sha256().hexdigest())

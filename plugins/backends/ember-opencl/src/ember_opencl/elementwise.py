@@ -78,7 +78,7 @@ inline {T} ember_floordiv_{S}({T} a, {T} b) {{
 
 def _helpers(used: set[str], types: list[CType]) -> str:
     out = []
-    for t in {t.compute for t in types}:
+    for t in sorted({t.compute for t in types}):  # sorted: the source (and its cache key) must not vary by process
         suffix = t
         if "erfinv" in used and t in ("float", "double"):
             out.append(_ERFINV.format(T=t, S=suffix, STEPS=1 if t == "float" else 3))
