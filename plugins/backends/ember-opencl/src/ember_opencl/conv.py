@@ -541,8 +541,9 @@ def _conv_direct(x: CLArray, w: CLArray, b: CLArray | None, stride: Sequence[int
     ct = -(-cog // cot)
     total = n * g * ct * lsize
     y = empty(rt, (n, cout) + out_size, x.dtype)
-    if total > _INT_MAX:  # split the batch: every index stays a 32-bit int
-        nb = max(1, _INT_MAX // (g * ct * lsize))
+    # split the batch so every index stays a 32-bit int, with headroom for the grid-stride step past the end
+    if total > _INT_MAX // 2:
+        nb = max(1, (_INT_MAX // 2) // (g * ct * lsize))
         for n0 in range(0, n, nb):
             part = _conv_direct(arr.basic_index(x, (slice(n0, n0 + nb),)), w, b, stride, padding, dilation, g,
                                 out_size, cot)

@@ -7,6 +7,7 @@ holding 0 or 1.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,8 +17,8 @@ from ember.dtypes import DType
 
 #: helpers every generated program may use (bfloat16 conversion with round-to-nearest-even, NaN kept quiet)
 PREAMBLE = """
-inline float ember_bf16_load(ushort u) { return as_float(((uint)u) << 16); }
-inline ushort ember_bf16_store(float f) {
+static inline float ember_bf16_load(ushort u) { return as_float(((uint)u) << 16); }
+static inline ushort ember_bf16_store(float f) {
     uint u = as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
@@ -97,6 +98,14 @@ CTYPES: dict[DType, CType] = {
 
 def ctype(dtype: DType) -> CType:
     return CTYPES[dtype]
+
+
+_FLOAT_CAST_LITERAL = re.compile(r"\(float\)(-?\d+\.\d*(?:[eE][-+]?\d+)?)(?![\w.])")
+
+
+def float_literals(source: str) -> str:
+    """``(float)0.5`` -> ``0.5f``: a double literal in float code is an error or a warning on devices without fp64."""
+    return _FLOAT_CAST_LITERAL.sub(r"\1f", source)
 
 
 def header(*types: CType) -> str:

@@ -17,11 +17,11 @@ from ember.backend import BINARY_OPS, COMPARISON_OPS, PREDICATE_UNARY_OPS, UNARY
 from ember.dtypes import DType
 
 from .array import CLArray, empty
-from .ctypes_ import CType, ctype, header
+from .ctypes_ import CType, ctype, float_literals, header
 
 # -- scalar helper functions (emitted only into programs that use them) ------------------------------------------
 _ERFINV = """
-inline {T} ember_erfinv_{S}({T} x) {{
+static inline {T} ember_erfinv_{S}({T} x) {{
     {T} a = fabs(x);
     if (a >= ({T})1) return a == ({T})1 ? copysign(({T})INFINITY, x) : ({T})NAN;
     float af = (float)a;
@@ -54,7 +54,7 @@ inline {T} ember_erfinv_{S}({T} x) {{
 """
 
 _IPOW = """
-inline {T} ember_ipow_{S}({T} a, {T} b) {{
+static inline {T} ember_ipow_{S}({T} a, {T} b) {{
     if (b < 0) return (a == 1) ? ({T})1 : (a == -1 ? ((b & 1) ? ({T})-1 : ({T})1) : ({T})0);
     {T} r = 1;
     while (b) {{ if (b & 1) r *= a; a *= a; b >>= 1; }}
@@ -63,7 +63,7 @@ inline {T} ember_ipow_{S}({T} a, {T} b) {{
 """
 
 _FLOORDIV = """
-inline {T} ember_floordiv_{S}({T} a, {T} b) {{
+static inline {T} ember_floordiv_{S}({T} a, {T} b) {{
     if (b == ({T})0) return a / b;
     {T} m = fmod(a, b);
     {T} d = (a - m) / b;
@@ -86,7 +86,7 @@ def _helpers(used: set[str], types: list[CType]) -> str:
             out.append(_IPOW.format(T=t, S=suffix))
         if "floordiv" in used and t in ("float", "double"):
             out.append(_FLOORDIV.format(T=t, S=suffix))
-    return "".join(out)
+    return float_literals("".join(out))
 
 
 # -- op expressions: (value names, operand ctype) -> OpenCL C expression ----------------------------------------

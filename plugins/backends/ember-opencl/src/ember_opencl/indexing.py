@@ -97,8 +97,8 @@ def _encode(t: CType, value: str) -> str:
 
 
 _HALF_HELPERS = """
-inline float ember_h2f(ushort u) { return vload_half(0, (const __private half*)&u); }
-inline ushort ember_f2h(float f) { ushort u; vstore_half_rte(f, 0, (__private half*)&u); return u; }
+static inline float ember_h2f(ushort u) { return vload_half(0, (const __private half*)&u); }
+static inline ushort ember_f2h(float f) { ushort u; vstore_half_rte(f, 0, (__private half*)&u); return u; }
 """
 
 
@@ -107,7 +107,7 @@ def _atomic_fn(t: CType, op: str, big_endian: bool) -> str:
     sym = "+" if op == "add" else "*"
     size = t.dtype.itemsize
     T, S = t.compute, t.storage
-    head = f"inline void ember_atomic(__global {S}* p, long idx, {T} v) {{\n"
+    head = f"static inline void ember_atomic(__global {S}* p, long idx, {T} v) {{\n"
     # byte arithmetic: pointer arithmetic on half* needs cl_khr_fp16 on some compilers
     addr = f"((__global uchar*)p + idx * {size})"
     if size == 8:

@@ -32,7 +32,7 @@ from ember.errors import ShapeError, UnsupportedError
 
 from . import elementwise as ew
 from .array import CLArray, empty
-from .ctypes_ import CType, ctype, header
+from .ctypes_ import CType, ctype, float_literals, header
 
 _RANK = 3  # kernels see every input as (batch0, batch1, D, H, W)
 _NARROW = 2**31  # below this many outputs the kernels split the output index in 32 bits
@@ -78,7 +78,7 @@ _TEMPLATE = """
 #pragma OPENCL FP_CONTRACT OFF
 
 /* a pooling window along one dim: [s, e) stepping by d; torch skips the left padding in steps of the dilation */
-inline void ember_pool_window(long o, long I, long O, long k, long st, long p, long d, int adaptive,
+static inline void ember_pool_window(long o, long I, long O, long k, long st, long p, long d, int adaptive,
                               long* s, long* e) {{
     if (adaptive) {{
         *s = (o * I) / O;
@@ -92,7 +92,7 @@ inline void ember_pool_window(long o, long I, long O, long k, long st, long p, l
 }}
 
 /* an averaging window: the clamped [s, e) and the divisor's extent (padding counted up to I + p) */
-inline void ember_avg_window(long o, long I, long O, long k, long st, long p, int adaptive,
+static inline void ember_avg_window(long o, long I, long O, long k, long st, long p, int adaptive,
                              long* s, long* e, long* size) {{
     if (adaptive) {{
         *s = (o * I) / O;
@@ -167,7 +167,7 @@ __kernel void ember_avg_pool(__global {S}* out, long out_off, int adaptive, {ARG
 }}
 
 /* nearest source index along one dim; code 0 copies, 2 halves (torch's short-cuts), 1 scales in float32 */
-inline long ember_nearest_index(long o, long I, float scale, int code, int exact) {{
+static inline long ember_nearest_index(long o, long I, float scale, int code, int exact) {{
     if (code == 0) return o;
     if (code == 2) return o >> 1;
     long src;
@@ -193,7 +193,7 @@ __kernel void ember_nearest(__global {S}* out, long out_off, {ARGS}, float sc0, 
 _INTERP_TEMPLATE = """
 /* the taps (indices, weights) of one dim as torch's area_pixel_compute_source_index + guard_index_and_lambda
    (+ get_cubic_upsample_coefficients); returns how many are used */
-inline int ember_taps_{NAME}(long o, long I, {A} scale, int code, int align_corners, long* ix, {A}* w) {{
+static inline int ember_taps_{NAME}(long o, long I, {A} scale, int code, int align_corners, long* ix, {A}* w) {{
     if (code == 0) {{
         ix[0] = o;
         w[0] = 1;
@@ -293,7 +293,7 @@ def _program(dtype: DType, fp64: bool, wide: bool, cpu: bool = False) -> str:
             COPY=t.store("out", "out_off + i", t.load("x", "src")))
         src += "".join(_INTERP_TEMPLATE.format(NAME=name, TAPS=taps, **common)
                        for name, taps in (("linear", 2), ("cubic", 4)))
-        _programs[key] = src
+        _programs[key] = src = float_literals(src)
     return src
 
 

@@ -32,7 +32,7 @@ _PHILOX = """
 #define PHILOX_M1 0xCD9E8D57u
 #define PHILOX_W0 0x9E3779B9u
 #define PHILOX_W1 0xBB67AE85u
-inline uint4 ember_philox(uint4 c, uint k0, uint k1) {
+static inline uint4 ember_philox(uint4 c, uint k0, uint k1) {
     for (int r = 0; r < 10; ++r) {
         uint hi0 = mul_hi(PHILOX_M0, c.x), lo0 = PHILOX_M0 * c.x;
         uint hi1 = mul_hi(PHILOX_M1, c.z), lo1 = PHILOX_M1 * c.z;

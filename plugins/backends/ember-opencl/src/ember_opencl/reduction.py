@@ -204,7 +204,7 @@ def _comb_fn(op: str, t: CType) -> str:
         body = f"(a {cmp} b || isnan(a)) ? a : b"
     else:
         body = f"{op}(a, b)"
-    return f"inline {a} ember_comb({a} a, {a} b) {{ return ({a})({body}); }}\n"
+    return f"static inline {a} ember_comb({a} a, {a} b) {{ return ({a})({body}); }}\n"
 
 
 def _better_fn(op: str, t: CType) -> str:
@@ -216,7 +216,7 @@ def _better_fn(op: str, t: CType) -> str:
         body = f"isnan(v) ? (!isnan(a) || vi < ai) : (!isnan(a) && (v {cmp} a || (v == a && vi < ai)))"
     else:
         body = f"v {cmp} a || (v == a && vi < ai)"
-    return f"inline int ember_better({a} v, long vi, {a} a, long ai) {{ return {body}; }}\n"
+    return f"static inline int ember_better({a} v, long vi, {a} a, long ai) {{ return {body}; }}\n"
 
 
 def _outer_params(*prefixes: str) -> str:

@@ -54,14 +54,14 @@ def _pair_defs(wide: bool) -> str:
 
 _NET = """
 /* branch-free compare-exchange: random data would mispredict a branch half the time */
-inline void ember_cas(__local ELEM* s, uint i, uint p) {
+static inline void ember_cas(__local ELEM* s, uint i, uint p) {
     ELEM a = s[i], b = s[p];
     int swap = LESS(b, a);
     s[i] = swap ? b : a;
     s[p] = swap ? a : b;
 }
 /* position of the lower element of compare pair number t at distance j (j a power of two) */
-inline uint ember_lo(uint t, uint j) { return ((t & ~(j - 1u)) << 1) | (t & (j - 1u)); }
+static inline uint ember_lo(uint t, uint j) { return ((t & ~(j - 1u)) << 1) | (t & (j - 1u)); }
 
 /* Sort tiles of `tile` pairs: merge == 0 runs the bitonic stages 2..upto (each upto-chunk ends ascending);
    merge != 0 runs only the steps j = tile/2 .. 1 (finishing a global stage). Writes the first `keep` pairs of
