@@ -5,7 +5,8 @@
 #   3. the conformance kit against the flex backend
 #   4. the conformance kit against tests/example-backend (toy), which proves the default compositions
 #   5. the conformance kit through the autodiff decorator (flex+autodiff): every op recorded, gradients checked
-#   6. the conformance kit on OpenCL (PoCL, the CPU OpenCL runtime setup.sh installs, when there is no GPU driver)
+#   6. the OpenCL plugin's tests and the conformance kit on OpenCL (PoCL, the CPU OpenCL runtime setup.sh installs
+#      when there is no GPU driver)
 #   7. the code examples in the docs
 #   8. the docs build (warnings are errors)
 set -euo pipefail
@@ -25,7 +26,8 @@ step "lint"
 .venv/bin/ruff check .
 
 step "tests"
-"$PY" -m pytest
+# the OpenCL plugin's own tests run with the OpenCL kit below, on two workers
+"$PY" -m pytest --ignore=plugins/backends/ember-opencl/tests
 
 step "conformance kit (flex)"
 "$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=flex -q
@@ -36,9 +38,11 @@ step "conformance kit (toy: the third-party example backend, required primitives
 step "conformance kit (flex+autodiff: the autodiff decorator over flex)"
 "$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=flex+autodiff -q
 
-step "conformance kit (opencl: generated OpenCL kernels, on whatever OpenCL device 0 is here)"
+step "OpenCL: plugin tests and conformance kit (generated OpenCL kernels, on whatever OpenCL device 0 is here)"
 if "$PY" -c "import sys, ember_opencl.runtime as r; sys.exit(0 if r.list_devices() else 1)"; then
-    "$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=opencl -q
+    # two workers: a cold start (empty kernel caches) is bound by kernel compiles, which are single-threaded
+    "$PY" -m pytest -p no:cacheprovider -n 2 plugins/backends/ember-opencl/tests -q
+    "$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing --ember-device=opencl -q
 else
     echo "no OpenCL platform on this machine (scripts/setup.sh installs PoCL when run as root): skipped"
 fi

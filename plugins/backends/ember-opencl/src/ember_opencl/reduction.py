@@ -379,8 +379,8 @@ __kernel void ember_red_tile({common}) {{
 
 
 def _reduce_source(op: str, tin: CType, tout: CType, nred: int, arg: bool, idx_in: bool, cpu: bool = False) -> str:
-    """A program with ``ember_red_row`` and ``ember_red_col`` (and on CPUs ``ember_red_run``) for one (op, dtypes,
-    reduced rank, pass)."""
+    """The program for one (op, dtypes, reduced rank, pass): ``ember_red_row`` and ``ember_red_col`` on GPUs,
+    ``ember_red_run`` and ``ember_red_tile`` on CPUs."""
     key = (op, tin.dtype, tout.dtype, nred, arg, idx_in, cpu)
     src = _red_sources.get(key)
     if src is not None:
@@ -425,6 +425,10 @@ def _reduce_source(op: str, tin: CType, tout: CType, nred: int, arg: bool, idx_i
         locals_p = f"__local {a}* sv"
         to_local = "sv[lid] = acc;"
         from_local = "acc = sv[0];"
+    if cpu:  # CPUs use only the run/tile kernels: a smaller program compiles faster (PoCL: seconds each)
+        src = header(tin, tout) + helpers + _run_kernel(op, tin, nred, arg, idx_in, kahan, common, store)
+        _red_sources[key] = src
+        return src
     src = header(tin, tout) + helpers + f"""
 __kernel void ember_red_row({common}, {locals_p}) {{
     const int lid = get_local_id(0), ls = get_local_size(0);
@@ -465,8 +469,6 @@ __kernel void ember_red_col({common}) {{
     }}
 }}
 """
-    if cpu:
-        src += _run_kernel(op, tin, nred, arg, idx_in, kahan, common, store)
     _red_sources[key] = src
     return src
 
