@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes as dt
+from .backend import pool_output_size
 from .errors import UnsupportedError
 
 Handle = Any
@@ -116,17 +117,6 @@ def _flatten_batch(be, x: Handle, nd: int) -> tuple[Handle, tuple[int, ...]]:
     """Reshape x (..., *spatial) to (B, *spatial); returns the new handle and the leading shape."""
     lead = tuple(x.shape[: len(x.shape) - nd])
     return be.reshape(x, (_prod(lead),) + tuple(x.shape[len(x.shape) - nd:])), lead
-
-
-def _pool_out_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    num = n + 2 * p - d * (k - 1) - 1
-    if ceil_mode:
-        out = -(-num // s) + 1
-        if (out - 1) * s >= n + p:
-            out -= 1
-    else:
-        out = num // s + 1
-    return max(out, 0)
 
 
 def _tap_key(taps: Sequence[int], dil: Sequence[int], stride: Sequence[int], out: Sequence[int]) -> tuple:
@@ -279,7 +269,7 @@ def max_pool(be, x: Handle, kernel_size: Sequence[int], stride: Sequence[int], p
     xb, lead = _flatten_batch(be, x, nd)
     S = tuple(xb.shape[1:])
     B = xb.shape[0]
-    out = tuple(_pool_out_size(L, k, s, p, d, ceil_mode) for L, k, s, p, d in zip(S, ks, st, pd, dl))
+    out = tuple(pool_output_size(L, k, s, p, d, ceil_mode) for L, k, s, p, d in zip(S, ks, st, pd, dl))
     need = tuple((o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(out, st, dl, ks))
     pads = ((0, 0),) + tuple((p, max(nn - L - p, 0)) for p, nn, L in zip(pd, need, S))
     xp = be.pad(xb, pads, "constant", float("-inf")) if any(lo or hi for lo, hi in pads) else xb
@@ -320,7 +310,7 @@ def avg_pool(be, x: Handle, kernel_size: Sequence[int], stride: Sequence[int], p
     dl = (1,) * nd
     xb, lead = _flatten_batch(be, x, nd)
     S = tuple(xb.shape[1:])
-    out = tuple(_pool_out_size(L, k, s, p, 1, ceil_mode) for L, k, s, p in zip(S, ks, st, pd))
+    out = tuple(pool_output_size(L, k, s, p, 1, ceil_mode) for L, k, s, p in zip(S, ks, st, pd))
     need = tuple((o - 1) * s + k for o, s, k in zip(out, st, ks))
     pads = ((0, 0),) + tuple((p, max(nn - L - p, 0)) for p, nn, L in zip(pd, need, S))
     xp = be.pad(xb, pads, "constant", 0) if any(lo or hi for lo, hi in pads) else xb

@@ -87,6 +87,19 @@ def view_strides(shape: Shape, strides: Sequence[int], new_shape: Shape) -> tupl
     return tuple(new_strides) if view_d == -1 else None
 
 
+def pool_output_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """Output length of a pooling window (size k, stride s, padding p, dilation d) over n elements, PyTorch's rule:
+    with ceil_mode, a window that would start in the right padding is dropped."""
+    num = n + 2 * p - d * (k - 1) - 1
+    if ceil_mode:
+        out = -(-num // s) + 1
+        if (out - 1) * s >= n + p:
+            out -= 1
+    else:
+        out = num // s + 1
+    return max(out, 0)
+
+
 class Backend:
     """Base class of every backend. See the module docstring for the conventions."""
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ember import dtypes as dt
+from ember.backend import pool_output_size
 from ember.dtypes import DType
 from ember.errors import ShapeError, UnsupportedError
 
@@ -342,18 +343,6 @@ def _launch(kernel: Any, x: CLArray, n: int, args: list[Any]) -> None:
     kernel(x.rt.queue, gsize, lsize, *args)
 
 
-def _pool_out_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    """PyTorch's pooling_output_shape: a ceil_mode window that would start in the right padding is dropped."""
-    num = n + 2 * p - d * (k - 1) - 1
-    if ceil_mode:
-        out = -(-num // s) + 1
-        if (out - 1) * s >= n + p:
-            out -= 1
-    else:
-        out = num // s + 1
-    return max(out, 0)
-
-
 def _max(op: str, x: CLArray, nd: int, out_size: tuple[int, ...], window: list[np.int64], adaptive: bool,
          return_indices: bool) -> Any:
     x, lead, common, _ = _layout(op, x, nd)
@@ -375,7 +364,7 @@ def max_pool(x: CLArray, kernel_size: tuple[int, ...], stride: tuple[int, ...], 
     into each input plane (PyTorch). NaN wins over numbers; among equal maxima the first in row-major order."""
     nd = len(kernel_size)
     spatial = x.shape[x.ndim - nd:]
-    out_size = tuple(_pool_out_size(L, k, s, p, d, ceil_mode)
+    out_size = tuple(pool_output_size(L, k, s, p, d, ceil_mode)
                      for L, k, s, p, d in zip(spatial, kernel_size, stride, padding, dilation))
     window = _i64(*_pad3(kernel_size, 1), *_pad3(stride, 1), *_pad3(padding, 0), *_pad3(dilation, 1))
     return _max("max_pool", x, nd, out_size, window, False, return_indices)
@@ -404,7 +393,7 @@ def avg_pool(x: CLArray, kernel_size: tuple[int, ...], stride: tuple[int, ...], 
     """Average pooling over the trailing len(kernel_size) dims (sums in float, double for float64)."""
     nd = len(kernel_size)
     spatial = x.shape[x.ndim - nd:]
-    out_size = tuple(_pool_out_size(L, k, s, p, 1, ceil_mode) for L, k, s, p in zip(spatial, kernel_size, stride,
+    out_size = tuple(pool_output_size(L, k, s, p, 1, ceil_mode) for L, k, s, p in zip(spatial, kernel_size, stride,
                                                                                      padding))
     tail = [*_i64(*_pad3(kernel_size, 1), *_pad3(stride, 1), *_pad3(padding, 0)), np.int32(bool(count_include_pad)),
             np.int64(int(divisor_override) if divisor_override else 0)]
