@@ -151,6 +151,20 @@ class Backend:
         return f"{self.name}:{self.index}"
 
     # ------------------------------------------------------------------------------------------------------
+    # fusion: code generation for fused blocks (optional)
+    # ------------------------------------------------------------------------------------------------------
+    def fusion_compile(self, kernel: Any) -> Any:
+        """Compile one fused block, an :class:`ember.ir.Kernel`, into an :data:`ember.ir.CompiledKernel`, or
+        return None to have it run op by op (the fusion decorator then calls this backend's contract methods).
+
+        A backend that overrides this method *supports fusion*: with ember-fusion installed its devices fuse by
+        default. It may return None for any kernel it cannot or would rather not fuse (an unsupported dtype, a
+        kernel too small to pay for itself); the result is cached per kernel by the caller, so this is called once
+        per distinct kernel structure.
+        """
+        return None
+
+    # ------------------------------------------------------------------------------------------------------
     # required primitives: data
     # ------------------------------------------------------------------------------------------------------
     def from_numpy(self, array: np.ndarray) -> Handle:

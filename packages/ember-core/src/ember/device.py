@@ -161,8 +161,29 @@ class Device:
                 f"pip install 'ember[{name}]' (installed decorators: {sorted(registry.decorators) or 'none'})"
             )
 
-        def decorate(**options: Any) -> Device:
-            return Device(self.kind, self.index, self.options, self.decorators + ((name, _freeze(options)),))
+        spec = registry.decorator(name)
+
+        def decorate(*enabled: bool, **options: Any) -> Device:
+            if not spec.automatic:
+                if enabled:
+                    raise DeviceError(f"{self}.{name}(): options are keyword arguments, got {enabled!r}")
+                return Device(self.kind, self.index, self.options, self.decorators + ((name, _freeze(options)),))
+            # an automatic decorator is on by default: name(False) opts out, name(**options) sets its options
+            if len(enabled) > 1 or (enabled and not isinstance(enabled[0], bool)):
+                raise DeviceError(f"{self}.{name}(): expected one bool (on/off) and keyword options, got {enabled!r}")
+            if "enabled" in options:  # Device.parse("flex+fusion(enabled=False)") passes strings
+                flag = str(options.pop("enabled")).strip().lower()
+                if flag not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+                    raise DeviceError(f"{self}.{name}(): enabled must be a bool, got {flag!r}")
+                enabled = enabled or (flag in ("true", "1", "yes", "on"),)
+            if enabled and not enabled[0]:
+                if options:
+                    raise DeviceError(f"{self}.{name}(False): options {sorted(options)} make no sense when off")
+                options = {"enabled": False}
+            rest = tuple(d for d in self.decorators if d[0] != name)
+            if options:
+                rest += ((name, _freeze(options)),)
+            return Device(self.kind, self.index, self.options, rest)
 
         decorate.__name__ = name
         return decorate
@@ -202,11 +223,17 @@ class Device:
                     raise DeviceError(f"could not create device {self}: {type(exc).__name__}: {exc}") from exc
                 _backend_cache[bkey] = backend
             stack = backend
+            named = dict(self.decorators)
+            for deco in registry.automatic_decorators():
+                opts = dict(named.get(deco.name, ()))
+                if opts.pop("enabled", True) is not False:
+                    stack = deco.factory(stack, **opts)
             for name, opts in self.decorators:
                 deco = registry.decorator(name)
                 if deco is None:
                     raise PluginError(f"decorator {name!r} is not installed; pip install 'ember[{name}]'")
-                stack = deco.factory(stack, **dict(opts))
+                if not deco.automatic:
+                    stack = deco.factory(stack, **dict(opts))
             self._stack = stack
             return stack
 

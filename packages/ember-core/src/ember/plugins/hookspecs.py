@@ -41,10 +41,14 @@ def register_backends(register: Callable[..., None]) -> None:
 def register_decorators(register: Callable[..., None]) -> None:
     """Register backend decorators (autodiff, fusion, router, ...).
 
-    ``register(name, factory, *, contract, description="")``
+    ``register(name, factory, *, contract, description="", automatic=False)``
 
     ``factory(inner: ember.backend.Backend, **options) -> ember.backend.Backend`` wraps an inner backend.
     Once registered, ``device.<name>(**options)`` returns the decorated device (``device.autodiff()``).
+
+    An ``automatic`` decorator (fusion) applies to every device without being named, innermost, directly over the
+    backend; its factory may return ``inner`` unchanged where it does not apply. ``device.<name>(False)`` opts
+    a device out (the factory is then not called) and ``device.<name>(**options)`` sets its options.
     """
 
 

@@ -66,6 +66,10 @@ class DecoratorSpec:
     contract: int
     description: str = ""
     plugin: str = ""
+    #: applied to every device by default, innermost (directly over the backend); ``device.<name>(False)``
+    #: opts a device out. The factory may return the backend unchanged when it does not apply (fusion on a
+    #: backend without code generation).
+    automatic: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,11 @@ class PluginRegistry:
     def decorator(self, name: str) -> DecoratorSpec | None:
         self.ensure_loaded()
         return self.decorators.get(name)
+
+    def automatic_decorators(self) -> list[DecoratorSpec]:
+        """Decorators applied to every device unless it opts out, in name order (see ``register_decorators``)."""
+        self.ensure_loaded()
+        return sorted((d for d in self.decorators.values() if d.automatic), key=lambda d: d.name)
 
     def hook_results(self, name: str) -> dict[str, Any]:
         """Call the argument-less hook ``name`` (``plugin_info``) on each loaded plugin: {plugin: result}.

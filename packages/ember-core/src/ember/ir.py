@@ -1,0 +1,260 @@
+"""One IR for fusion, remote execution and export (design brief §5).
+
+Two levels, both plain frozen data with no backend code, so any plugin can import them without depending on
+another plugin:
+
+* :class:`OpRecord` -- one backend-contract call as data: the method name, the ids of its tensor inputs and
+  outputs, the outputs' shapes and dtypes, and its other arguments (tensor arguments appear as :class:`Ref`,
+  Python scalar operands as :class:`Scalar`). :func:`relative_form` turns a sequence of records into a hashable
+  *key* (positional ids, dims and scalars as placeholders) plus the *bindings* (the concrete dims and scalars),
+  so a sequence seen before -- every training step after the first -- finds its compiled plan, server-side graph
+  or export without re-analysis.
+* :class:`Kernel` -- one fused block as a straight-line program (:class:`Instr`) over a broadcast iteration
+  space, in relative form too: no sizes, no scalar values. A backend's :meth:`ember.backend.Backend.fusion_compile`
+  hook turns it into a callable (see :data:`KERNEL_OPS` for the instruction set).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .dtypes import DType
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A tensor argument inside :attr:`OpRecord.args`: the record's ``k``-th input."""
+
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
+class Scalar:
+    """A Python scalar operand inside :attr:`OpRecord.args` (a value, not structure such as a dim)."""
+
+    value: bool | int | float
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """One backend-contract call: ``getattr(backend, op)(*args)`` with ``Ref(k)`` standing for ``inputs[k]``."""
+
+    op: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    shapes: tuple[Shape, ...]
+    dtypes: tuple[DType, ...]
+    args: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Placeholder:
+    """A dim or scalar in relative form: ``kind`` is "dim" or the scalar's type name, ``k`` its binding slot."""
+
+    kind: str
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
+class Bindings:
+    """The concrete values a relative form abstracts: dims and scalars, each by slot."""
+
+    dims: tuple[int, ...]
+    scalars: tuple[bool | int | float, ...]
+
+
+class _Abstractor:
+    """Replaces dims and scalars by placeholders. Equal dims share a slot (so "these two dims are equal", which
+    broadcasting depends on, stays in the key); 0 and 1 stay literal because they change semantics."""
+
+    def __init__(self) -> None:
+        self.dim_slot: dict[int, int] = {}
+        self.scalars: list[bool | int | float] = []
+
+    def dim(self, n: int) -> int | Placeholder:
+        if n in (0, 1):
+            return n
+        k = self.dim_slot.setdefault(n, len(self.dim_slot))
+        return Placeholder("dim", k)
+
+    def shape(self, shape: Shape) -> tuple[int | Placeholder, ...]:
+        return tuple(self.dim(n) for n in shape)
+
+    def arg(self, a: Any) -> Any:
+        if type(a) is Scalar:
+            self.scalars.append(a.value)
+            return Placeholder(type(a.value).__name__, len(self.scalars) - 1)
+        if type(a) in (tuple, list):
+            return tuple(self.arg(x) for x in a)
+        return a
+
+    def bindings(self) -> Bindings:
+        dims = [0] * len(self.dim_slot)
+        for n, k in self.dim_slot.items():
+            dims[k] = n
+        return Bindings(tuple(dims), tuple(self.scalars))
+
+
+def relative_form(records: Sequence[OpRecord], inputs: Iterable[tuple[int, Shape, DType]] = (),
+                  outputs: Iterable[int] = ()) -> tuple[tuple[Any, ...], Bindings]:
+    """The cache key and bindings of a record sequence.
+
+    ``inputs`` lists the external values (id, shape, dtype) in the order the consumer will pass them; ids not
+    listed there are numbered in order of first use. ``outputs`` names the ids the consumer wants back. Ids
+    become positions, dims and :class:`Scalar` operands become :class:`Placeholder` slots: two sequences that
+    differ only in ids, in the value of dims (keeping which dims are equal, 0 or 1) or in scalar values have the
+    same key.
+    """
+    ab = _Abstractor()
+    pos: dict[int, tuple[str, int]] = {}
+    ext: list[Any] = []
+    for vid, shape, dtype in inputs:
+        pos[vid] = ("in", len(ext))
+        ext.append((ab.shape(shape), dtype))
+    n_values = 0
+    body = []
+    for r in records:
+        ins = []
+        for vid in r.inputs:
+            p = pos.get(vid)
+            if p is None:  # an external value the caller did not list: numbered on first use
+                p = pos[vid] = ("in", len(ext))
+                ext.append(None)
+            ins.append(p)
+        for vid in r.outputs:
+            pos[vid] = ("v", n_values)
+            n_values += 1
+        body.append((r.op, tuple(ins), tuple(ab.shape(s) for s in r.shapes), r.dtypes, ab.arg(r.args)))
+    outs = tuple(pos[v] for v in outputs)
+    return (tuple(ext), tuple(body), outs), ab.bindings()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fused kernels
+# ----------------------------------------------------------------------------------------------------------------
+
+#: The instruction set of :class:`Kernel` bodies. ``args`` per op:
+#:
+#: * ``load``:   ``(k,)`` -- kernel input k, read broadcast to the iteration shape (numpy rules, right-aligned)
+#: * ``scalar``: ``(k,)`` -- scalar argument k, converted to the instruction's dtype
+#: * ``unary``:  ``(name, a)`` -- ``name`` from :data:`ember.backend.UNARY_OPS`
+#: * ``binary``: ``(name, a, b)`` -- ``name`` from :data:`ember.backend.BINARY_OPS`; a and b have one dtype
+#: * ``where``:  ``(c, a, b)`` -- c is bool; a and b have the instruction's dtype
+#: * ``cast``:   ``(a,)`` -- convert to the instruction's dtype (float->int truncates, as ``Backend.cast``)
+#:
+#: ``a``, ``b`` and ``c`` are indices of earlier instructions. Semantics are exactly those of the backend contract
+#: method of the same name, so a kernel's result equals running its instructions one by one as contract calls.
+KERNEL_OPS = ("load", "scalar", "unary", "binary", "where", "cast")
+
+#: Reductions a :class:`Kernel` may end in (``Backend.reduce`` semantics: max/min propagate NaN).
+KERNEL_REDUCE_OPS = ("sum", "prod", "max", "min")
+
+
+@dataclass(frozen=True, slots=True)
+class Instr:
+    """One instruction: ``op`` from :data:`KERNEL_OPS`, its ``args``, and the ember dtype of its result."""
+
+    op: str
+    args: tuple[Any, ...]
+    dtype: DType
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """A fused block: a straight-line program evaluated at every point of an iteration shape of rank ``rank``.
+
+    * ``inputs``: the dtypes of the tensor inputs (each broadcastable to the iteration shape).
+    * ``scalars``: how many scalar arguments there are (each ``scalar`` instruction says its dtype).
+    * ``body``: the instructions; ``outputs``: the indices of the instructions whose values are written out.
+    * ``reduce``: ``None`` for an elementwise kernel, whose outputs have the iteration shape; else
+      ``(op, dims)``: the kernel has exactly one output, the body's value reduced with ``op`` from
+      :data:`KERNEL_REDUCE_OPS` over ``dims`` (sorted, non-empty) of the iteration shape, returned with those dims
+      kept as size 1 (keepdim).
+
+    A kernel carries no sizes and no scalar values, so one compiled kernel serves every call with the same
+    structure. It is hashable and is the key of a backend's compiled-kernel cache.
+    """
+
+    rank: int
+    inputs: tuple[DType, ...]
+    scalars: int
+    body: tuple[Instr, ...]
+    outputs: tuple[int, ...]
+    reduce: tuple[str, tuple[int, ...]] | None = None
+
+    def describe(self) -> str:
+        """A readable listing (used in error messages and debug logs)."""
+        lines = [f"kernel rank={self.rank} inputs={[str(d) for d in self.inputs]} scalars={self.scalars}"]
+        for i, ins in enumerate(self.body):
+            lines.append(f"  %{i} = {ins.op}{ins.args} : {ins.dtype}")
+        tail = f"  out {list(self.outputs)}"
+        if self.reduce is not None:
+            tail += f" reduced by {self.reduce[0]} over dims {list(self.reduce[1])} (keepdim)"
+        return "\n".join([*lines, tail])
+
+
+#: What :meth:`ember.backend.Backend.fusion_compile` returns: ``run(inputs, scalars, shape, outs) -> outputs``.
+#: ``inputs`` are handles broadcastable to ``shape`` (the iteration shape; any strides, possibly views),
+#: ``scalars`` the Python values of the scalar arguments, ``outs`` one entry per output: ``None`` (allocate a new
+#: contiguous handle) or a handle of the output's shape and dtype to write in place (possibly a strided view,
+#: never aliasing an input other than through the same element). Returns the output handles in order.
+CompiledKernel = Callable[[Sequence[Any], Sequence[Any], Shape, Sequence[Any]], list[Any]]
+
+
+def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequence[Any], shape: Shape,
+              outs: Sequence[Any] | None = None) -> list[Any]:
+    """Run a kernel op by op with ``backend``'s contract methods (the :data:`CompiledKernel` calling convention).
+
+    This is the reference semantics of :class:`Kernel` and the fallback where a backend's ``fusion_compile``
+    returns None; backends test their generated code against it.
+    """
+    vals: list[Any] = []
+    is_handle: list[bool] = []
+
+    def handle(i: int) -> Any:  # a scalar operand becomes a 0-d handle where a contract method needs one
+        return vals[i] if is_handle[i] else backend.full((), vals[i], kernel.body[i].dtype)
+
+    for ins in kernel.body:
+        op, a = ins.op, ins.args
+        if op == "load":
+            v, h = inputs[a[0]], True
+        elif op == "scalar":
+            v, h = scalars[a[0]], False
+        elif op == "unary":
+            v, h = backend.unary(a[0], handle(a[1])), True
+        elif op == "binary":
+            x, y = a[1], a[2]
+            if not is_handle[x] and not is_handle[y]:
+                v = backend.binary(a[0], handle(x), vals[y])
+            else:
+                v = backend.binary(a[0], vals[x], vals[y])
+            h = True
+        elif op == "where":
+            c, x, y = a
+            # with two scalar branches the result dtype would be unknown: give one branch a handle
+            v, h = backend.where(handle(c), vals[x] if is_handle[x] or is_handle[y] else handle(x), vals[y]), True
+        elif op == "cast":
+            v, h = backend.cast(handle(a[0]), ins.dtype), True
+        else:
+            raise ValueError(f"interpret: unknown kernel op {op!r}")
+        vals.append(v)
+        is_handle.append(h)
+    results = []
+    for j, i in enumerate(kernel.outputs):
+        v = handle(i)
+        if kernel.reduce is not None:
+            if tuple(v.shape) != tuple(shape):
+                v = backend.expand(v, tuple(shape))
+            v = backend.reduce(kernel.reduce[0], v, kernel.reduce[1], True)
+        elif tuple(v.shape) != tuple(shape) or is_handle[i] and kernel.body[i].op == "load":
+            v = backend.copy(backend.expand(v, tuple(shape)))  # outputs are new memory, never an input's view
+        out = None if outs is None else outs[j]
+        if out is not None:
+            backend.assign(out, v)
+            v = out
+        results.append(v)
+    return results
