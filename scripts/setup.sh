@@ -42,6 +42,7 @@ PACKAGES=(
     -e "plugins/backends/ember-flex"
     -e "plugins/decorators/ember-autodiff"
     -e "plugins/backends/ember-opencl"
+    -e "plugins/decorators/ember-fusion"
     -e "packages/ember-train[plot]"
     -e "packages/ember"
     # the third-party example plugin used by the cross-plugin tests and the docs

@@ -195,6 +195,13 @@ class FlexBackend(Backend):
 
         return f"flex:{self.index} (numpy {np.__version__} on {platform.machine() or 'cpu'})"
 
+    def fusion_compile(self, kernel: Any) -> Any:
+        """A fused kernel on numexpr where it measures faster than numpy op by op (see :mod:`ember_flex.fusion`),
+        or None where numexpr cannot compute any of it exactly."""
+        from .fusion import compile_kernel  # imported on first use: it loads numexpr
+
+        return compile_kernel(kernel, self)
+
     def memory_report(self) -> dict[str, Any]:
         return {"allocator": "numpy (host malloc)", "in_use": None, "reserved": None, "peak": None}
 

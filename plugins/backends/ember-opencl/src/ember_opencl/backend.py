@@ -104,6 +104,13 @@ class OpenCLBackend(Backend):
     def masked_fill(self, h: CLArray, mask: CLArray, value: Any) -> CLArray:
         return ew.where(mask, value, h)
 
+    # -- fusion ------------------------------------------------------------------------------------------------
+    def fusion_compile(self, kernel: Any) -> Any:
+        """One generated OpenCL kernel per fused block (see :mod:`ember_opencl.fusion`); None where unsupported."""
+        from . import fusion
+
+        return fusion.fusion_compile(self, kernel)
+
     # -- reductions and scans ------------------------------------------------------------------------------------
     def reduce(self, op: str, h: CLArray, dims: tuple[int, ...], keepdim: bool) -> CLArray:
         from . import reduction

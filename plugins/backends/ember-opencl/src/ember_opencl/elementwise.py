@@ -8,6 +8,7 @@ indexes linearly. Kernels are generated per (expression, operand types, rank, la
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -235,16 +236,23 @@ def _rank_bucket(rank: int) -> int:
     return 3 if rank <= 3 else 8 if rank <= 8 else rank
 
 
-def _map_kernel(k: int, expr: str, out_t: CType, operands: tuple[tuple[CType, bool], ...], rank: int,
-                layout: str) -> str:
-    """One map kernel.
+def map_kernel(name: str, outs: Sequence[CType], operands: Sequence[tuple[CType, bool]], rank: int, layout: str,
+               values: Sequence[str], stmts: Sequence[str] = ()) -> str:
+    """One map kernel ``name`` writing ``outs[m][...] = values[m]`` at every point of the iteration space.
+
+    Operand j is an array (params ``a{j}, a{j}_off``, read through its strides) or a scalar (param ``s{j}``); the
+    loop body loads every operand into ``v{j}`` (its compute type), runs ``stmts`` and stores each value. Output m
+    is ``out``/``out_off``/strides ``so{d}`` for m = 0 and ``out{m}``/``out{m}_off``/``so{m}_{d}`` otherwise.
 
     GPUs take grid-stride loops, so neighbouring work-items touch neighbouring elements: "linear" (contiguous
     operands) and "strided" (each flat index split into coordinates). CPUs take a contiguous run of flat indices per
     work-item: "linear_chunked" (a plain loop the compiler vectorises) and "chunked" (coordinates carried like an
     odometer, since a 64-bit division per element and dim would dominate); on PoCL that is 20-50x faster.
     """
-    params = [f"__global {out_t.storage}* out", "long out_off"]
+    sfx = ["" if m == 0 else str(m) for m in range(len(outs))]
+    params = []
+    for m, t in enumerate(outs):
+        params += [f"__global {t.storage}* out{sfx[m]}", f"long out{sfx[m]}_off"]
     for j, (t, is_array) in enumerate(operands):
         if is_array:
             params += [f"__global const {t.storage}* a{j}", f"long a{j}_off"]
@@ -252,44 +260,49 @@ def _map_kernel(k: int, expr: str, out_t: CType, operands: tuple[tuple[CType, bo
             params.append(f"{t.compute} s{j}")
     params.append("long n")
     arrays = [j for j, (_, is_array) in enumerate(operands) if is_array]
+    out_offsets = [f"oo{s}" for s in sfx]
     if layout not in ("linear", "linear_chunked"):
         params += [f"long n{d}" for d in range(rank)]
-        params += [f"long so{d}" for d in range(rank)]
+        for s in sfx:
+            params += [f"long so{s}{'_' if s else ''}{d}" for d in range(rank)]
         params += [f"long s{j}_{d}" for j in arrays for d in range(rank)]
-    offsets = ["oo"] + [f"o{j}" for j in arrays]
-    strides = {"oo": "so"} | {f"o{j}": f"s{j}_" for j in arrays}
+    offsets = out_offsets + [f"o{j}" for j in arrays]
+    strides = {f"oo{s}": f"so{s}{'_' if s else ''}" for s in sfx} | {f"o{j}": f"s{j}_" for j in arrays}
     body: list[str] = []
     chunk_head = ["long chunk = (n + get_global_size(0) - 1) / get_global_size(0);",
                   "long start = get_global_id(0) * chunk;", "if (start >= n) return;",
                   "long end = min(start + chunk, n);"]
+    starts = ", ".join(f"oo{s} = out{s}_off" for s in sfx)
     if layout in ("linear", "linear_chunked"):
         if layout == "linear":
             body.append("for (long i = get_global_id(0); i < n; i += get_global_size(0)) {")
         else:  # a contiguous run per work-item: a plain loop the compiler vectorises
             body += chunk_head + ["for (long i = start; i < end; ++i) {"]
-        out_idx = "out_off + i"
+        out_idx = [f"out{s}_off + i" for s in sfx]
         idx = {j: f"a{j}_off + i" for j in arrays}
     elif layout == "strided":
         body.append("for (long i = get_global_id(0); i < n; i += get_global_size(0)) {")
-        body.append("    long r = i, oo = out_off;" + "".join(f" long o{j} = a{j}_off;" for j in arrays))
+        body.append(f"    long r = i, {starts};" + "".join(f" long o{j} = a{j}_off;" for j in arrays))
         for d in range(rank - 1, -1, -1):
             body.append(f"    {{ long c = r % n{d}; r /= n{d};"
                         + "".join(f" {o} += c * {strides[o]}{d};" for o in offsets) + " }")
-        out_idx = "oo"
+        out_idx = out_offsets
         idx = {j: f"o{j}" for j in arrays}
     else:
         body += chunk_head
-        body.append("long r = start, oo = out_off;" + "".join(f" long o{j} = a{j}_off;" for j in arrays))
+        body.append(f"long r = start, {starts};" + "".join(f" long o{j} = a{j}_off;" for j in arrays))
         for d in range(rank - 1, -1, -1):
             body.append(f"long c{d} = r % n{d}; r /= n{d};"
                         + "".join(f" {o} += c{d} * {strides[o]}{d};" for o in offsets))
         body.append("for (long i = start; i < end; ++i) {")
-        out_idx = "oo"
+        out_idx = out_offsets
         idx = {j: f"o{j}" for j in arrays}
     for j, (t, is_array) in enumerate(operands):
         value = t.load(f"a{j}", idx[j]) if is_array else f"s{j}"
         body.append(f"    {t.compute} v{j} = {value};")
-    body.append(f"    {out_t.store('out', out_idx, expr)};")
+    body += [f"    {st}" for st in stmts]
+    for m, (t, v) in enumerate(zip(outs, values)):
+        body.append(f"    {t.store('out' + sfx[m], out_idx[m], v)};")
     if layout == "chunked":  # advance the innermost coordinate, carrying into outer ones
         carry = ""
         for d in range(rank):
@@ -301,7 +314,13 @@ def _map_kernel(k: int, expr: str, out_t: CType, operands: tuple[tuple[CType, bo
                 carry = f"{step} if (c{d} == n{d}) {{ {reset} {carry} }}"
         body.append("    " + carry)
     body.append("}")
-    return f"__kernel void ember_map{k}({', '.join(params)}) {{\n    " + "\n    ".join(body) + "\n}\n"
+    return f"__kernel void {name}({', '.join(params)}) {{\n    " + "\n    ".join(body) + "\n}\n"
+
+
+def _map_kernel(k: int, expr: str, out_t: CType, operands: tuple[tuple[CType, bool], ...], rank: int,
+                layout: str) -> str:
+    """One single-output map kernel (see :func:`map_kernel`)."""
+    return map_kernel(f"ember_map{k}", [out_t], operands, rank, layout, [expr])
 
 
 def _map_source(family: Family, operands: tuple[tuple[CType, bool], ...], rank: int, layout: str) -> str:

@@ -1,0 +1,503 @@
+"""Fused elementwise (and elementwise-then-reduce) kernels for flex: numexpr where it pays, numpy otherwise.
+
+:func:`compile_kernel` turns an :class:`ember.ir.Kernel` into a :class:`FusedKernel`, a
+:data:`ember.ir.CompiledKernel` with two equivalent execution paths:
+
+* ``"numpy"``: the instructions one by one through the backend's own contract methods (exactly
+  :func:`ember.ir.interpret`, without its per-call dispatch on the op names);
+* ``"numexpr"``: the instructions numexpr expresses with flex's numerics are grouped into numexpr programs (one
+  pass over memory per materialised value, evaluated in cache-sized blocks on numexpr's thread pool, no full-size
+  temporaries); the others (float16/bfloat16/int8/int16/uint8 values, erf, floor_divide, remainder, ...) run with
+  numpy between them, through the backend as on the numpy path.
+
+Which path a call takes is decided by measurement, per *size class* (``int(n).bit_length()`` of the element count
+``n``): the first :data:`TRIALS` calls of a class run each path alternately and are timed; afterwards the class keeps
+the path with the lower minimum time (see :attr:`FusedKernel.choices`). Small arrays usually favour numpy (numexpr
+costs ~10 us per call), large ones numexpr.
+
+Numerics of the numexpr path: +, -, *, /, sqrt, comparisons, where, casts (upcasts and to bool), floor/ceil/trunc,
+rint-style round, abs, neg, copysign, fmod, maximum/minimum, bitwise ops and shifts are bit-identical to numpy.
+Transcendental functions (exp, log, tanh, sin, pow, sigmoid, ...) use the C library's routines where numpy has its
+own (SIMD) ones: results may differ by an ulp or so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ember import dtypes as dt
+from ember.dtypes import DType
+from ember.ir import Instr, Kernel, interpret
+
+#: timed calls per path and size class before the faster path is kept
+TRIALS = 3
+
+#: ember dtypes numexpr computes natively, by numexpr kind
+_KIND: dict[DType, str] = {dt.bool_: "bool", dt.int32: "int", dt.int64: "long", dt.float32: "float",
+                           dt.float64: "double"}
+_SIG_TYPE = {"bool": bool, "int": np.int32, "long": np.int64, "float": float, "double": np.double}
+_NP_OF_KIND = {"bool": np.bool_, "int": np.int32, "long": np.int64, "float": np.float32, "double": np.float64}
+_FLOAT_KINDS = ("float", "double")
+_INT_KINDS = ("int", "long")
+_RANK = {"bool": 0, "int": 1, "long": 2, "float": 3, "double": 4}
+
+# ember op name -> numexpr function, for float operands (result of the operand's kind)
+_UNARY_FUNC = {
+    "abs": "absolute", "exp": "exp", "expm1": "expm1", "log": "log", "log2": "log2", "log10": "log10",
+    "log1p": "log1p", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "arcsin", "acos": "arccos",
+    "atan": "arctan", "sinh": "sinh", "cosh": "cosh", "tanh": "tanh", "asinh": "arcsinh", "acosh": "arccosh",
+    "atanh": "arctanh", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "round",
+}
+_BINARY_FUNC = {"fmod": "fmod", "pow": "pow", "maximum": "maximum", "minimum": "minimum", "atan2": "arctan2",
+                "copysign": "copysign", "hypot": "hypot"}
+_CMP = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
+_ARITH = {"add": "add", "sub": "sub", "mul": "mul"}
+_BITWISE = {"bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor", "logical_and": "and",
+            "logical_or": "or", "logical_xor": "xor"}
+
+# a shared subexpression larger than this (in expanded tree nodes) is computed once and stored, not repeated
+_MAX_SHARED_TREE = 24
+# numexpr programs are numpy iterators: at most 64 operands (inputs + output)
+_MAX_LEAVES = 60
+
+
+def _scalar_ok(value: Any, kind: str) -> bool:
+    """Whether converting a Python scalar to ``kind`` gives what numpy's weak-scalar promotion in
+    ``flex.binary(array, value)`` computes (a float value with an int array promotes to float64 instead)."""
+    t = type(value)
+    if t is bool:
+        return True
+    if t is int:
+        return kind != "bool"
+    return t is float and kind in _FLOAT_KINDS
+
+
+class _NumexprPlan:
+    """The kernel as a sequence of steps: numexpr programs for what numexpr does exactly, backend calls for the
+    rest. Built once per kernel; raises ``_Unsupported`` where it would not pay (no numexpr step at all)."""
+
+    def __init__(self, kernel: Kernel, backend: Any) -> None:
+        from numexpr.expressions import ConstantNode, FuncNode, OpNode, VariableNode
+        from numexpr.necompiler import NumExpr
+
+        self._Const, self._Func, self._Op, self._Var = ConstantNode, FuncNode, OpNode, VariableNode
+        self.kernel = kernel
+        body = kernel.body
+        self.kind: list[str | None] = [_KIND.get(ins.dtype) for ins in body]
+        # which instructions numexpr can compute (given numexpr-able operands): a builder per instruction
+        self.ne_ok = [self._translatable(i, ins) for i, ins in enumerate(body)]
+        uses = [0] * len(body)
+        for ins in body:
+            for j in _operands(ins):
+                uses[j] += 1
+        # values stored as arrays: kernel outputs, operands of numpy steps, large shared subexpressions
+        size = [1] * len(body)
+        for i, ins in enumerate(body):
+            if self.ne_ok[i] and ins.op not in ("load", "scalar"):
+                size[i] = 1 + sum(size[j] for j in _operands(ins))
+        materialise = set(kernel.outputs)
+        for i, ins in enumerate(body):
+            if not self.ne_ok[i]:
+                materialise.update(_operands(ins))
+            elif uses[i] > 1 and size[i] > _MAX_SHARED_TREE:
+                materialise.add(i)
+                size[i] = 1
+        self.steps: list[tuple[str, int, Any]] = []
+        n_ne = 0
+        for i, ins in enumerate(body):
+            if ins.op in ("load", "scalar"):
+                continue
+            if not self.ne_ok[i]:
+                self.steps.append(("np", i, None))
+            elif i in materialise:
+                leaves: dict[str, int] = {}
+                node = self._node(i, materialise, leaves, root=True)
+                if len(leaves) > _MAX_LEAVES:
+                    raise _Unsupported(f"numexpr program for %{i} has {len(leaves)} operands")
+                names = sorted(leaves, key=lambda s: (s[0], int(s[1:])))
+                sig = [(nm, _SIG_TYPE[self.kind[leaves[nm]]]) for nm in names]
+                prog = NumExpr(node, signature=sig, optimization="none")
+                self.steps.append(("ne", i, (prog, [leaves[nm] for nm in names])))
+                n_ne += 1
+        if n_ne == 0:
+            raise _Unsupported("no instruction maps to numexpr")
+        self.materialise = materialise
+        self.backend = backend
+
+    # -- translation -------------------------------------------------------------------------------------------
+    def _translatable(self, i: int, ins: Instr) -> bool:
+        k = self.kind[i]
+        if k is None:
+            return False
+        op, a = ins.op, ins.args
+        if op in ("load", "scalar"):
+            return op == "scalar" or self.kernel.inputs[a[0]] == ins.dtype
+        ops = _operands(ins)
+        if not all(self.kind[j] is not None for j in ops):  # operands computed by numpy are numexpr inputs
+            return False
+        ka = self.kind[ops[0]]
+        if op == "unary":
+            name = a[0]
+            if ka in _FLOAT_KINDS:
+                if name in ("isnan", "isinf", "isfinite", "signbit", "isposinf", "isneginf", "logical_not"):
+                    return k == "bool"
+                if ka != k:
+                    return False
+                return name in _UNARY_FUNC or name in ("neg", "sqrt", "rsqrt", "reciprocal", "sigmoid", "sign")
+            if ka in _INT_KINDS:
+                if name == "logical_not":
+                    return k == "bool"
+                return ka == k and name in ("neg", "abs", "sign", "bitwise_not")
+            return ka == k == "bool" and name in ("logical_not", "bitwise_not")
+        if op == "binary":
+            name = a[0]
+            if ka != self.kind[ops[1]] or self.kernel.body[ops[0]].dtype is not self.kernel.body[ops[1]].dtype:
+                return False
+            if name in _CMP or name.startswith("logical_"):
+                return k == "bool"
+            if ka != k:
+                return False
+            if name in _ARITH or name in ("maximum", "minimum"):
+                return k != "bool" or name in ("maximum", "minimum")
+            if name in ("div",) or name in _BINARY_FUNC:
+                return k in _FLOAT_KINDS
+            if name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+                return True
+            if name in ("bitwise_left_shift", "bitwise_right_shift"):
+                return k in _INT_KINDS
+            return False  # floor_divide, remainder (numexpr's sign and zero rules differ), fmax, fmin
+        if op == "where":
+            c, x, y = ops
+            return self.kind[c] == "bool" and self.kind[x] == self.kind[y] == k
+        if op == "cast":
+            if k == "bool":
+                return True
+            return _RANK[ka] <= _RANK[k] and not (ka == "long" and k == "int")
+        return False
+
+    def _zero(self, kind: str) -> Any:
+        return self._Const(_NP_OF_KIND[kind](0))
+
+    def _one(self, kind: str) -> Any:
+        return self._Const(_NP_OF_KIND[kind](1))
+
+    def _node(self, i: int, mat: set[int], leaves: dict[str, int], root: bool = False) -> Any:
+        """The numexpr expression tree of instruction i (stored values and inputs are leaves)."""
+        ins = self.kernel.body[i]
+        k = self.kind[i]
+        if ins.op == "load":
+            name = f"i{ins.args[0]}"
+            leaves[name] = i
+            return self._Var(name, k)
+        if ins.op == "scalar":
+            name = f"s{ins.args[0]}"
+            leaves[name] = i
+            return self._Var(name, k)
+        if (i in mat and not root) or not self.ne_ok[i]:
+            name = f"v{i}"
+            leaves[name] = i
+            return self._Var(name, k)
+        Op, Func = self._Op, self._Func
+        ops = [self._node(j, mat, leaves) for j in _operands(ins)]
+        if ins.op == "unary":
+            name, x = ins.args[0], ops[0]
+            kx = self.kind[_operands(ins)[0]]
+            if name == "neg":
+                return Op("neg", [x], k)
+            if name == "sqrt":
+                return Op("sqrt", [x], k)
+            if name == "rsqrt":  # flex: reciprocal(sqrt(x))
+                return Op("div", [self._one(k), Op("sqrt", [x], k)], k)
+            if name == "reciprocal":
+                return Op("div", [self._one(k), x], k)
+            if name == "sigmoid":  # flex: e = exp(-|x|); x >= 0 ? 1/(1+e) : e/(1+e)
+                e = Func("exp", [Op("neg", [Func("absolute", [x], k)], k)], k)
+                d = Op("add", [self._one(k), e], k)
+                pos = Op("ge", [x, self._zero(k)], "bool")
+                return Func("where", [pos, Op("div", [self._one(k), d], k), Op("div", [e, d], k)], k)
+            if name == "sign":
+                s = Func("sign", [x], k)
+                if k in _FLOAT_KINDS:  # flex (like PyTorch) maps sign(NaN) to 0
+                    return Func("where", [Op("ne", [x, x], "bool"), self._zero(k), s], k)
+                return s
+            if name in ("isnan", "isinf", "isfinite", "signbit"):
+                return Func(name, [x], "bool")
+            if name in ("isposinf", "isneginf"):
+                inf = self._Const(_NP_OF_KIND[kx](np.inf if name == "isposinf" else -np.inf))
+                return Op("eq", [x, inf], "bool")
+            if name == "logical_not":
+                return Op("invert", [x], "bool") if kx == "bool" else Op("eq", [x, self._zero(kx)], "bool")
+            if name == "bitwise_not":
+                return Op("invert", [x], k)
+            return Func(_UNARY_FUNC[name], [x], k)
+        if ins.op == "binary":
+            name = ins.args[0]
+            x, y = ops
+            kx = self.kind[_operands(ins)[0]]
+            if name in _CMP:
+                return Op(_CMP[name], [x, y], "bool")
+            if name.startswith("logical_"):
+                if kx != "bool":  # truthiness, as numpy's logical_* on numbers
+                    x, y = Op("ne", [x, self._zero(kx)], "bool"), Op("ne", [y, self._zero(kx)], "bool")
+                return Op(_BITWISE[name], [x, y], "bool")
+            if name in _ARITH:
+                return Op(_ARITH[name], [x, y], k)
+            if name == "div":
+                return Op("div", [x, y], k)
+            if name in ("maximum", "minimum") and k not in _FLOAT_KINDS:
+                return Func("where", [Op("ge" if name == "maximum" else "le", [x, y], "bool"), x, y], k)
+            if name == "pow":
+                return Op("pow", [x, y], k)
+            if name in _BINARY_FUNC:
+                return Func(_BINARY_FUNC[name], [x, y], k)
+            if name in _BITWISE:
+                return Op(_BITWISE[name], [x, y], k)
+            return Op("lshift" if name == "bitwise_left_shift" else "rshift", [x, y], k)
+        if ins.op == "where":
+            return Func("where", ops, k)
+        # cast
+        kx = self.kind[_operands(ins)[0]]
+        x = ops[0]
+        if k == "bool":
+            return x if kx == "bool" else Op("ne", [x, self._zero(kx)], "bool")
+        if kx == k:
+            return x
+        return Op("cast", [x], k)
+
+
+class _Unsupported(Exception):
+    """A kernel (or part) the numexpr path does not take."""
+
+
+def _operands(ins: Instr) -> tuple[int, ...]:
+    if ins.op in ("load", "scalar"):
+        return ()
+    if ins.op in ("unary", "cast"):
+        return (ins.args[-1],)
+    if ins.op == "binary":
+        return (ins.args[1], ins.args[2])
+    return tuple(ins.args)  # where
+
+
+class FusedKernel:
+    """flex's :data:`ember.ir.CompiledKernel`: ``run(inputs, scalars, shape, outs) -> outputs``.
+
+    Attributes:
+        kernel: the compiled :class:`ember.ir.Kernel`.
+        choices: size class (``int(n).bit_length()``, n = elements of the iteration shape) -> ``"numpy"`` or
+            ``"numexpr"``, filled in once both paths were timed :data:`TRIALS` times for that class.
+        last_path: the path the latest call took (``"numpy"``, ``"numexpr"``, or ``"numpy"`` too where the scalars'
+            Python types require numpy's own promotion, e.g. a float scalar with an integer operand).
+    """
+
+    def __init__(self, kernel: Kernel, backend: Any, plan: _NumexprPlan) -> None:
+        self.kernel = kernel
+        self.backend = backend
+        self._plan = plan
+        self.choices: dict[int, str] = {}
+        self._timings: dict[int, dict[str, list[float]]] = {}
+        self.last_path = ""
+        self._numpy = _numpy_runner(kernel, backend)
+        # scalars numexpr reads as 0-d arrays of the instruction's kind (checked per call, see _scalar_ok)
+        self._scalar_kinds = [(ins.args[0], plan.kind[i]) for i, ins in enumerate(kernel.body)
+                              if ins.op == "scalar" and plan.kind[i] is not None]
+
+    def path_for(self, n: int) -> str | None:
+        """The path chosen for arrays of ``n`` elements, or None while that size class is still being timed."""
+        return self.choices.get(int(n).bit_length())
+
+    def __call__(self, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
+                 outs: Sequence[Any] | None = None) -> list[Any]:
+        for k, kind in self._scalar_kinds:
+            if not _scalar_ok(scalars[k], kind):  # numpy's promotion of this scalar differs: reference path
+                self.last_path = "numpy"
+                return self._numpy(inputs, scalars, shape, outs)
+        n = 1
+        for s in shape:
+            n *= s
+        cls = n.bit_length()
+        path = self.choices.get(cls)
+        if path is not None:
+            self.last_path = path
+            return self._numpy(inputs, scalars, shape, outs) if path == "numpy" else \
+                self._numexpr(inputs, scalars, shape, outs)
+        # still measuring this size class: alternate the paths, keep the faster once both have TRIALS timings
+        t = self._timings.setdefault(cls, {"numpy": [], "numexpr": []})
+        path = "numexpr" if len(t["numexpr"]) <= len(t["numpy"]) else "numpy"
+        t0 = time.perf_counter()
+        r = self._numpy(inputs, scalars, shape, outs) if path == "numpy" else \
+            self._numexpr(inputs, scalars, shape, outs)
+        t[path].append(time.perf_counter() - t0)
+        self.last_path = path
+        if len(t["numpy"]) >= TRIALS and len(t["numexpr"]) >= TRIALS:
+            # the first numexpr call of a kernel compiles nothing but may start threads: min() ignores it
+            self.choices[cls] = "numexpr" if min(t["numexpr"]) < min(t["numpy"]) else "numpy"
+            del self._timings[cls]
+        return r
+
+    def run_path(self, path: str, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
+                 outs: Sequence[Any] | None = None) -> list[Any]:
+        """Run one path explicitly (``"numpy"`` or ``"numexpr"``), bypassing the measured choice; for tests and
+        benchmarks."""
+        if path == "numpy":
+            return self._numpy(inputs, scalars, shape, outs)
+        for k, kind in self._scalar_kinds:
+            if not _scalar_ok(scalars[k], kind):
+                return self._numpy(inputs, scalars, shape, outs)
+        return self._numexpr(inputs, scalars, shape, outs)
+
+    # -- the numexpr path --------------------------------------------------------------------------------------
+    def _numexpr(self, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
+                 outs: Sequence[Any] | None) -> list[Any]:
+        plan, kernel, be = self._plan, self.kernel, self.backend
+        body = kernel.body
+        vals: list[Any] = [None] * len(body)
+        for i, ins in enumerate(body):  # leaves
+            if ins.op == "load":
+                vals[i] = inputs[ins.args[0]]
+            elif ins.op == "scalar":
+                v = scalars[ins.args[0]]
+                kind = plan.kind[i]
+                vals[i] = np.array(v, dtype=_NP_OF_KIND[kind]) if kind is not None else v
+        raw = scalars  # numpy steps see scalar operands as Python values, as flex.binary does
+        out_at = {}
+        if kernel.reduce is None and outs is not None:
+            for j, i in enumerate(kernel.outputs):
+                if outs[j] is not None and i not in out_at:
+                    out_at[i] = outs[j]
+        for kind_, i, payload in plan.steps:
+            if kind_ == "np":
+                vals[i] = self._numpy_step(body[i], i, vals, raw)
+                continue
+            prog, leaf_ids = payload
+            args = [vals[j] for j in leaf_ids]
+            dest = out_at.get(i)
+            if dest is not None and _direct_out_ok(dest, inputs, shape, _NP_OF_KIND[plan.kind[i]]):
+                prog(*args, out=dest, ex_uses_vml=False)
+                vals[i] = dest
+            else:
+                vals[i] = prog(*args, ex_uses_vml=False)
+        results: list[Any] = []
+        for j, i in enumerate(kernel.outputs):
+            v, ins = vals[i], body[i]
+            out = None if outs is None else outs[j]
+            if ins.op == "scalar":
+                v = be.full((), raw[ins.args[0]], ins.dtype)
+            if kernel.reduce is not None:
+                if tuple(v.shape) != tuple(shape):
+                    v = be.expand(v, tuple(shape))
+                v = be.reduce(kernel.reduce[0], v, kernel.reduce[1], True)
+            elif out is None and (tuple(v.shape) != tuple(shape) or ins.op == "load"
+                                  or any(v is r for r in results)):
+                v = be.copy(be.expand(v, tuple(shape)))  # new memory, never an input's view or another output
+            if out is not None and v is not out:
+                be.assign(out, v)  # broadcasts a lower-rank value; copies into strided or aliased targets
+                v = out
+            results.append(v)
+        return results
+
+    def _numpy_step(self, ins: Instr, i: int, vals: list[Any], raw: Sequence[Any]) -> Any:
+        """One instruction through the backend, with interpret()'s handling of scalar operands."""
+        be, body = self.backend, self.kernel.body
+
+        def val(j: int) -> Any:  # a scalar operand is the Python value, as interpret passes it
+            return raw[body[j].args[0]] if body[j].op == "scalar" else vals[j]
+
+        def handle(j: int) -> Any:
+            return be.full((), raw[body[j].args[0]], body[j].dtype) if body[j].op == "scalar" else vals[j]
+
+        op, a = ins.op, ins.args
+        if op == "unary":
+            r = be.unary(a[0], handle(a[1]))
+        elif op == "binary":
+            x, y = a[1], a[2]
+            if body[x].op == "scalar" and body[y].op == "scalar":
+                r = be.binary(a[0], handle(x), val(y))
+            else:
+                r = be.binary(a[0], val(x), val(y))
+        elif op == "where":
+            c, x, y = a
+            both_scalar = body[x].op == "scalar" and body[y].op == "scalar"
+            r = be.where(handle(c), handle(x) if both_scalar else val(x), val(y))
+        else:
+            r = be.cast(handle(a[0]), ins.dtype)
+        npdt = ins.dtype.numpy
+        return r if r.dtype == npdt else r.astype(npdt)  # numexpr programs read it with the declared dtype
+
+
+def _direct_out_ok(dest: Any, inputs: Sequence[Any], shape: tuple[int, ...], dtype: type) -> bool:
+    """Whether numexpr may write straight into ``dest``: a C-contiguous aligned array of the iteration shape that
+    overlaps no kernel input (numexpr may keep temporaries in the output block before it reads an aliased input,
+    and later steps may still read the input)."""
+    if type(dest) is not np.ndarray or not dest.flags.c_contiguous or not dest.flags.aligned:
+        return False
+    if dest.shape != tuple(shape) or dest.dtype != dtype or dest.dtype.byteorder not in "=|":
+        return False
+    return not any(type(a) is np.ndarray and np.may_share_memory(dest, a) for a in inputs)
+
+
+def _numpy_runner(kernel: Kernel, backend: Any) -> Callable[..., list[Any]]:
+    """The numpy path: the kernel op by op through the backend (the semantics of :func:`ember.ir.interpret`)."""
+
+    def run(inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
+            outs: Sequence[Any] | None = None) -> list[Any]:
+        return interpret(kernel, backend, inputs, scalars, shape, outs)
+
+    return run
+
+
+def compile_kernel(kernel: Kernel, backend: Any) -> FusedKernel | None:
+    """flex's ``fusion_compile``: a :class:`FusedKernel`, or None where numexpr is unavailable or computes no
+    instruction of the kernel exactly (then the kernel runs op by op anyway, so fusing it would gain nothing)."""
+    try:
+        import numexpr  # noqa: F401  (an optional accelerator: without it flex runs kernels op by op)
+    except ImportError:
+        return None
+    try:
+        plan = _NumexprPlan(kernel, backend)
+    except _Unsupported:
+        return None
+    return FusedKernel(kernel, backend, plan)
+
+
+def benchmark_gelu(n: int = 1_000_000, repeats: int = 20) -> dict[str, float]:
+    """Median seconds of an 8-op GELU-like tanh chain, 0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x))), on ``n``
+    float32 elements: fused (numexpr path, numpy path, measured choice) and flex op by op (``interpret``)."""
+    from ember.ir import Instr as I  # noqa: N817
+
+    from .backend import FlexBackend
+
+    be = FlexBackend()
+    f32 = dt.float32
+    body = (I("load", (0,), f32), I("scalar", (0,), f32), I("scalar", (1,), f32), I("scalar", (2,), f32),
+            I("scalar", (3,), f32),
+            I("binary", ("mul", 0, 0), f32), I("binary", ("mul", 5, 0), f32),  # x*x*x
+            I("binary", ("mul", 6, 3), f32), I("binary", ("add", 0, 7), f32),  # x + 0.044715*x^3
+            I("binary", ("mul", 8, 2), f32), I("unary", ("tanh", 9), f32),  # tanh(0.79788*(...))
+            I("binary", ("add", 10, 4), f32), I("binary", ("mul", 0, 11), f32),  # x * (1 + t)
+            I("binary", ("mul", 12, 1), f32))  # * 0.5
+    kernel = Kernel(1, (f32,), 4, body, (13,))
+    fk = compile_kernel(kernel, be)
+    assert fk is not None
+    x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    sc, shape = (0.5, 0.7978845608, 0.044715, 1.0), (n,)
+
+    def med(fn: Callable[[], Any]) -> float:
+        fn()
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
+
+    return {
+        "op_by_op": med(lambda: interpret(kernel, be, [x], sc, shape)),
+        "fused_numexpr": med(lambda: fk.run_path("numexpr", [x], sc, shape)),
+        "fused_numpy": med(lambda: fk.run_path("numpy", [x], sc, shape)),
+        "fused_auto": med(lambda: fk([x], sc, shape, [None])),
+    }

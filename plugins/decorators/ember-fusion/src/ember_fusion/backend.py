@@ -1,0 +1,335 @@
+"""FusionBackend: the backend contract, recorded lazily and run as fused kernels.
+
+Recorded (lazy): ``unary``, ``binary``, ``where``, ``cast``, ``full`` and ``reduce``. Core validates shapes and
+dtypes before it calls a backend, so every error is still raised at the call that caused it; recording only has
+to compute the result's shape and dtype.
+
+Everything else is a *boundary*: the pending values it reads are realized (as fused kernels) and the inner
+backend's method runs on them. Contract methods the inner backend leaves to ``Backend``'s default composition run
+that composition on this stack instead, so its primitives are recorded and fused too. In-place methods
+(``assign``, ``setitem``, ``inplace_binary``) first realize everything pending in the thread, because a pending
+value may read the memory they overwrite.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import types
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ember import dtypes as dt
+from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, Backend
+from ember.dtypes import DType
+from ember.ir import Ref, Scalar
+
+from .graph import FArray, Node, PendingSet, pending_subgraph
+from .schedule import Graph, build_plan, run_plan
+
+#: ops recorded per thread before everything pending is run (bounds kernel size and memory held by the graph)
+DEFAULT_MAX_PENDING = 256
+#: plans kept per backend (least recently used dropped first)
+PLAN_CACHE_SIZE = 2048
+
+_SCALARS = (bool, int, float)
+_R0, _R1, _R2 = Ref(0), Ref(1), Ref(2)
+
+# Backend methods that return something other than handles, or that mutate; written out below
+_SPECIAL = frozenset(
+    """lift lower sync memory_report memory_dry_run describe fusion_compile from_numpy to_numpy dtype_of seed
+    assign setitem inplace_binary unary binary where cast full reduce""".split()
+)
+
+
+def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy's broadcast shape (core has checked the shapes broadcast)."""
+    rank = max(len(s) for s in shapes)
+    out = [1] * rank
+    for s in shapes:
+        for i, n in enumerate(s, rank - len(s)):
+            if n != 1:
+                out[i] = n
+    return tuple(out)
+
+
+class FusionStats:
+    """Counters shown in ``device.memory_report()`` under ``fusion_*`` keys."""
+
+    __slots__ = ("recorded", "realizations", "plan_hits", "plan_misses", "kernels_run", "kernels_compiled",
+                 "kernels_interpreted", "boundaries", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.recorded = self.realizations = self.plan_hits = self.plan_misses = 0
+        self.kernels_run = self.kernels_compiled = self.kernels_interpreted = self.boundaries = 0
+
+    def as_dict(self) -> dict[str, int]:
+        out = {f"fusion_{k}": getattr(self, k) for k in self.__slots__ if not k.startswith("_")}
+        looked_up = self.plan_hits + self.plan_misses
+        out["fusion_plan_hit_rate"] = self.plan_hits / looked_up if looked_up else 0.0
+        return out
+
+
+class FusionBackend(Backend):
+    """Wraps ``inner`` (a backend that implements ``fusion_compile``)."""
+
+    contract_version = 1
+
+    def __init__(self, inner: Backend, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+        super().__init__(inner.index)
+        self.inner = inner
+        self.name = f"{inner.name}+fusion"
+        self.supported_dtypes = inner.supported_dtypes
+        self.max_pending = max_pending
+        self.stats = FusionStats()
+        self._pending = PendingSet()
+        self._plans: OrderedDict[Any, Any] = OrderedDict()
+        self._compiled: dict[Any, Any] = {}
+        self._lock = threading.RLock()
+        self._bind_compositions()
+
+    # ------------------------------------------------------------------------------------------------------
+    # handles
+    # ------------------------------------------------------------------------------------------------------
+    def _leaf(self, value: Any, dtype: DType | None = None) -> FArray:
+        d = dtype if dtype is not None else self.inner.dtype_of(value)
+        return FArray(Node("leaf", (), (), tuple(value.shape), d, value))
+
+    def _wrap(self, out: Any) -> Any:
+        if out is None:
+            return None
+        if type(out) in (tuple, list):
+            return type(out)(self._wrap(o) for o in out)
+        return self._leaf(out)
+
+    def _record(self, op: str, args: tuple[Any, ...], srcs: tuple[Node, ...], shape: tuple[int, ...],
+                dtype: DType) -> FArray:
+        h = FArray(Node(op, args, srcs, shape, dtype))
+        pending = self._pending
+        pending.add(h)
+        self.stats.recorded += 1
+        if pending.recorded >= self.max_pending:
+            self.flush()
+        return h
+
+    # ------------------------------------------------------------------------------------------------------
+    # realization
+    # ------------------------------------------------------------------------------------------------------
+    def _realize(self, nodes: list[Node]) -> None:
+        targets = [n for n in nodes if n.value is None]
+        if not targets:
+            return
+        graph = Graph(pending_subgraph(targets), {id(n) for n in targets})
+        plan = self._plans.get(graph.key)
+        stats = self.stats
+        if plan is None:
+            plan = build_plan(graph, self._compile)
+            with self._lock:
+                self._plans[graph.key] = plan
+                if len(self._plans) > PLAN_CACHE_SIZE:
+                    self._plans.popitem(last=False)
+            stats.plan_misses += 1
+        else:
+            stats.plan_hits += 1
+        stats.realizations += 1
+        stats.kernels_run += run_plan(plan, graph, self.inner)
+
+    def _compile(self, kernel: Any) -> Any:
+        if kernel in self._compiled:
+            return self._compiled[kernel]
+        fn = self.inner.fusion_compile(kernel)
+        self._compiled[kernel] = fn
+        if fn is None:
+            self.stats.kernels_interpreted += 1
+        else:
+            self.stats.kernels_compiled += 1
+        return fn
+
+    def flush(self) -> None:
+        """Run everything pending in this thread (live values are stored, dead intermediates never are)."""
+        self._realize(self._pending.take())
+
+    def _value(self, h: Any) -> Any:
+        """The inner handle of h (realizing it), or h itself when it is no FArray (scalars, None)."""
+        if type(h) is not FArray:
+            return h
+        n = h.node
+        if n.value is None:
+            self._realize([n])
+        return n.value
+
+    def _values(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """args with every FArray (also inside tuples and lists) replaced by its realized inner handle; all
+        pending values among them are realized together, as one plan."""
+        pending = []
+        for a in args:
+            if type(a) is FArray:
+                if a.node.value is None:
+                    pending.append(a.node)
+            elif type(a) in (tuple, list):
+                pending.extend(x.node for x in a if type(x) is FArray and x.node.value is None)
+        if pending:
+            self._realize(pending)
+
+        def val(a: Any) -> Any:
+            if type(a) is FArray:
+                return a.node.value
+            if type(a) in (tuple, list):
+                return type(a)(x.node.value if type(x) is FArray else x for x in a)
+            return a
+
+        return tuple(val(a) for a in args)
+
+    # ------------------------------------------------------------------------------------------------------
+    # decorated stack plumbing
+    # ------------------------------------------------------------------------------------------------------
+    def lift(self, h: Any) -> FArray:
+        return self._leaf(self.inner.lift(h))
+
+    def lower(self, h: FArray) -> Any:
+        return self.inner.lower(self._value(h))
+
+    def sync(self) -> None:
+        self.flush()
+        self.inner.sync()
+
+    def memory_report(self) -> dict[str, Any]:
+        report = dict(self.inner.memory_report())
+        report.update(self.stats.as_dict())
+        report["fusion_plans_cached"] = len(self._plans)
+        return report
+
+    def memory_dry_run(self) -> Any:
+        return self.inner.memory_dry_run()
+
+    def describe(self) -> str:
+        return f"fusion over {self.inner.describe()}"
+
+    def fusion_compile(self, kernel: Any) -> Any:
+        return self.inner.fusion_compile(kernel)
+
+    def seed(self, seed: int) -> None:
+        self.inner.seed(seed)
+
+    def from_numpy(self, array: Any) -> FArray:
+        return self._leaf(self.inner.from_numpy(array))
+
+    def to_numpy(self, h: FArray) -> Any:
+        return self.inner.to_numpy(self._value(h))
+
+    def dtype_of(self, h: FArray) -> DType:
+        return h.node.dtype
+
+    # ------------------------------------------------------------------------------------------------------
+    # in-place methods: a pending value may read the memory they overwrite, so run everything pending first
+    # ------------------------------------------------------------------------------------------------------
+    def assign(self, dst: FArray, src: Any) -> None:
+        self.flush()
+        self.inner.assign(self._value(dst), self._value(src))
+
+    def setitem(self, h: FArray, key: tuple[Any, ...], value: Any) -> None:
+        self.flush()
+        key = self._values(key)
+        self.inner.setitem(self._value(h), key, self._value(value))
+
+    def inplace_binary(self, op: str, a: FArray, b: Any) -> None:
+        self.flush()
+        self.inner.inplace_binary(op, self._value(a), self._value(b))
+
+    # ------------------------------------------------------------------------------------------------------
+    # recorded ops
+    # ------------------------------------------------------------------------------------------------------
+    def unary(self, op: str, h: FArray) -> FArray:
+        n = h.node
+        return self._record("unary", (op, _R0), (n,), n.shape, dt.bool_ if op in PREDICATE_UNARY_OPS else n.dtype)
+
+    def binary(self, op: str, a: Any, b: Any) -> FArray:
+        ta, tb = type(a), type(b)
+        if ta is FArray and tb is FArray:
+            na, nb = a.node, b.node
+            shape = na.shape if na.shape == nb.shape else _broadcast(na.shape, nb.shape)
+            args, srcs, d = (op, _R0, _R1), (na, nb), na.dtype
+        elif ta is FArray and tb in _SCALARS:
+            na = a.node
+            args, srcs, shape, d = (op, _R0, Scalar(b)), (na,), na.shape, na.dtype
+        elif tb is FArray and ta in _SCALARS:
+            nb = b.node
+            args, srcs, shape, d = (op, Scalar(a), _R0), (nb,), nb.shape, nb.dtype
+        else:
+            return self._wrap(self.inner.binary(op, self._value(a), self._value(b)))
+        return self._record("binary", args, srcs, shape, dt.bool_ if op in COMPARISON_OPS else d)
+
+    def where(self, cond: FArray, a: Any, b: Any) -> FArray:
+        ta, tb = type(a), type(b)
+        if type(cond) is not FArray or not (ta is FArray or tb is FArray) or not (
+                ta in (FArray, *_SCALARS) and tb in (FArray, *_SCALARS)):
+            return self._wrap(self.inner.where(*self._values((cond, a, b))))
+        srcs = [cond.node]
+        args: list[Any] = [_R0]
+        for x in (a, b):
+            if type(x) is FArray:
+                args.append(Ref(len(srcs)))
+                srcs.append(x.node)
+            else:
+                args.append(Scalar(x))
+        d = (a if ta is FArray else b).node.dtype
+        return self._record("where", tuple(args), tuple(srcs), _broadcast(*(s.shape for s in srcs)), d)
+
+    def cast(self, h: FArray, dtype: DType) -> FArray:
+        n = h.node
+        return self._record("cast", (dtype, _R0), (n,), n.shape, dtype)
+
+    def full(self, shape: tuple[int, ...], value: Any, dtype: DType) -> FArray:
+        if type(value) not in _SCALARS:
+            return self._leaf(self.inner.full(shape, value, dtype), dtype)
+        return self._record("full", (Scalar(value),), (), tuple(shape), dtype)
+
+    def reduce(self, op: str, h: FArray, dims: tuple[int, ...], keepdim: bool) -> FArray:
+        n = h.node
+        if keepdim:
+            shape = tuple(1 if d in dims else s for d, s in enumerate(n.shape))
+        else:
+            shape = tuple(s for d, s in enumerate(n.shape) if d not in dims)
+        return self._record("reduce", (op, _R0, tuple(dims), bool(keepdim)), (n,), shape, n.dtype)
+
+    # ------------------------------------------------------------------------------------------------------
+    # every other contract method
+    # ------------------------------------------------------------------------------------------------------
+    def _bind_compositions(self) -> None:
+        """Per contract method: run the inner backend's own implementation on realized values (a boundary),
+        or -- where the inner backend inherits Backend's default composition -- that composition on this stack,
+        so its primitives are recorded and fused."""
+        inner_type = type(self.inner)
+        for name, fn in inspect.getmembers(Backend, inspect.isfunction):
+            if name.startswith("_") or name in _SPECIAL:
+                continue
+            if getattr(inner_type, name, None) is fn and name not in _REQUIRED:
+                setattr(self, name, types.MethodType(fn, self))
+            else:
+                setattr(self, name, _boundary(self, name))
+
+
+def _boundary(backend: FusionBackend, name: str) -> Callable[..., Any]:
+    inner_method = getattr(backend.inner, name)
+    stats = backend.stats
+
+    def method(*args: Any, **kwargs: Any) -> Any:
+        stats.boundaries += 1
+        return backend._wrap(inner_method(*backend._values(args), **kwargs))
+
+    method.__name__ = name
+    return method
+
+
+def _required() -> frozenset[str]:
+    from ember.backend import REQUIRED_PRIMITIVES
+
+    return REQUIRED_PRIMITIVES
+
+
+_REQUIRED = _required()

@@ -1,0 +1,52 @@
+"""ember plugin entry point for the fusion decorator (entry-point group ``ember``, name ``fusion``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ember.plugins import hookimpl
+
+from . import CONTRACT, __version__
+
+
+def enabled_by_environment() -> bool:
+    """False when ``EMBER_FUSION`` is set to 0/false/no/off (fusion off for every device)."""
+    return os.environ.get("EMBER_FUSION", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def supports_fusion(backend: Any) -> bool:
+    """A backend supports fusion when it overrides ``Backend.fusion_compile`` (its code-generation hook)."""
+    from ember.backend import Backend
+
+    return getattr(type(backend), "fusion_compile", Backend.fusion_compile) is not Backend.fusion_compile
+
+
+def _factory(inner: Any, max_pending: Any = None, **unknown: Any) -> Any:
+    from ember.errors import ValueRangeError
+
+    from .backend import DEFAULT_MAX_PENDING, FusionBackend
+
+    if unknown:
+        raise ValueRangeError(f"fusion: unknown option(s) {sorted(unknown)}; the only option is max_pending")
+    if not enabled_by_environment() or not supports_fusion(inner):
+        return inner
+    try:
+        bound = DEFAULT_MAX_PENDING if max_pending is None else int(max_pending)
+    except ValueError:
+        bound = 0
+    if bound < 1:
+        raise ValueRangeError(f"fusion: max_pending must be a positive int, got {max_pending!r}")
+    return FusionBackend(inner, max_pending=bound)
+
+
+@hookimpl
+def register_decorators(register: Callable[..., None]) -> None:
+    register(
+        "fusion",
+        _factory,
+        contract=CONTRACT,
+        automatic=True,
+        description=f"lazy recording and fused kernels (ember-fusion {__version__})",
+    )

@@ -1,0 +1,206 @@
+"""From a pending graph to a plan of fused kernels, and running a plan.
+
+Partition rules (one pass over the nodes in creation order):
+
+* A pending node is *stored* (written to memory) when it was asked for, when a live handle can still read it,
+  when it is a reduction, or when a consumer reads it broadcast (its result is smaller than the consumer's, so
+  storing it beats recomputing it per output element). Fills are never stored for a consumer: they become scalar
+  arguments. Everything else is *inlined*: computed in registers inside each kernel that needs it.
+* Stored elementwise nodes of one shape and one *level* form one kernel (several outputs in one pass); the level
+  counts the stored reductions and broadcasts on the way from the leaves, so a kernel never waits on a kernel of
+  its own level. Each reduction is one kernel that evaluates its inlined producers per element.
+
+The plan is keyed by the graph's :func:`ember.ir.relative_form`; bindings carry the concrete dims and scalars.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ember import ir
+from ember.dtypes import DType
+
+from .graph import Node
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One kernel launch of a plan. Positions index the plan's value table: external leaves first, then the
+    pending nodes in creation order."""
+
+    kernel: ir.Kernel
+    run: Any  # ir.CompiledKernel, or None to interpret
+    inputs: tuple[int, ...]
+    scalars: tuple[int, ...]
+    shape_of: int
+    outputs: tuple[int, ...]
+    squeeze: tuple[bool, ...]  # per output: a reduction without keepdim (reshape the keepdim result)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    steps: tuple[Step, ...]
+    stored: tuple[int, ...]
+
+
+class Graph:
+    """A pending subgraph prepared for planning: its external leaves, value positions, records and key."""
+
+    __slots__ = ("nodes", "externals", "pos", "stored", "scalar_slots", "key", "bindings")
+
+    def __init__(self, nodes: list[Node], targets: set[int]) -> None:
+        self.nodes = nodes
+        ext: list[Node] = []
+        pos: dict[int, int] = {}
+        for n in nodes:
+            for s in n.srcs:
+                if s.value is not None and id(s) not in pos:
+                    pos[id(s)] = -1 - len(ext)  # provisional; externals come first in the table
+                    ext.append(s)
+        e = len(ext)
+        for k in list(pos):
+            pos[k] = -1 - pos[k]
+        for i, n in enumerate(nodes):
+            pos[id(n)] = e + i
+        self.externals = ext
+        self.pos = pos
+        self.stored = self._stored(targets)
+        records, slots = [], {}
+        for i, n in enumerate(nodes):
+            for j, a in enumerate(n.args):
+                if type(a) is ir.Scalar:
+                    slots[(e + i, j)] = len(slots)
+            records.append(ir.OpRecord(n.op, tuple(pos[id(s)] for s in n.srcs), (e + i,), (n.shape,), (n.dtype,),
+                                       n.args))
+        self.scalar_slots = slots
+        self.key, self.bindings = ir.relative_form(
+            records, [(i, s.shape, s.dtype) for i, s in enumerate(ext)], sorted(self.stored))
+
+    def _stored(self, targets: set[int]) -> set[int]:
+        e = len(self.externals)
+        stored = set()
+        for i, n in enumerate(self.nodes):
+            h = n.handle() if n.handle is not None else None
+            if id(n) in targets or h is not None or n.op == "reduce":
+                stored.add(e + i)
+            if n.op == "reduce":
+                continue  # a reduction evaluates its producer per element of the producer's own shape
+            numel = math.prod(n.shape)
+            for s in n.srcs:
+                if s.value is None and s.op != "full" and math.prod(s.shape) != numel:
+                    stored.add(self.pos[id(s)])  # read broadcast: store it once rather than recompute per element
+        return stored
+
+    def shape(self, p: int) -> Shape:
+        e = len(self.externals)
+        return self.externals[p].shape if p < e else self.nodes[p - e].shape
+
+
+def build_plan(g: Graph, compile_kernel: Any) -> Plan:
+    """Partition ``g`` into kernels (see the module docstring) and compile each with ``compile_kernel``."""
+    e = len(g.externals)
+    level: dict[int, int] = {}
+    groups: dict[tuple[Shape, int], list[int]] = {}
+    reduces: list[tuple[int, int]] = []
+    for i, n in enumerate(g.nodes):
+        p = e + i
+        lv = 0
+        for s in n.srcs:
+            if s.value is not None or s.op == "full":
+                continue
+            sp = g.pos[id(s)]
+            crosses = sp in g.stored and (s.op == "reduce" or n.op == "reduce" or s.shape != n.shape)
+            lv = max(lv, level[sp] + crosses)
+        level[p] = lv
+        if p in g.stored:
+            if n.op == "reduce":
+                reduces.append((lv, p))
+            else:
+                groups.setdefault((n.shape, lv), []).append(p)
+    order = [(lv, members[0], members) for (_, lv), members in groups.items()]
+    order += [(lv, p, [p]) for lv, p in reduces]
+    order.sort(key=lambda t: (t[0], t[1]))
+    steps = tuple(_step(g, members, compile_kernel) for _, _, members in order)
+    return Plan(steps, tuple(sorted(p for p in g.stored)))
+
+
+def _step(g: Graph, outputs: list[int], compile_kernel: Any) -> Step:
+    e = len(g.externals)
+    members = set(outputs)
+    body: list[ir.Instr] = []
+    inputs: list[int] = []
+    scalars: list[int] = []
+    memo: dict[int, int] = {}
+
+    def scalar(slot: int, dtype: DType) -> int:
+        scalars.append(slot)
+        body.append(ir.Instr("scalar", (len(scalars) - 1,), dtype))
+        return len(body) - 1
+
+    def emit(p: int) -> int:
+        got = memo.get(p)
+        if got is not None:
+            return got
+        n = g.externals[p] if p < e else g.nodes[p - e]
+        if p < e or (p in g.stored and p not in members and n.op != "full"):
+            inputs.append(p)
+            body.append(ir.Instr("load", (len(inputs) - 1,), n.dtype))
+        else:
+            srcs = [g.pos[id(s)] for s in n.srcs]
+            a = n.args
+            if n.op == "full":
+                memo[p] = scalar(g.scalar_slots[(p, 0)], n.dtype)
+                return memo[p]
+            if n.op == "unary":
+                body.append(ir.Instr("unary", (a[0], emit(srcs[0])), n.dtype))
+            elif n.op == "cast":
+                body.append(ir.Instr("cast", (emit(srcs[0]),), n.dtype))
+            else:  # binary (op, x, y) and where (c, x, y): operands are Refs or Scalars
+                operand_dtype = n.srcs[0].dtype if n.op == "binary" else n.dtype
+                first = 1 if n.op == "binary" else 0
+                ops = []
+                for j in range(first, 3):
+                    x = a[j]
+                    ops.append(emit(srcs[x.k]) if type(x) is ir.Ref else scalar(g.scalar_slots[(p, j)], operand_dtype))
+                head = (a[0],) if n.op == "binary" else ()
+                body.append(ir.Instr(n.op, (*head, *ops), n.dtype))
+        memo[p] = len(body) - 1
+        return memo[p]
+
+    first = g.nodes[outputs[0] - e]
+    if first.op == "reduce":  # args: (op, Ref(0), dims, keepdim)
+        shape_of = g.pos[id(first.srcs[0])]
+        roots, reduce = (emit(shape_of),), (first.args[0], tuple(first.args[2]))
+        squeeze = (not first.args[3],)
+    else:
+        shape_of = outputs[0]
+        roots, reduce = tuple(emit(p) for p in outputs), None
+        squeeze = (False,) * len(outputs)
+    dtypes = tuple((g.externals[p] if p < e else g.nodes[p - e]).dtype for p in inputs)
+    kernel = ir.Kernel(len(g.shape(shape_of)), dtypes, len(scalars), tuple(body), roots, reduce)
+    return Step(kernel, compile_kernel(kernel), tuple(inputs), tuple(scalars), shape_of, tuple(outputs), squeeze)
+
+
+def run_plan(plan: Plan, g: Graph, backend: Any) -> int:
+    """Run the plan's kernels on ``g``'s current values and realize the stored nodes; returns kernels run."""
+    e = len(g.externals)
+    table: list[Any] = [s.value for s in g.externals] + [None] * len(g.nodes)
+    scalars = g.bindings.scalars
+    for st in plan.steps:
+        ins = [table[p] for p in st.inputs]
+        sc = [scalars[k] for k in st.scalars]
+        shape = g.shape(st.shape_of)
+        outs = [None] * len(st.outputs)
+        if st.run is not None:
+            res = st.run(ins, sc, shape, outs)
+        else:
+            res = ir.interpret(st.kernel, backend, ins, sc, shape, outs)
+        for p, r, sq in zip(st.outputs, res, st.squeeze):
+            table[p] = backend.reshape(r, g.nodes[p - e].shape) if sq else r
+    for p in plan.stored:
+        g.nodes[p - e].realize_as(table[p])
+    return len(plan.steps)
