@@ -153,6 +153,12 @@ class Backend:
     # ------------------------------------------------------------------------------------------------------
     # fusion: code generation for fused blocks (optional)
     # ------------------------------------------------------------------------------------------------------
+    def may_share_memory(self, a: Handle, b: Handle) -> bool:
+        """False only when a and b certainly use disjoint memory (numpy's ``may_share_memory``). The fusion
+        decorator writes an in-place result straight into its target when no other input may alias it; the
+        conservative default keeps it from doing so."""
+        return True
+
     def fusion_compile(self, kernel: Any) -> Any:
         """Compile one fused block, an :class:`ember.ir.Kernel`, into an :data:`ember.ir.CompiledKernel`, or
         return None to have it run op by op (the fusion decorator then calls this backend's contract methods).

@@ -31,9 +31,25 @@ def _impl(stack: Any, name: str) -> Any:
                 f"no extension op named {name!r} is registered (registered: {sorted(registry.ops) or 'none'}); "
                 "is the plugin that provides it installed?"
             )
-        fn = spec.backends.get(getattr(stack, "name", ""), spec.default)
+        fn = spec.backends.get(getattr(stack, "name", ""))
+        if fn is None:
+            fn = _boundary_impl(spec, stack) or spec.default
         _resolved[key] = fn
     return fn
+
+
+def _boundary_impl(spec: Any, stack: Any) -> Any:
+    """A decorator that defines ``extension_boundary`` (fusion) runs an inner backend's own implementation of
+    an extension op on realized values, unless the op declared itself ``fusable`` (its default composition is
+    then recorded like any other ops)."""
+    if spec.fusable:
+        return None
+    wrap = getattr(stack, "extension_boundary", None)
+    inner = getattr(stack, "inner", None)
+    if wrap is None or inner is None:
+        return None
+    fn = spec.backends.get(getattr(inner, "name", ""))
+    return None if fn is None else wrap(fn)
 
 
 def call(name: str, *args: Any, **kwargs: Any) -> Any:

@@ -56,10 +56,12 @@ def register_decorators(register: Callable[..., None]) -> None:
 def register_ops(register: Callable[..., None]) -> None:
     """Register extension ops (custom kernels) into the dispatch tables.
 
-    ``register(name, default, *, backends=None, description="")``
+    ``register(name, default, *, backends=None, description="", fusable=False)``
 
     ``default(backend, *args, **kwargs)`` is the composition used on every backend; ``backends`` maps a backend
-    name to a faster implementation with the same signature.
+    name to a faster implementation with the same signature. On a fused device a backend's own implementation is
+    a fusion boundary (its inputs are computed first); ``fusable=True`` declares that the default composition
+    should be used there instead, so its ops are recorded and fused with their neighbours.
     Call registered ops with ``ember.dispatch.call(name, ...)``.
     """
 

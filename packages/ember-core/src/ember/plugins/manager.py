@@ -79,6 +79,9 @@ class OpSpec:
     backends: dict[str, Callable[..., Any]] = field(default_factory=dict)
     description: str = ""
     plugin: str = ""
+    #: the default composition may be recorded and fused by the fusion decorator; otherwise a backend's own
+    #: implementation runs as a fusion boundary
+    fusable: bool = False
 
 
 @dataclass

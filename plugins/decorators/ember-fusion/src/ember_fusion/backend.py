@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import threading
 import types
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +26,7 @@ from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, Backend
 from ember.dtypes import DType
 from ember.ir import Ref, Scalar
 
-from .graph import FArray, Node, PendingSet, pending_subgraph
+from .graph import FArray, Node, PendingSet, pending_leaves, pending_subgraph
 from .schedule import Graph, build_plan, run_plan
 
 #: ops recorded per thread before everything pending is run (bounds kernel size and memory held by the graph)
@@ -39,7 +40,7 @@ _R0, _R1, _R2 = Ref(0), Ref(1), Ref(2)
 # Backend methods that return something other than handles, or that mutate; written out below
 _SPECIAL = frozenset(
     """lift lower sync memory_report memory_dry_run describe fusion_compile from_numpy to_numpy dtype_of seed
-    assign setitem inplace_binary unary binary where cast full reduce""".split()
+    assign setitem inplace_binary unary binary where cast full reduce may_share_memory""".split()
 )
 
 
@@ -120,7 +121,7 @@ class FusionBackend(Backend):
     # ------------------------------------------------------------------------------------------------------
     # realization
     # ------------------------------------------------------------------------------------------------------
-    def _realize(self, nodes: list[Node]) -> None:
+    def _realize(self, nodes: list[Node], into: dict[int, Any] | None = None) -> None:
         targets = [n for n in nodes if n.value is None]
         if not targets:
             return
@@ -137,7 +138,7 @@ class FusionBackend(Backend):
         else:
             stats.plan_hits += 1
         stats.realizations += 1
-        stats.kernels_run += run_plan(plan, graph, self.inner)
+        stats.kernels_run += run_plan(plan, graph, self.inner, into)
 
     def _compile(self, kernel: Any) -> Any:
         if kernel in self._compiled:
@@ -213,6 +214,18 @@ class FusionBackend(Backend):
     def fusion_compile(self, kernel: Any) -> Any:
         return self.inner.fusion_compile(kernel)
 
+    def may_share_memory(self, a: Any, b: Any) -> bool:
+        return self.inner.may_share_memory(self._value(a), self._value(b))
+
+    def extension_boundary(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """An extension op's implementation for the inner backend, run as a fusion boundary (see dispatch)."""
+
+        def run(_stack: Any, *args: Any, **kwargs: Any) -> Any:
+            self.stats.boundaries += 1
+            return self._wrap(fn(self.inner, *self._values(args), **kwargs))
+
+        return run
+
     def seed(self, seed: int) -> None:
         self.inner.seed(seed)
 
@@ -238,8 +251,45 @@ class FusionBackend(Backend):
         self.inner.setitem(self._value(h), key, self._value(value))
 
     def inplace_binary(self, op: str, a: FArray, b: Any) -> None:
-        self.flush()
-        self.inner.inplace_binary(op, self._value(a), self._value(b))
+        na, tb = a.node, type(b)
+        if tb is FArray:
+            args, srcs = (op, _R0, _R1), (na, b.node)
+        elif tb in _SCALARS:
+            args, srcs = (op, _R0, Scalar(b)), (na,)
+        else:
+            self.flush()
+            self.inner.inplace_binary(op, self._value(a), b)
+            return
+        n = Node("binary", args, srcs, na.shape, na.dtype)
+        if na.value is None:
+            # a pending value has no views (view ops realize their input), so updating it in place is the same as
+            # pointing its handle at a new node; pending readers of the old value keep the old node
+            na.handle = None
+            a.node = n
+            n.handle = weakref.ref(a)
+            self._pending.add(a)
+            self.stats.recorded += 1
+            if self._pending.recorded >= self.max_pending:
+                self.flush()
+            return
+        if tb is FArray and b.node.value is not None or not self._writable_in_place(na, srcs):
+            self.flush()
+            self.inner.inplace_binary(op, na.value, self._value(b))
+            return
+        # first everything pending that might read a's old contents, then one plan that writes a in place
+        self._realize([x for x in self._pending.take() if x is not srcs[-1]])
+        self._realize([n], into={id(n): na.value})
+        self.stats.recorded += 1
+
+    def _writable_in_place(self, target: Node, srcs: tuple[Node, ...]) -> bool:
+        """True when no realized value the pending sources read may share memory with ``target`` (other than
+        target itself, which a fused kernel reads and writes at the same element)."""
+        may_alias = self.inner.may_share_memory
+        dst = target.value
+        for leaf in pending_leaves(srcs):
+            if leaf is not target and may_alias(leaf.value, dst):
+                return False
+        return True
 
     # ------------------------------------------------------------------------------------------------------
     # recorded ops

@@ -115,3 +115,20 @@ def pending_subgraph(targets: Iterable[Node]) -> list[Node]:
         stack.extend(s for s in n.srcs if s.value is None and id(s) not in seen)
     out.sort(key=lambda n: n.seq)
     return out
+
+
+def pending_leaves(nodes: Iterable[Node]) -> list[Node]:
+    """The realized nodes that the given nodes read, directly or through pending nodes."""
+    leaves: dict[int, Node] = {}
+    seen: set[int] = set()
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.value is not None:
+            leaves[id(n)] = n
+        else:
+            stack.extend(n.srcs)
+    return list(leaves.values())

@@ -185,16 +185,18 @@ def _step(g: Graph, outputs: list[int], compile_kernel: Any) -> Step:
     return Step(kernel, compile_kernel(kernel), tuple(inputs), tuple(scalars), shape_of, tuple(outputs), squeeze)
 
 
-def run_plan(plan: Plan, g: Graph, backend: Any) -> int:
-    """Run the plan's kernels on ``g``'s current values and realize the stored nodes; returns kernels run."""
+def run_plan(plan: Plan, g: Graph, backend: Any, into: dict[int, Any] | None = None) -> int:
+    """Run the plan's kernels on ``g``'s current values and realize the stored nodes; returns kernels run.
+    ``into`` maps a node's ``id`` to an existing handle its kernel writes in place (an in-place op's target)."""
     e = len(g.externals)
+    dest = {g.pos[k]: h for k, h in into.items()} if into else {}
     table: list[Any] = [s.value for s in g.externals] + [None] * len(g.nodes)
     scalars = g.bindings.scalars
     for st in plan.steps:
         ins = [table[p] for p in st.inputs]
         sc = [scalars[k] for k in st.scalars]
         shape = g.shape(st.shape_of)
-        outs = [None] * len(st.outputs)
+        outs = [dest.get(p) for p in st.outputs]
         if st.run is not None:
             res = st.run(ins, sc, shape, outs)
         else:
