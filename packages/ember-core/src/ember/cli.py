@@ -124,6 +124,7 @@ _BENCHMARKS = {
     "micro": "micro-benchmarks: per-op overhead, matmul vs numpy sgemm, conv2d, elementwise, reductions, copy",
     "opencl": "OpenCL backend: matmul GFLOP/s vs numpy, seed-CNN step on OpenCL vs flex, cold vs warm first step, "
               "pool reserved/peak",
+    "fusion": "fused vs unfused devices: GELU chain, seed-CNN/transformer training steps, recording overhead",
     "suite": "the full suite: seed CNN and transformer training and inference, micro-benchmarks, peak memory",
 }
 

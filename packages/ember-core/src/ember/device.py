@@ -8,6 +8,7 @@ and never touches the plugin machinery.
 
 from __future__ import annotations
 
+import ast
 import os
 import threading
 from typing import Any
@@ -19,9 +20,18 @@ _Decorators = tuple[tuple[str, _Options], ...]
 
 # Resolved backends are shared by every device with the same (kind, index, options): decorators wrap the same
 # inner backend, so Device.flex() and Device.flex().autodiff() see one memory pool and one random stream.
-_backend_cache: dict[tuple[str, int, _Options], Any] = {}
+_backend_cache: dict[tuple[Any, ...], Any] = {}
 _interned: dict[tuple[str, int, _Options, _Decorators], Device] = {}
 _lock = threading.RLock()
+
+
+def _option_value(text: str) -> Any:
+    """A decorator option parsed from a device string: a Python literal (8, 0.5, False) or else the text, so
+    ``Device.parse(str(d)) is d`` for options of any literal type."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 def _freeze(options: dict[str, Any]) -> _Options:
@@ -109,7 +119,7 @@ class Device:
                 key, eq, value = item.partition("=")
                 if not eq:
                     raise DeviceError(f"cannot parse device {spec!r}: decorator option {item!r} is not key=value")
-                options[key.strip()] = value.strip()
+                options[key.strip()] = _option_value(value.strip())
             dev = getattr(dev, name.strip())(**options)
         return dev
 
@@ -222,12 +232,17 @@ class Device:
                 except Exception as exc:
                     raise DeviceError(f"could not create device {self}: {type(exc).__name__}: {exc}") from exc
                 _backend_cache[bkey] = backend
-            stack = backend
             named = dict(self.decorators)
-            for deco in registry.automatic_decorators():
-                opts = dict(named.get(deco.name, ()))
-                if opts.pop("enabled", True) is not False:
-                    stack = deco.factory(stack, **opts)
+            autos = tuple((d.name, named.get(d.name, ())) for d in registry.automatic_decorators())
+            # the automatically decorated backend is shared too: flex and flex+autodiff use one fusion stack
+            stack = _backend_cache.get((*bkey, autos))
+            if stack is None:
+                stack = backend
+                for name, opts in autos:
+                    kw = dict(opts)
+                    if kw.pop("enabled", True) is not False:
+                        stack = registry.decorator(name).factory(stack, **kw)
+                _backend_cache[(*bkey, autos)] = stack
             for name, opts in self.decorators:
                 deco = registry.decorator(name)
                 if deco is None:

@@ -195,6 +195,9 @@ class FlexBackend(Backend):
 
         return f"flex:{self.index} (numpy {np.__version__} on {platform.machine() or 'cpu'})"
 
+    def may_share_memory(self, a: Any, b: Any) -> bool:
+        return bool(np.may_share_memory(a, b))  # a bounds check: well under a microsecond
+
     def fusion_compile(self, kernel: Any) -> Any:
         """A fused kernel on numexpr where it measures faster than numpy op by op (see :mod:`ember_flex.fusion`),
         or None where numexpr cannot compute any of it exactly."""
@@ -224,7 +227,7 @@ class FlexBackend(Backend):
     def cast(self, h: ndarray, dtype: DType) -> ndarray:
         npdt = dtype.numpy
         if h.dtype.kind == "f" and npdt.kind in "iu":
-            return np.trunc(h).astype(npdt)
+            return np.asarray(np.trunc(h).astype(npdt))  # a 0-d input would give a numpy scalar
         return h.astype(npdt)
 
     def dtype_of(self, h: ndarray) -> DType:

@@ -80,12 +80,14 @@ class _NumexprPlan:
     """The kernel as a sequence of steps: numexpr programs for what numexpr does exactly, backend calls for the
     rest. Built once per kernel; raises ``_Unsupported`` where it would not pay (no numexpr step at all)."""
 
-    def __init__(self, kernel: Kernel, backend: Any) -> None:
+    def __init__(self, kernel: Kernel, backend: Any, calibrate: bool = True) -> None:
         from numexpr.expressions import ConstantNode, FuncNode, OpNode, VariableNode
         from numexpr.necompiler import NumExpr
 
         self._Const, self._Func, self._Op, self._Var = ConstantNode, FuncNode, OpNode, VariableNode
         self.kernel = kernel
+        self.backend = backend
+        self._calibrate = calibrate
         body = kernel.body
         self.kind: list[str | None] = [_KIND.get(ins.dtype) for ins in body]
         # which instructions numexpr can compute (given numexpr-able operands): a builder per instruction
@@ -120,13 +122,15 @@ class _NumexprPlan:
                     raise _Unsupported(f"numexpr program for %{i} has {len(leaves)} operands")
                 names = sorted(leaves, key=lambda s: (s[0], int(s[1:])))
                 sig = [(nm, _SIG_TYPE[self.kind[leaves[nm]]]) for nm in names]
-                prog = NumExpr(node, signature=sig, optimization="none")
+                try:
+                    prog = NumExpr(node, signature=sig, optimization="none")
+                except (NotImplementedError, TypeError, ValueError) as e:  # no opcode for a type combination
+                    raise _Unsupported(f"numexpr cannot compile %{i}: {e}") from e
                 self.steps.append(("ne", i, (prog, [leaves[nm] for nm in names])))
                 n_ne += 1
         if n_ne == 0:
             raise _Unsupported("no instruction maps to numexpr")
         self.materialise = materialise
-        self.backend = backend
 
     # -- translation -------------------------------------------------------------------------------------------
     def _translatable(self, i: int, ins: Instr) -> bool:
@@ -147,6 +151,8 @@ class _NumexprPlan:
                     return k == "bool"
                 if ka != k:
                     return False
+                if name in _CALIBRATED and self._calibrate and _numpy_faster(name, ins.dtype, self.backend):
+                    return False  # numpy's own (SIMD) routine beats numexpr's libm call: a numpy step
                 return name in _UNARY_FUNC or name in ("neg", "sqrt", "rsqrt", "reciprocal", "sigmoid", "sign")
             if ka in _INT_KINDS:
                 if name == "logical_not":
@@ -238,6 +244,8 @@ class _NumexprPlan:
             name = ins.args[0]
             x, y = ops
             kx = self.kind[_operands(ins)[0]]
+            if name in ("lt", "le"):  # numexpr has gt/ge only
+                return Op("gt" if name == "lt" else "ge", [y, x], "bool")
             if name in _CMP:
                 return Op(_CMP[name], [x, y], "bool")
             if name.startswith("logical_"):
@@ -249,7 +257,8 @@ class _NumexprPlan:
             if name == "div":
                 return Op("div", [x, y], k)
             if name in ("maximum", "minimum") and k not in _FLOAT_KINDS:
-                return Func("where", [Op("ge" if name == "maximum" else "le", [x, y], "bool"), x, y], k)
+                ge = Op("ge", [x, y] if name == "maximum" else [y, x], "bool")  # numexpr has no le
+                return Func("where", [ge, x, y], k)
             if name == "pow":
                 return Op("pow", [x, y], k)
             if name in _BINARY_FUNC:
@@ -267,6 +276,38 @@ class _NumexprPlan:
         if kx == k:
             return x
         return Op("cast", [x], k)
+
+
+#: unary functions where numexpr calls the C library and numpy may have a faster SIMD routine
+_CALIBRATED = frozenset("exp expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh "
+                        "sigmoid".split())
+#: (op, dtype) -> whether flex's numpy routine measured faster than numexpr's (once per process)
+_NUMPY_FASTER: dict[tuple[str, DType], bool] = {}
+
+
+def _numpy_faster(name: str, dtype: DType, backend: Any) -> bool:
+    """Time ``unary(name)`` on 2**16 elements both ways (min of 5 runs) and remember which is faster. numexpr's
+    float32 tanh, for one, is libm's scalar tanhf: several times slower than numpy's vectorised one."""
+    key = (name, dtype)
+    r = _NUMPY_FASTER.get(key)
+    if r is None:
+        mini = Kernel(1, (dtype,), 0, (Instr("load", (0,), dtype), Instr("unary", (name, 0), dtype)), (1,))
+        prog, _ = _NumexprPlan(mini, backend, calibrate=False).steps[0][2]
+        x = np.linspace(0.05, 0.95, 1 << 16, dtype=dtype.numpy)  # in every function's domain
+        out = np.empty_like(x)
+
+        def best(fn: Callable[[], Any]) -> float:
+            ts = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            return min(ts)
+
+        t_ne = best(lambda: prog(x, out=out, ex_uses_vml=False))
+        t_np = best(lambda: backend.unary(name, x))
+        r = _NUMPY_FASTER[key] = t_np < t_ne
+    return r
 
 
 class _Unsupported(Exception):
@@ -336,7 +377,7 @@ class FusedKernel:
         if len(t["numpy"]) >= TRIALS and len(t["numexpr"]) >= TRIALS:
             # the first numexpr call of a kernel compiles nothing but may start threads: min() ignores it
             self.choices[cls] = "numexpr" if min(t["numexpr"]) < min(t["numpy"]) else "numpy"
-            del self._timings[cls]
+            self._timings.pop(cls, None)  # another thread may have finished the same trials
         return r
 
     def run_path(self, path: str, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],

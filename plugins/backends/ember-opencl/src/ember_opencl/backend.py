@@ -105,6 +105,9 @@ class OpenCLBackend(Backend):
         return ew.where(mask, value, h)
 
     # -- fusion ------------------------------------------------------------------------------------------------
+    def may_share_memory(self, a: Any, b: Any) -> bool:
+        return a.block is b.block  # views share their pooled block; distinct blocks never overlap
+
     def fusion_compile(self, kernel: Any) -> Any:
         """One generated OpenCL kernel per fused block (see :mod:`ember_opencl.fusion`); None where unsupported."""
         from . import fusion

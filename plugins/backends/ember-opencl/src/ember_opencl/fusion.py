@@ -182,7 +182,8 @@ class MapKernel(_Compiled):
             layout = "linear_chunked" if linear else "chunked"
         else:
             layout = "linear" if linear else "strided"
-        knl = self.rt.kernel(self.source(layout, rank), "ember_fused")
+        src = self.source(layout, rank)
+        self.rt.kernel(src, "ember_fused")  # built now, so a failure names this call
         tail: list[Any] = [n]
         if not linear:
             pad = rank - len(sh)
@@ -190,7 +191,7 @@ class MapKernel(_Compiled):
             for st in strides:
                 tail += [0] * pad + list(st)
         gsize, lsize = self.rt.grid(n)
-        return knl, gsize, lsize, tail
+        return src, gsize, lsize, tail
 
     def __call__(self, inputs: Sequence[Any], scalars: Sequence[Any], shape: Sequence[int],
                  outs: Sequence[Any] | None = None) -> list[Any]:
@@ -206,7 +207,7 @@ class MapKernel(_Compiled):
         lay = self._layouts.get(key)
         if lay is None:
             lay = self._remember(key, self._layout(shape, inputs, results))
-        knl, gsize, lsize, tail = lay
+        src, gsize, lsize, tail = lay
         args: list[Any] = []
         for r in results:
             args += (r.buf, r.eoff)
@@ -214,7 +215,8 @@ class MapKernel(_Compiled):
             args += (h.buf, h.eoff)
         if self.body.scalar_slots:
             args += self.body.scalar_args(scalars)
-        knl(rt.queue, gsize, lsize, *args, *tail)
+        # kernel objects hold their arguments: the program cache gives each thread its own (a dict lookup)
+        rt.kernel(src, "ember_fused")(rt.queue, gsize, lsize, *args, *tail)
         return results
 
 
@@ -329,8 +331,8 @@ __kernel void ember_fred_row({common}, __local {a}* sv) {{
         return src
 
     def _layout(self, shape: tuple[int, ...], inputs: Sequence[CLArray], out: CLArray) -> Any:
-        """(kernel, global size, local size, partials shape or None, pass-2 dim, tail args, tout), or None where
-        the layout is too scattered to decompose (the call then runs op by op)."""
+        """(source, kernel name, global size, local size, partials shape or None, pass-2 dim, tail args, tout), or
+        None where the layout is too scattered to decompose (the call then runs op by op)."""
         for j, h in enumerate(inputs):
             _check_broadcast(h, shape, f"input {j}")
         rt = self.rt
@@ -361,7 +363,8 @@ __kernel void ember_fred_row({common}, __local {a}* sv) {{
                                                                  length // (local * 16))
         groups, chunk = red._chunks(length, want)
         tout = ctype(red._acc_dtype(self.out_dtype)) if groups > 1 else ctype(self.out_dtype)
-        knl = rt.kernel(self.source(len(rsh), tout), kernel_name)
+        src = self.source(len(rsh), tout)
+        knl = rt.kernel(src, kernel_name)
         tail: list[Any] = [rows, length, groups, chunk, *red._outer_args(osh, *ost)]
         tail += list(rsh) + [v for r in rst for v in r]
         pshape = None
@@ -377,7 +380,7 @@ __kernel void ember_fred_row({common}, __local {a}* sv) {{
             gsize, lsize = (-(-rows * groups // local) * local,), (local,)
         else:
             gsize, lsize = rt.grid(rows * groups)
-        return knl, gsize, lsize, pshape, 1 if kernel_name == "ember_fred_row" else 0, tail, tout
+        return src, kernel_name, gsize, lsize, pshape, 1 if kernel_name == "ember_fred_row" else 0, tail, tout
 
     def __call__(self, inputs: Sequence[Any], scalars: Sequence[Any], shape: Sequence[int],
                  outs: Sequence[Any] | None = None) -> list[Any]:
@@ -397,14 +400,14 @@ __kernel void ember_fred_row({common}, __local {a}* sv) {{
             lay = self._remember(key, self._layout(shape, inputs, result))
         if lay is None:
             return interpret(self.kernel, self.backend, inputs, scalars, shape, [result])
-        knl, gsize, lsize, pshape, pdim, tail, tout = lay
+        src, name, gsize, lsize, pshape, pdim, tail, tout = lay
         target = result if pshape is None else empty(rt, pshape, tout.dtype)
         args: list[Any] = [target.buf, target.eoff]
         for h in inputs:
             args += (h.buf, h.eoff)
         if self.body.scalar_slots:
             args += self.body.scalar_args(scalars)
-        knl(rt.queue, gsize, lsize, *args, *tail)
+        rt.kernel(src, name)(rt.queue, gsize, lsize, *args, *tail)
         if pshape is not None:
             final = red._reduce(self.op, False, target, (pdim,), out_shape, self.out_dtype, final=True)
             if out is None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from ember import dtypes as dt
 from ember.autograd import GRAD_MODE
 from ember.backend import Backend
@@ -37,19 +35,6 @@ def _numel(shape: Sequence[int]) -> int:
     for s in shape:
         n *= s
     return n
-
-
-def _shares_memory(value: Any, src: Any) -> bool:
-    """Whether a reshape result is a view of its input.
-
-    numpy handles are asked directly (a bounds check, well under a microsecond). Other handle types are assumed
-    to be views: a spurious in-place error is better than in-place writes that bypass the version counter.
-    """
-    if value is src:
-        return True
-    if type(value) is np.ndarray and type(src) is np.ndarray:
-        return bool(np.may_share_memory(value, src))
-    return True
 
 
 def _zeros(be: Any, shape: tuple[int, ...], like: Any) -> Any:
@@ -82,7 +67,7 @@ class MovementRules(Recorder):
         value = inner.reshape(h.value, shape)
         # reshape is a view only when the inner backend made one (contiguous data); a copy must not share the
         # version counter, or in-place writes to it would be refused (or charged to h) for no reason
-        view = _shares_memory(value, h.value)
+        view = value is h.value or inner.may_share_memory(value, h.value)
         if not self.tracking(h):
             return self.wrap(value, view_of=h if view else None)
         src = tuple(h.shape)

@@ -136,6 +136,9 @@ class FusionBackend(Backend):
                     self._plans.popitem(last=False)
             stats.plan_misses += 1
         else:
+            with self._lock:
+                if graph.key in self._plans:
+                    self._plans.move_to_end(graph.key)
             stats.plan_hits += 1
         stats.realizations += 1
         stats.kernels_run += run_plan(plan, graph, self.inner, into)
@@ -345,7 +348,19 @@ class FusionBackend(Backend):
             shape = tuple(1 if d in dims else s for d, s in enumerate(n.shape))
         else:
             shape = tuple(s for d, s in enumerate(n.shape) if d not in dims)
-        return self._record("reduce", (op, _R0, tuple(dims), bool(keepdim)), (n,), shape, n.dtype)
+        return self._record("reduce", (op, _R0, tuple(sorted(dims)), bool(keepdim)), (n,), shape, n.dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        """Optional methods of the inner backend outside the contract (flex's ``conv_input_grad``, looked up by
+        autodiff with getattr) run as boundaries; a missing one stays missing."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        attr = getattr(self.__dict__.get("inner"), name)  # AttributeError when the inner backend lacks it too
+        if not callable(attr):
+            return attr
+        method = _boundary(self, name)
+        setattr(self, name, method)
+        return method
 
     # ------------------------------------------------------------------------------------------------------
     # every other contract method

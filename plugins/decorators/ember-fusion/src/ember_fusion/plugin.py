@@ -32,11 +32,10 @@ def _factory(inner: Any, max_pending: Any = None, **unknown: Any) -> Any:
         raise ValueRangeError(f"fusion: unknown option(s) {sorted(unknown)}; the only option is max_pending")
     if not enabled_by_environment() or not supports_fusion(inner):
         return inner
-    try:
-        bound = DEFAULT_MAX_PENDING if max_pending is None else int(max_pending)
-    except ValueError:
-        bound = 0
-    if bound < 1:
+    bound = DEFAULT_MAX_PENDING if max_pending is None else max_pending
+    if type(bound) is str and bound.strip().isdigit():  # Device("flex", decorators=...) built by hand from text
+        bound = int(bound)
+    if type(bound) is not int or bound < 1:
         raise ValueRangeError(f"fusion: max_pending must be a positive int, got {max_pending!r}")
     return FusionBackend(inner, max_pending=bound)
 

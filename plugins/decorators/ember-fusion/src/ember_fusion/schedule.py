@@ -113,7 +113,11 @@ def build_plan(g: Graph, compile_kernel: Any) -> Plan:
             if s.value is not None or s.op == "full":
                 continue
             sp = g.pos[id(s)]
-            crosses = sp in g.stored and (s.op == "reduce" or n.op == "reduce" or s.shape != n.shape)
+            # a new level where a kernel must wait for another: after a reduction, before a reduction that loads
+            # a stored producer, and at every shape change (a stored value read broadcast, or an inlined one whose
+            # shape differs only by size-1 dims); values of one shape and level then never depend on another group
+            # of their level
+            crosses = s.op == "reduce" or (n.op == "reduce" and sp in g.stored) or s.shape != n.shape
             lv = max(lv, level[sp] + crosses)
         level[p] = lv
         if p in g.stored:

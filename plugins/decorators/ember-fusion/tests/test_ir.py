@@ -1,0 +1,90 @@
+"""ember.ir.relative_form: the plan-cache key abstracts ids, dims and scalar values, and nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ember import dtypes as dt
+from ember.ir import Instr, Kernel, OpRecord, Placeholder, Ref, Scalar, interpret, relative_form
+
+F32, F64 = dt.float32, dt.float64
+
+
+def _records(a: int = 3, b: int = 4, scale: float = 2.0, ids: tuple[int, int, int, int] = (10, 11, 12, 13),
+             dtype: Any = F32, op: str = "mul", reduce_dim: int = 1) -> tuple[Any, Any]:
+    x, y, z, r = ids
+    recs = [
+        OpRecord("binary", (x,), (y,), ((a, b),), (dtype,), (op, Ref(0), Scalar(scale))),
+        OpRecord("unary", (y,), (z,), ((a, b),), (dtype,), ("exp", Ref(0))),
+        OpRecord("reduce", (z,), (r,), ((a,) if reduce_dim == 1 else (b,),), (dtype,),
+                 ("sum", Ref(0), (reduce_dim,), False)),
+    ]
+    return relative_form(recs, [(x, (a, b), dtype)], [r])
+
+
+def test_key_ignores_ids_dims_and_scalar_values() -> None:
+    key, bind = _records()
+    assert _records(ids=(1, 2, 3, 4))[0] == key
+    assert _records(a=7, b=9)[0] == key
+    assert _records(scale=-0.5)[0] == key
+    assert hash(key) == hash(_records(a=5, b=6, scale=3.0, ids=(5, 6, 7, 8))[0])
+    assert bind.dims == (3, 4) and bind.scalars == (2.0,)
+    assert _records(a=7, b=9, scale=0.25)[1].dims == (7, 9)
+    assert _records(scale=0.25)[1].scalars == (0.25,)
+
+
+@pytest.mark.parametrize("change", [
+    {"op": "add"}, {"dtype": F64}, {"reduce_dim": 0}, {"a": 4, "b": 4}, {"a": 1}, {"b": 0}, {"scale": 2},
+    {"scale": True},
+])
+def test_key_keeps_structure_dtype_dim_equality_and_literal_dims(change: dict[str, Any]) -> None:
+    assert _records(**change)[0] != _records()[0]
+
+
+def test_zero_and_one_dims_stay_literal() -> None:
+    key, bind = relative_form([OpRecord("unary", (0,), (1,), ((1, 0, 5),), (F32,), ("neg", Ref(0)))],
+                              [(0, (1, 0, 5), F32)], [1])
+    (ext,), body, _ = key
+    assert ext[0][:2] == (1, 0) and isinstance(ext[0][2], Placeholder)
+    assert body[0][2] == ((1, 0, Placeholder("dim", 0)),)
+    assert bind.dims == (5,)
+
+
+def test_equal_dims_share_a_slot() -> None:
+    key, bind = relative_form([OpRecord("binary", (0, 1), (2,), ((3, 3),), (F32,), ("add", Ref(0), Ref(1)))],
+                              [(0, (3, 3), F32), (1, (3,), F32)], [2])
+    assert bind.dims == (3,)
+    key2, bind2 = relative_form([OpRecord("binary", (0, 1), (2,), ((6, 6),), (F32,), ("add", Ref(0), Ref(1)))],
+                                [(0, (6, 6), F32), (1, (6,), F32)], [2])
+    assert key2 == key and bind2.dims == (6,)
+
+
+def test_outputs_and_unlisted_inputs_are_part_of_the_key() -> None:
+    recs = [OpRecord("unary", (0,), (1,), ((4,),), (F32,), ("neg", Ref(0))),
+            OpRecord("unary", (1,), (2,), ((4,),), (F32,), ("exp", Ref(0)))]
+    k_last = relative_form(recs, [(0, (4,), F32)], [2])[0]
+    k_both = relative_form(recs, [(0, (4,), F32)], [1, 2])[0]
+    assert k_last != k_both
+    k_unlisted = relative_form(recs, [], [2])[0]  # an input numbered on first use, without shape or dtype
+    assert k_unlisted != k_last and k_unlisted == relative_form(recs, [], [2])[0]
+
+
+def test_interpret_is_the_reference_semantics() -> None:
+    from ember_flex.backend import FlexBackend
+
+    be = FlexBackend()
+    body = (Instr("load", (0,), F32), Instr("load", (1,), F32), Instr("scalar", (0,), F32),
+            Instr("binary", ("mul", 0, 2), F32), Instr("binary", ("add", 3, 1), F32),
+            Instr("binary", ("gt", 4, 2), dt.bool_), Instr("where", (5, 4, 2), F32))
+    k = Kernel(2, (F32, F32), 1, body, (6,), ("max", (1,)))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array([1, -1, 0], np.float32)
+    (out,) = interpret(k, be, [x, b], [2.0], (2, 3))
+    v = x * 2 + b
+    np.testing.assert_array_equal(out, np.where(v > 2, v, 2).max(1, keepdims=True))
+    k2 = Kernel(2, (F32,), 0, (Instr("load", (0,), F32),), (0,))
+    (copy,) = interpret(k2, be, [b], [], (2, 3))
+    assert copy.shape == (2, 3) and not np.shares_memory(copy, b)  # outputs are new memory
