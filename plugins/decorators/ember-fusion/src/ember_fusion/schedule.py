@@ -39,6 +39,7 @@ class Step:
     shape_of: int
     outputs: tuple[int, ...]
     squeeze: tuple[bool, ...]  # per output: a reduction without keepdim (reshape the keepdim result)
+    split: bool = False  # run compiles the body alone (the backend declined the fused reduction): reduce after it
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +187,16 @@ def _step(g: Graph, outputs: list[int], compile_kernel: Any) -> Step:
         squeeze = (False,) * len(outputs)
     dtypes = tuple((g.externals[p] if p < e else g.nodes[p - e]).dtype for p in inputs)
     kernel = ir.Kernel(len(g.shape(shape_of)), dtypes, len(scalars), tuple(body), roots, reduce)
-    return Step(kernel, compile_kernel(kernel), tuple(inputs), tuple(scalars), shape_of, tuple(outputs), squeeze)
+    # a reduction of a value that is already in memory has nothing to fuse: the backend's own reduce (interpret
+    # calls it) is at least as good as generated code
+    plain_reduce = reduce is not None and len(body) == 1 and body[0].op == "load"
+    run = None if plain_reduce else compile_kernel(kernel)
+    split = False
+    if run is None and reduce is not None and not plain_reduce:
+        # the backend declined the fused reduction: fuse the body alone, then reduce with the backend's reduce
+        run = compile_kernel(ir.Kernel(kernel.rank, dtypes, len(scalars), tuple(body), roots, None))
+        split = run is not None
+    return Step(kernel, run, tuple(inputs), tuple(scalars), shape_of, tuple(outputs), squeeze, split)
 
 
 def run_plan(plan: Plan, g: Graph, backend: Any, into: dict[int, Any] | None = None) -> int:
@@ -201,7 +211,10 @@ def run_plan(plan: Plan, g: Graph, backend: Any, into: dict[int, Any] | None = N
         sc = [scalars[k] for k in st.scalars]
         shape = g.shape(st.shape_of)
         outs = [dest.get(p) for p in st.outputs]
-        if st.run is not None:
+        if st.split:
+            op, dims = st.kernel.reduce
+            res = [backend.reduce(op, st.run(ins, sc, shape, [None])[0], dims, True)]
+        elif st.run is not None:
             res = st.run(ins, sc, shape, outs)
         else:
             res = ir.interpret(st.kernel, backend, ins, sc, shape, outs)
