@@ -47,6 +47,8 @@ PLUGINS: list[Plugin] = [
     Plugin("autodiff", "plugins/decorators/ember-autodiff", device="flex+autodiff", needs=("flex",)),
     # needs an OpenCL platform: scripts/setup.sh installs PoCL (CPU OpenCL) when none is present
     Plugin("opencl", "plugins/backends/ember-opencl", device="opencl"),
+    # an automatic decorator: with it installed, flex is fused, so the kit on "flex" runs through it
+    Plugin("fusion", "plugins/decorators/ember-fusion", device="flex", needs=("flex",)),
 ]
 
 _BY_NAME = {p.name: p for p in PLUGINS}

@@ -2,11 +2,11 @@
 # Set everything up, then run the whole test suite. Stops at the first failing step.
 #   1. lint (ruff)
 #   2. unit + cross-plugin tests (pytest testpaths from pyproject.toml)
-#   3. the conformance kit against the flex backend
+#   3. the conformance kit against the flex backend: fused (ember-fusion records and fuses) and unfused
 #   4. the conformance kit against tests/example-backend (toy), which proves the default compositions
-#   5. the conformance kit through the autodiff decorator (flex+autodiff): every op recorded, gradients checked
-#   6. the OpenCL plugin's tests and the conformance kit on OpenCL (PoCL, the CPU OpenCL runtime setup.sh installs
-#      when there is no GPU driver)
+#   5. the conformance kit through the autodiff decorator (flex+autodiff, over fusion): gradients checked
+#   6. the OpenCL plugin's tests and the conformance kit on (fused) OpenCL (PoCL, the CPU OpenCL runtime setup.sh
+#      installs when there is no GPU driver)
 #   7. the code examples in the docs
 #   8. the docs build (warnings are errors)
 set -euo pipefail
@@ -29,8 +29,11 @@ step "tests"
 # the OpenCL plugin's own tests run with the OpenCL kit below, on two workers
 "$PY" -m pytest --ignore-glob='*/ember-opencl/tests/*'
 
-step "conformance kit (flex)"
+step "conformance kit (flex, fused by ember-fusion)"
 "$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=flex -q
+
+step "conformance kit (flex without fusion: the backend's own ops)"
+"$PY" -m pytest -p no:cacheprovider --pyargs ember.testing "--ember-device=flex+fusion(enabled=False)" -q
 
 step "conformance kit (toy: the third-party example backend, required primitives only)"
 "$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=toy -q
