@@ -18,29 +18,32 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .dtypes import DType
 
 Shape = tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Ref:
+# Records are NamedTuples: built and hashed at C speed (a plan-cache lookup hashes a whole sequence), immutable.
+# Each marker carries a tag field so that it never compares equal to a plain tuple argument such as dims.
+
+
+class Ref(NamedTuple):
     """A tensor argument inside :attr:`OpRecord.args`: the record's ``k``-th input."""
 
     k: int
+    tag: str = "ref"
 
 
-@dataclass(frozen=True, slots=True)
-class Scalar:
+class Scalar(NamedTuple):
     """A Python scalar operand inside :attr:`OpRecord.args` (a value, not structure such as a dim)."""
 
     value: bool | int | float
+    tag: str = "scalar"
 
 
-@dataclass(frozen=True, slots=True)
-class OpRecord:
+class OpRecord(NamedTuple):
     """One backend-contract call: ``getattr(backend, op)(*args)`` with ``Ref(k)`` standing for ``inputs[k]``."""
 
     op: str
@@ -51,16 +54,15 @@ class OpRecord:
     args: tuple[Any, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Placeholder:
+class Placeholder(NamedTuple):
     """A dim or scalar in relative form: ``kind`` is "dim" or the scalar's type name, ``k`` its binding slot."""
 
     kind: str
     k: int
+    tag: str = "placeholder"
 
 
-@dataclass(frozen=True, slots=True)
-class Bindings:
+class Bindings(NamedTuple):
     """The concrete values a relative form abstracts: dims and scalars, each by slot."""
 
     dims: tuple[int, ...]
