@@ -259,3 +259,20 @@ def test_generated_sources_are_identical_across_processes() -> None:
         assert out.returncode == 0, out.stderr[-2000:]
         digests.add(out.stdout.strip())
     assert len(digests) == 1 and len(digests.pop()) == len(hashlib.sha256().hexdigest())
+
+
+def test_float_tanh_is_within_two_ulps_everywhere(dev: Device) -> None:
+    """ember's own float tanh (polynomial below 0.55, exp-based above): accuracy across the branch point, tiny and
+    huge values, signed zeros and the non-finite values."""
+    rng = np.random.default_rng(7)
+    xs = np.concatenate([
+        rng.standard_normal(200_000) * 3, np.linspace(0.5, 0.6, 20_001), np.geomspace(1e-30, 1e-3, 1000),
+        -np.geomspace(1e-30, 1e-3, 1000), [0.0, -0.0, 9.0, 50.0, -50.0, 3e38, np.inf, -np.inf, np.nan],
+    ]).astype(np.float32)
+    got = put(xs, dev).tanh().numpy()
+    ref = np.tanh(xs.astype(np.float64))
+    finite = ~np.isnan(ref)
+    ulps = np.abs(got[finite].astype(np.float64) - ref[finite]) / np.spacing(np.abs(ref[finite]).astype(np.float32))
+    assert ulps.max() <= 2.0, f"tanh off by {ulps.max():.2f} ulp at x={xs[finite][ulps.argmax()]!r}"
+    assert np.isnan(got[-1]) and got[-3] == 1.0 and got[-2] == -1.0
+    assert np.signbit(got[np.flatnonzero(xs == 0)]).tolist() == [False, True]
