@@ -263,7 +263,8 @@ def test_registered_decorator_wraps_the_backend(plugins: manager.PluginRegistry)
     plugins.register_plugin(Plugin(), name="wrapper-plugin")
     dev = Device.flex().wrapped(level=2)
     assert str(dev) == "flex+wrapped(level=2)" and dev.base is Device.flex()
-    assert Device.parse(str(dev)).decorators == (("wrapped", (("level", "2"),)),)
+    assert Device.parse(str(dev)) is dev  # option values parse back as Python literals (2, not "2")
+    assert Device.parse("flex+wrapped(level=two)").decorators == (("wrapped", (("level", "two"),)),)
     assert isinstance(dev.stack, Wrapper) and dev.stack.options == {"level": 2}
     assert dev.stack.inner is Device.flex().stack  # one backend shared by every decoration
 
