@@ -53,10 +53,9 @@ if str(HERE) not in sys.path:  # `ember bench fusion` loads this file by path: m
 from _common import environment, write_json  # noqa: E402
 from micro import NUMPY, TORCH, figure, format_table, measure, torch_module  # noqa: E402
 from opencl import opencl_device  # noqa: E402
-from suite import _optimizers, batch_numpy, ember_model, torch_train_step  # noqa: E402
+from suite import ember_train_step, torch_train_step  # noqa: E402
 
 import ember  # noqa: E402
-import ember.nn.functional as F  # noqa: E402
 from ember import Device  # noqa: E402
 
 SECTIONS = ("gelu", "train", "overhead")
@@ -188,25 +187,9 @@ def bench_gelu(n: int, backends: Sequence[str], repeats: int, number: int) -> li
 # 2. training steps
 # ----------------------------------------------------------------------------------------------------------
 def train_step(model: str, dev: Device, batch: int) -> tuple[Callable[[], float], Any]:
-    """(one training step of suite.py's ``model`` on ``dev`` -- an autodiff device --, the model).
-
-    suite.ember_train_step hard-codes flex; this is the same step (Adam for the CNN, AdamW for the transformer,
-    lr 1e-3) with the device as a parameter.
-    """
-    m = ember_model(model, dev)
-    m.train()
-    opt = _optimizers(model)[0](m.parameters())
-    x_np, y_np = batch_numpy(model, batch)
-    x, y = ember.tensor(x_np, device=dev), ember.tensor(y_np, device=dev)
-
-    def step() -> float:
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        return float(loss.item())  # a finished step: item() realizes what is pending and waits for the device
-
-    return step, m
+    """(one training step of suite.py's ``model`` on ``dev`` -- an autodiff device --, the model)."""
+    step = ember_train_step(model, batch, dev)
+    return step, step.model  # type: ignore[attr-defined]
 
 
 def _state(m: Any) -> dict[str, np.ndarray]:

@@ -51,10 +51,9 @@ if str(HERE) not in sys.path:  # `ember bench opencl` loads this file by path: m
 
 from _common import environment, write_json  # noqa: E402
 from micro import EMBER_AD, NUMPY, TORCH, figure, format_table, measure, torch_module  # noqa: E402
-from suite import batch_numpy, ember_model, torch_train_step  # noqa: E402
+from suite import batch_numpy, ember_model, ember_train_step, torch_train_step  # noqa: E402
 
 import ember  # noqa: E402
-import ember.nn.functional as F  # noqa: E402
 from ember import Device  # noqa: E402
 from ember.errors import EmberError  # noqa: E402
 
@@ -90,24 +89,8 @@ def opencl_backend(dev: Device) -> Any:
 
 
 def train_step(dev: Device, batch: int) -> Callable[[], float]:
-    """A seed-CNN training step on ``dev`` (an autodiff device): suite.py's model and weights, Adam lr 1e-3.
-
-    suite.ember_train_step hard-codes flex; this is the same step with the device as a parameter.
-    """
-    m = ember_model("cnn", dev)
-    m.train()
-    opt = ember.optim.Adam(m.parameters(), lr=1e-3)
-    x_np, y_np = batch_numpy("cnn", batch)
-    x, y = ember.tensor(x_np, device=dev), ember.tensor(y_np, device=dev)
-
-    def step() -> float:
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        return float(loss.item())  # a finished step: item() waits for the device's queue
-
-    return step
+    """A seed-CNN training step on ``dev`` (an autodiff device): suite.py's model and weights, Adam lr 1e-3."""
+    return ember_train_step("cnn", batch, dev)
 
 
 def check_cnn_forward(batch: int) -> float:

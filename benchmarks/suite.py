@@ -102,8 +102,10 @@ def _optimizers(model: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     return (lambda p: ember.optim.AdamW(p, lr=1e-3)), (lambda p: torch.optim.AdamW(p, lr=1e-3))
 
 
-def ember_train_step(model: str, batch: int) -> Callable[[], float]:
-    dev = Device.flex().autodiff()
+def ember_train_step(model: str, batch: int, dev: Device | None = None) -> Callable[[], float]:
+    """One training step of ``model`` (Adam for the CNN, AdamW for the transformer, lr 1e-3) on ``dev``, an
+    autodiff device (flex+autodiff by default); the model is the step's ``model`` attribute."""
+    dev = dev if dev is not None else Device.flex().autodiff()
     m = ember_model(model, dev)
     m.train()
     opt = _optimizers(model)[0](m.parameters())
@@ -117,6 +119,7 @@ def ember_train_step(model: str, batch: int) -> Callable[[], float]:
         opt.step()
         return float(loss.item())  # a finished step (and it syncs lazily evaluated backends)
 
+    step.model = m  # type: ignore[attr-defined]
     return step
 
 
