@@ -85,12 +85,18 @@ def f64(on_ad: Any) -> Any:
 
 
 def _undecorated(device: Any) -> Any:
-    """The device under test without its autodiff decorator (the base of ``ad``), or None if it has others."""
-    decos = device.decorators
-    if not decos:
+    """The device under test without its autodiff decorator (the base of ``ad``), or None if it has others.
+    Settings of automatic decorators (``flex+fusion(enabled=False)``) belong to the base and are kept."""
+    from ember.device import Device
+    from ember.plugins.manager import registry
+
+    automatic = {d.name for d in registry.automatic_decorators()}
+    kept = tuple(d for d in device.decorators if d[0] in automatic)
+    others = [d for d in device.decorators if d[0] not in automatic]
+    if not others:
         return device
-    if len(decos) == 1 and decos[0][0] == "autodiff":
-        return device.inner
+    if len(others) == 1 and others[0][0] == "autodiff":
+        return Device(device.kind, device.index, device.options, kept)
     return None
 
 
