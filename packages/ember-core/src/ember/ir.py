@@ -37,7 +37,8 @@ class Ref(NamedTuple):
 
 
 class Scalar(NamedTuple):
-    """A Python scalar operand inside :attr:`OpRecord.args` (a value, not structure such as a dim)."""
+    """A Python scalar operand at the top level of :attr:`OpRecord.args` (a value, not structure such as a dim;
+    values inside nested tuples are structure and stay literal in the relative form)."""
 
     value: bool | int | float
     tag: str = "scalar"
@@ -71,33 +72,41 @@ class Bindings(NamedTuple):
 
 class _Abstractor:
     """Replaces dims and scalars by placeholders. Equal dims share a slot (so "these two dims are equal", which
-    broadcasting depends on, stays in the key); 0 and 1 stay literal because they change semantics."""
+    broadcasting depends on, stays in the key); 0 and 1 stay literal because they change semantics. Runs once per
+    plan-cache lookup, so it avoids per-item calls."""
 
     def __init__(self) -> None:
-        self.dim_slot: dict[int, int] = {}
+        self.dim_slot: dict[int, Placeholder] = {}
         self.scalars: list[bool | int | float] = []
 
-    def dim(self, n: int) -> int | Placeholder:
-        if n in (0, 1):
-            return n
-        k = self.dim_slot.setdefault(n, len(self.dim_slot))
-        return Placeholder("dim", k)
-
     def shape(self, shape: Shape) -> tuple[int | Placeholder, ...]:
-        return tuple(self.dim(n) for n in shape)
+        slots = self.dim_slot
+        out: list[int | Placeholder] = []
+        for n in shape:
+            if n == 0 or n == 1:
+                out.append(n)
+            else:
+                p = slots.get(n)
+                if p is None:
+                    p = slots[n] = Placeholder("dim", len(slots))
+                out.append(p)
+        return tuple(out)
 
-    def arg(self, a: Any) -> Any:
-        if type(a) is Scalar:
-            self.scalars.append(a.value)
-            return Placeholder(type(a.value).__name__, len(self.scalars) - 1)
-        if type(a) in (tuple, list):
-            return tuple(self.arg(x) for x in a)
-        return a
+    def args(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """args with each top-level :class:`Scalar` replaced (nested tuples are structure: dims, shapes)."""
+        out = None
+        for i, a in enumerate(args):
+            if type(a) is Scalar:
+                if out is None:
+                    out = list(args)
+                self.scalars.append(a.value)
+                out[i] = Placeholder(type(a.value).__name__, len(self.scalars) - 1)
+        return args if out is None else tuple(out)
 
     def bindings(self) -> Bindings:
         dims = [0] * len(self.dim_slot)
-        for n, k in self.dim_slot.items():
-            dims[k] = n
+        for n, p in self.dim_slot.items():
+            dims[p.k] = n
         return Bindings(tuple(dims), tuple(self.scalars))
 
 
@@ -130,7 +139,8 @@ def relative_form(records: Sequence[OpRecord], inputs: Iterable[tuple[int, Shape
         for vid in r.outputs:
             pos[vid] = ("v", n_values)
             n_values += 1
-        body.append((r.op, tuple(ins), tuple(ab.shape(s) for s in r.shapes), r.dtypes, ab.arg(r.args)))
+        shapes = tuple(ab.shape(s) for s in r.shapes) if len(r.shapes) != 1 else (ab.shape(r.shapes[0]),)
+        body.append((r.op, tuple(ins), shapes, r.dtypes, ab.args(r.args)))
     outs = tuple(pos[v] for v in outputs)
     return (tuple(ext), tuple(body), outs), ab.bindings()
 
