@@ -226,13 +226,18 @@ def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequ
     """
     vals: list[Any] = []
     is_handle: list[bool] = []
+    in_place = _in_place_outputs(kernel, inputs, outs)
 
     def handle(i: int) -> Any:  # a scalar operand becomes a 0-d handle where a contract method needs one
         return vals[i] if is_handle[i] else backend.full((), vals[i], kernel.body[i].dtype)
 
-    for ins in kernel.body:
+    for i, ins in enumerate(kernel.body):
         op, a = ins.op, ins.args
-        if op == "load":
+        target = in_place.get(i)
+        if target is not None:  # out = out (op) b: the backend's in-place op, no temporary and no copy
+            backend.inplace_binary(a[0], target, vals[a[2]])
+            v, h = target, True
+        elif op == "load":
             v, h = inputs[a[0]], True
         elif op == "scalar":
             v, h = scalars[a[0]], False
@@ -265,8 +270,38 @@ def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequ
         elif tuple(v.shape) != tuple(shape) or is_handle[i] and kernel.body[i].op == "load":
             v = backend.copy(backend.expand(v, tuple(shape)))  # outputs are new memory, never an input's view
         out = None if outs is None else outs[j]
-        if out is not None:
+        if out is not None and v is not out:
             backend.assign(out, v)
             v = out
         results.append(v)
     return results
+
+
+def _readers(body: tuple[Instr, ...], x: int) -> list[int]:
+    """The instructions that use the value of instruction x."""
+    found = []
+    for k, ins in enumerate(body):
+        operands = ins.args[1:] if ins.op in ("unary", "binary") else ins.args if ins.op in ("where", "cast") else ()
+        if x in operands:
+            found.append(k)
+    return found
+
+
+def _in_place_outputs(kernel: Kernel, inputs: Sequence[Any], outs: Sequence[Any] | None) -> dict[int, Any]:
+    """Output instructions ``binary(op, load k, b)`` written into ``inputs[k]`` itself (an in-place op's target)
+    where nothing else reads that input: {instruction index: target}. They run as ``Backend.inplace_binary``."""
+    if not outs or kernel.reduce is not None:
+        return {}
+    body, found = kernel.body, {}
+    for j, i in enumerate(kernel.outputs):
+        out, ins = outs[j], body[i]
+        if out is None or ins.op != "binary" or kernel.outputs.count(i) > 1:
+            continue
+        x, y = ins.args[1], ins.args[2]
+        load = body[x]
+        if load.op != "load" or inputs[load.args[0]] is not out or load.dtype is not ins.dtype:
+            continue
+        if x == y or x in kernel.outputs or _readers(body, x) != [i]:
+            continue
+        found[i] = out
+    return found

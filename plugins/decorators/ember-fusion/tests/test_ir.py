@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ember import dtypes as dt
+from ember import ir
 from ember.ir import Instr, Kernel, OpRecord, Placeholder, Ref, Scalar, interpret, relative_form
 
 F32, F64 = dt.float32, dt.float64
@@ -88,3 +89,32 @@ def test_interpret_is_the_reference_semantics() -> None:
     k2 = Kernel(2, (F32,), 0, (Instr("load", (0,), F32),), (0,))
     (copy,) = interpret(k2, be, [b], [], (2, 3))
     assert copy.shape == (2, 3) and not np.shares_memory(copy, b)  # outputs are new memory
+
+
+def test_interpret_writes_an_in_place_target_with_the_backends_in_place_op() -> None:
+    from ember import Device
+
+    flex = Device.flex().fusion(False).stack
+    calls: list[str] = []
+
+    class Spy(type(flex)):  # type: ignore[misc]
+        def inplace_binary(self, op, a, b):  # noqa: ANN001, ANN202
+            calls.append(op)
+            return super().inplace_binary(op, a, b)
+
+    be = Spy()
+    f = dt.float32
+    # out = a + b * 2 with out = a: the add runs in place; a kernel that also reads a elsewhere must not
+    body = (ir.Instr("load", (0,), f), ir.Instr("load", (1,), f), ir.Instr("scalar", (0,), f),
+            ir.Instr("binary", ("mul", 1, 2), f), ir.Instr("binary", ("add", 0, 3), f))
+    k = ir.Kernel(1, (f, f), 1, body, (4,))
+    a, b = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+    (r,) = ir.interpret(k, be, [a, b], [2.0], (4,), [a])
+    assert r is a and calls == ["add"]
+    np.testing.assert_array_equal(a, [2, 3, 4, 5])
+    reads_a_twice = ir.Kernel(1, (f, f), 1, (*body[:4], ir.Instr("binary", ("add", 0, 3), f),
+                                             ir.Instr("binary", ("mul", 4, 0), f)), (5,))
+    calls.clear()
+    (r,) = ir.interpret(reads_a_twice, be, [a, b], [2.0], (4,), [a])
+    assert calls == [] and r is a  # computed out of place, then copied into the target
+    np.testing.assert_array_equal(a, [8, 15, 24, 35])

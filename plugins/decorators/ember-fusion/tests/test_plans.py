@@ -166,7 +166,7 @@ def test_plan_cache_is_bounded(fb: FusionBackend, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(backend_mod, "PLAN_CACHE_SIZE", 3)
     x = fb.from_numpy(_arr(4))
     for op in ("sin", "cos", "tan", "exp", "tanh"):
-        fb.to_numpy(fb.unary(op, x))
+        fb.to_numpy(fb.unary("neg", fb.unary(op, x)))  # two ops: a single op runs without a plan
     assert len(fb._plans) == 3
 
 
@@ -174,8 +174,21 @@ def test_plan_cache_keeps_recently_used_plans(fb: FusionBackend, monkeypatch: py
     monkeypatch.setattr(backend_mod, "PLAN_CACHE_SIZE", 2)
     x = fb.from_numpy(_arr(4))
     for op in ("sin", "cos", "sin", "tan", "sin"):  # sin is used most recently when tan evicts a plan
-        fb.to_numpy(fb.unary(op, x))
+        fb.to_numpy(fb.unary("neg", fb.unary(op, x)))
     assert fb.stats.plan_hits == 2
+
+
+def test_a_single_op_on_values_in_memory_runs_without_a_plan(fb: FusionBackend) -> None:
+    x_np = _arr(3, 4)
+    x = fb.from_numpy(x_np.copy())
+    before = fb.memory_report()
+    np.testing.assert_allclose(fb.to_numpy(fb.binary("add", x, 1.5)), x_np + 1.5, rtol=1e-6)
+    np.testing.assert_allclose(fb.to_numpy(fb.reduce("max", x, (1,), False)), x_np.max(1), rtol=1e-6)
+    np.testing.assert_array_equal(fb.to_numpy(fb.full((2,), 7, dt.int32)), [7, 7])
+    after = fb.memory_report()
+    assert after["fusion_single_ops"] - before["fusion_single_ops"] == 3
+    assert after["fusion_plan_hits"] + after["fusion_plan_misses"] == before["fusion_plan_hits"] + \
+        before["fusion_plan_misses"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

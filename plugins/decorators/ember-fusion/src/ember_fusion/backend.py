@@ -58,15 +58,15 @@ def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 class FusionStats:
     """Counters shown in ``device.memory_report()`` under ``fusion_*`` keys."""
 
-    __slots__ = ("recorded", "realizations", "plan_hits", "plan_misses", "kernels_run", "kernels_compiled",
-                 "kernels_interpreted", "boundaries", "_lock")
+    __slots__ = ("recorded", "realizations", "single_ops", "plan_hits", "plan_misses", "kernels_run",
+                 "kernels_compiled", "kernels_interpreted", "boundaries", "_lock")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.reset()
 
     def reset(self) -> None:
-        self.recorded = self.realizations = self.plan_hits = self.plan_misses = 0
+        self.recorded = self.realizations = self.single_ops = self.plan_hits = self.plan_misses = 0
         self.kernels_run = self.kernels_compiled = self.kernels_interpreted = self.boundaries = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -125,7 +125,15 @@ class FusionBackend(Backend):
         targets = [n for n in nodes if n.value is None]
         if not targets:
             return
-        graph = Graph(pending_subgraph(targets), {id(n) for n in targets})
+        pending = pending_subgraph(targets)
+        if len(pending) == 1 and into is None:
+            # one op on values in memory: nothing to fuse, so skip the planning and call the backend's op
+            n = pending[0]
+            n.realize_as(self._run_one(n))
+            self.stats.realizations += 1
+            self.stats.single_ops += 1
+            return
+        graph = Graph(pending, {id(n) for n in targets})
         plan = self._plans.get(graph.key)
         stats = self.stats
         if plan is None:
@@ -142,6 +150,26 @@ class FusionBackend(Backend):
             stats.plan_hits += 1
         stats.realizations += 1
         stats.kernels_run += run_plan(plan, graph, self.inner, into)
+
+    def _run_one(self, n: Node) -> Any:
+        """A pending node whose inputs are all in memory, computed by the inner backend's own method."""
+        inner, op, a = self.inner, n.op, n.args
+        vals = [s.value for s in n.srcs]
+
+        def arg(x: Any) -> Any:
+            return vals[x.k] if type(x) is Ref else x.value
+
+        if op == "unary":
+            return inner.unary(a[0], vals[0])
+        if op == "binary":
+            return inner.binary(a[0], arg(a[1]), arg(a[2]))
+        if op == "where":
+            return inner.where(vals[0], arg(a[1]), arg(a[2]))
+        if op == "cast":
+            return inner.cast(vals[0], a[0])
+        if op == "full":
+            return inner.full(n.shape, a[0].value, n.dtype)
+        return inner.reduce(a[0], vals[0], a[2], a[3])  # reduce: (op, Ref(0), dims, keepdim)
 
     def _compile(self, kernel: Any) -> Any:
         if kernel in self._compiled:

@@ -56,27 +56,26 @@ class Graph:
     def __init__(self, nodes: list[Node], targets: set[int]) -> None:
         self.nodes = nodes
         ext: list[Node] = []
-        pos: dict[int, int] = {}
+        seen: set[int] = set()
         for n in nodes:
             for s in n.srcs:
-                if s.value is not None and id(s) not in pos:
-                    pos[id(s)] = -1 - len(ext)  # provisional; externals come first in the table
+                if s.value is not None and id(s) not in seen:
+                    seen.add(id(s))
                     ext.append(s)
         e = len(ext)
-        for k in list(pos):
-            pos[k] = -1 - pos[k]
-        for i, n in enumerate(nodes):
-            pos[id(n)] = e + i
+        pos = {id(s): i for i, s in enumerate(ext)}  # the value table: externals first, then the pending nodes
+        for i, n in enumerate(nodes, e):
+            pos[id(n)] = i
         self.externals = ext
         self.pos = pos
         self.stored = self._stored(targets)
         records, slots = [], {}
-        for i, n in enumerate(nodes):
+        OpRecord, Scalar = ir.OpRecord, ir.Scalar  # noqa: N806 - locals: this runs once per realization
+        for i, n in enumerate(nodes, e):
             for j, a in enumerate(n.args):
-                if type(a) is ir.Scalar:
-                    slots[(e + i, j)] = len(slots)
-            records.append(ir.OpRecord(n.op, tuple(pos[id(s)] for s in n.srcs), (e + i,), (n.shape,), (n.dtype,),
-                                       n.args))
+                if type(a) is Scalar:
+                    slots[(i, j)] = len(slots)
+            records.append(OpRecord(n.op, tuple([pos[id(s)] for s in n.srcs]), (i,), (n.shape,), (n.dtype,), n.args))
         self.scalar_slots = slots
         self.key, self.bindings = ir.relative_form(
             records, [(i, s.shape, s.dtype) for i, s in enumerate(ext)], sorted(self.stored))
