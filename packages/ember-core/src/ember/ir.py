@@ -227,6 +227,21 @@ def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequ
     vals: list[Any] = []
     is_handle: list[bool] = []
     in_place = _in_place_outputs(kernel, inputs, outs)
+    last_use = _last_uses(kernel)
+
+    def dead_temporary(x: int, i: int, other: int) -> bool:
+        """Whether instruction i may overwrite x's value in place: a temporary computed here (not an input, not
+        an output), of i's dtype, read for the last time by i, shaped like the result, shared with nothing live."""
+        body = kernel.body
+        if not is_handle[x] or body[x].op == "load" or last_use[x] != i or x in kernel.outputs:
+            return False
+        if body[x].dtype is not body[i].dtype:
+            return False
+        v = vals[x]
+        if is_handle[other] and not _broadcasts_into(tuple(vals[other].shape), tuple(v.shape)):
+            return False
+        return not any(v is w for w in inputs) and not any(
+            w is v for k, w in enumerate(vals) if k != x and last_use[k] >= i)
 
     def handle(i: int) -> Any:  # a scalar operand becomes a 0-d handle where a contract method needs one
         return vals[i] if is_handle[i] else backend.full((), vals[i], kernel.body[i].dtype)
@@ -247,6 +262,12 @@ def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequ
             x, y = a[1], a[2]
             if not is_handle[x] and not is_handle[y]:
                 v = backend.binary(a[0], handle(x), vals[y])
+            elif x != y and dead_temporary(x, i, y):  # no new allocation (large ones cost page faults)
+                backend.inplace_binary(a[0], vals[x], vals[y])
+                v = vals[x]
+            elif x != y and a[0] in _COMMUTATIVE and dead_temporary(y, i, x):
+                backend.inplace_binary(a[0], vals[y], vals[x])
+                v = vals[y]
             else:
                 v = backend.binary(a[0], vals[x], vals[y])
             h = True
@@ -275,6 +296,29 @@ def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequ
             v = out
         results.append(v)
     return results
+
+
+_COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum"})
+
+
+def _last_uses(kernel: Kernel) -> list[int]:
+    """Per instruction, the index of the last instruction reading it (outputs count as read at the end)."""
+    body = kernel.body
+    last = [-1] * len(body)
+    for k, ins in enumerate(body):
+        operands = ins.args[1:] if ins.op in ("unary", "binary") else ins.args if ins.op in ("where", "cast") else ()
+        for x in operands:
+            last[x] = k
+    for i in kernel.outputs:
+        last[i] = len(body)
+    return last
+
+
+def _broadcasts_into(small: Shape, big: Shape) -> bool:
+    """Whether an operand of shape small combined with one of shape big gives shape big."""
+    if len(small) > len(big):
+        return False
+    return all(b == a or b == 1 for a, b in zip(big[len(big) - len(small):], small))
 
 
 def _readers(body: tuple[Instr, ...], x: int) -> list[int]:

@@ -116,5 +116,31 @@ def test_interpret_writes_an_in_place_target_with_the_backends_in_place_op() -> 
                                              ir.Instr("binary", ("mul", 4, 0), f)), (5,))
     calls.clear()
     (r,) = ir.interpret(reads_a_twice, be, [a, b], [2.0], (4,), [a])
-    assert calls == [] and r is a  # computed out of place, then copied into the target
+    # a is read twice, so the result is computed in dead temporaries (in place there) and then copied into a
+    assert r is a and calls == ["add", "mul"]
     np.testing.assert_array_equal(a, [8, 15, 24, 35])
+    np.testing.assert_array_equal(b, [1, 1, 1, 1])  # inputs are never written
+
+
+def test_interpret_reuses_dead_temporaries_but_never_inputs_outputs_or_live_values() -> None:
+    from ember import Device
+
+    be = Device.flex().fusion(False).stack
+    f = dt.float32
+    # t = x * 2 (temporary); u = t + 1 (t dead: in place); out0 = u, out1 = exp(x) + u (u is an output: no reuse)
+    body = (ir.Instr("load", (0,), f), ir.Instr("scalar", (0,), f), ir.Instr("binary", ("mul", 0, 1), f),
+            ir.Instr("scalar", (1,), f), ir.Instr("binary", ("add", 2, 3), f), ir.Instr("unary", ("exp", 0), f),
+            ir.Instr("binary", ("add", 5, 4), f))
+    k = ir.Kernel(1, (f,), 2, body, (4, 6))
+    x = np.arange(3, dtype=np.float32)
+    u, w = ir.interpret(k, be, [x], [2.0, 1.0], (3,))
+    np.testing.assert_array_equal(x, [0, 1, 2])
+    np.testing.assert_array_equal(u, [1, 3, 5])
+    np.testing.assert_allclose(w, np.exp([0, 1, 2]) + [1, 3, 5], rtol=1e-6)
+    assert u is not w and not np.shares_memory(u, w)
+    # a broadcast operand never grows a temporary in place: (3,) temp + (2, 3) input gives a new (2, 3) array
+    k2 = ir.Kernel(2, (f, f), 1, (ir.Instr("load", (0,), f), ir.Instr("scalar", (0,), f),
+                                  ir.Instr("binary", ("mul", 0, 1), f), ir.Instr("load", (1,), f),
+                                  ir.Instr("binary", ("add", 2, 3), f)), (4,))
+    (r,) = ir.interpret(k2, be, [x, np.ones((2, 3), np.float32)], [3.0], (2, 3))
+    np.testing.assert_array_equal(r, [[1, 4, 7], [1, 4, 7]])
