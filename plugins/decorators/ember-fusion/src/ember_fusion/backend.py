@@ -303,7 +303,8 @@ class FusionBackend(Backend):
             if self._pending.recorded >= self.max_pending:
                 self.flush()
             return
-        if tb is FArray and b.node.value is not None or not self._writable_in_place(na, srcs):
+        if tb is not FArray or b.node.value is not None or not self._writable_in_place(na, srcs):
+            # nothing pending to fuse into the write (a scalar or a value in memory), or b may alias a
             self.flush()
             self.inner.inplace_binary(op, na.value, self._value(b))
             return
