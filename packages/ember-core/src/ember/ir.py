@@ -16,8 +16,8 @@ another plugin:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .dtypes import DType
@@ -166,8 +166,7 @@ KERNEL_OPS = ("load", "scalar", "unary", "binary", "where", "cast")
 KERNEL_REDUCE_OPS = ("sum", "prod", "max", "min")
 
 
-@dataclass(frozen=True, slots=True)
-class Instr:
+class Instr(NamedTuple):
     """One instruction: ``op`` from :data:`KERNEL_OPS`, its ``args``, and the ember dtype of its result."""
 
     op: str
@@ -175,8 +174,7 @@ class Instr:
     dtype: DType
 
 
-@dataclass(frozen=True, slots=True)
-class Kernel:
+class Kernel(NamedTuple):
     """A fused block: a straight-line program evaluated at every point of an iteration shape of rank ``rank``.
 
     * ``inputs``: the dtypes of the tensor inputs (each broadcastable to the iteration shape).
@@ -301,7 +299,8 @@ def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequ
 _COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum"})
 
 
-def _last_uses(kernel: Kernel) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def _last_uses(kernel: Kernel) -> tuple[int, ...]:
     """Per instruction, the index of the last instruction reading it (outputs count as read at the end)."""
     body = kernel.body
     last = [-1] * len(body)
@@ -311,7 +310,7 @@ def _last_uses(kernel: Kernel) -> list[int]:
             last[x] = k
     for i in kernel.outputs:
         last[i] = len(body)
-    return last
+    return tuple(last)
 
 
 def _broadcasts_into(small: Shape, big: Shape) -> bool:
