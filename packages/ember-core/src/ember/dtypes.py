@@ -97,8 +97,21 @@ _BY_NAME = {d.name: d for d in ALL_DTYPES}
 _BY_NAME.update({"half": float16, "float": float32, "double": float64, "short": int16, "int": int32, "long": int64})
 
 
+_BY_NUMPY: dict[object, DType] = {}  # numpy dtype -> ember dtype, filled on first use (backends ask per op)
+
+
 def from_numpy_dtype(dt: np.dtype | type) -> DType:
     """The ember dtype matching a numpy dtype; raises DTypeError for unsupported ones (complex, strings...)."""
+    try:
+        d = _BY_NUMPY.get(dt)
+    except TypeError:  # an unhashable dtype-like: convert without the cache
+        return _from_numpy_dtype(dt)
+    if d is None:
+        d = _BY_NUMPY[dt] = _from_numpy_dtype(dt)
+    return d
+
+
+def _from_numpy_dtype(dt: np.dtype | type) -> DType:
     dt = np.dtype(dt)
     name = dt.name
     d = _BY_NAME.get(name)
