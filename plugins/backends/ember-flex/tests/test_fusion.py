@@ -224,13 +224,13 @@ def test_outs_in_place_aliasing_an_input(be, layout):
 
 def test_outs_fresh_contiguous_target_is_written_directly(be):
     d = f64
-    k = Kernel(1, (d, d), 0, (L(0, d), L(1, d), B("hypot", 0, 1, d)), (2,))
+    k = Kernel(1, (d, d), 0, (L(0, d), L(1, d), B("copysign", 0, 1, d)), (2,))
     fk = be.fusion_compile(k)
-    x, y = np.linspace(-3, 3, 101), np.linspace(1, 2, 101)
+    x, y = np.linspace(-3, 3, 101), np.linspace(-2, 1, 101)
     out = np.empty(101)
     res = fk.run_path("numexpr", [x, y], (), (101,), [out])
     assert res[0] is out
-    assert_same(out, np.hypot(x, y), exact=False)
+    assert_same(out, np.copysign(x, y))
 
 
 def test_half_and_small_int_dtypes_stay_exact(be):
@@ -325,13 +325,26 @@ def test_float_binary(be, d, name):
     fk = be.fusion_compile(k)
     x = np.array(SPECIAL, d.numpy)
     y = np.array(SPECIAL[::-1], d.numpy)
+    if name in ("pow", "atan2", "hypot"):  # libm in numexpr may differ by an ulp: numpy steps, nothing to fuse
+        assert fk is None
+        return
     ref = interpret(k, be, [x, y], (), x.shape)[0]
-    got = fk.run_path("numexpr", [x, y], (), x.shape)[0]
-    if name in ("pow", "atan2", "hypot"):
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
-        np.testing.assert_allclose(got, ref, **TOL[np.dtype(d.numpy)])
-    else:
-        assert_same(got, ref)
+    assert_same(fk.run_path("numexpr", [x, y], (), x.shape)[0], ref)
+
+
+def test_both_paths_give_identical_bits_so_repeated_calls_agree(be):
+    # a transcendental between exact ops: tanh runs as a numpy step on both paths, so while the size class is
+    # being measured (paths alternate) and afterwards every call gives the same bits
+    d = f64
+    body = (L(0, d), S(0, d), B("mul", 0, 1, d), U("tanh", 2, d), S(1, d), B("add", 3, 4, d), B("mul", 5, 0, d))
+    k = Kernel(1, (d,), 2, body, (6,))
+    fk = be.fusion_compile(k)
+    x = np.random.default_rng(3).standard_normal(50_000)
+    runs = [fk([x], [0.79, 1.0], x.shape)[0] for _ in range(8)]
+    assert fk.path_for(x.size) in ("numpy", "numexpr")  # both paths were timed (3 calls each) and one chosen
+    for r in runs[1:]:
+        np.testing.assert_array_equal(r, runs[0])
+    np.testing.assert_array_equal(runs[0], interpret(k, be, [x], [0.79, 1.0], x.shape)[0])
 
 
 def test_comparisons_and_where_relu_backward(be):

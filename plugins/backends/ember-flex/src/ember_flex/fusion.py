@@ -15,10 +15,11 @@ Which path a call takes is decided by measurement, per *size class* (``int(n).bi
 the path with the lower minimum time (see :attr:`FusedKernel.choices`). Small arrays usually favour numpy (numexpr
 costs ~10 us per call), large ones numexpr.
 
-Numerics of the numexpr path: +, -, *, /, sqrt, comparisons, where, casts (upcasts and to bool), floor/ceil/trunc,
-rint-style round, abs, neg, copysign, fmod, maximum/minimum, bitwise ops and shifts are bit-identical to numpy.
-Transcendental functions (exp, log, tanh, sin, pow, sigmoid, ...) use the C library's routines where numpy has its
-own (SIMD) ones: results may differ by an ulp or so.
+Numerics: the numexpr path is bit-identical to the numpy path. numexpr computes only what it does exactly like
+numpy (+, -, *, /, sqrt, comparisons, where, casts (upcasts and to bool), floor/ceil/trunc, rint-style round, abs,
+neg, copysign, fmod, maximum/minimum, bitwise ops and shifts); transcendental functions (exp, log, tanh, sin, pow,
+sigmoid, ...), where numexpr would call the C library instead of numpy's own routines and could differ by an ulp,
+run as numpy steps. So the measured choice never changes a result, and identical calls always agree.
 """
 
 from __future__ import annotations
@@ -82,14 +83,13 @@ class _NumexprPlan:
     """The kernel as a sequence of steps: numexpr programs for what numexpr does exactly, backend calls for the
     rest. Built once per kernel; raises ``_Unsupported`` where it would not pay (no numexpr step at all)."""
 
-    def __init__(self, kernel: Kernel, backend: Any, calibrate: bool = True) -> None:
+    def __init__(self, kernel: Kernel, backend: Any) -> None:
         from numexpr.expressions import ConstantNode, FuncNode, OpNode, VariableNode
         from numexpr.necompiler import NumExpr
 
         self._Const, self._Func, self._Op, self._Var = ConstantNode, FuncNode, OpNode, VariableNode
         self.kernel = kernel
         self.backend = backend
-        self._calibrate = calibrate
         body = kernel.body
         self.kind: list[str | None] = [_KIND.get(ins.dtype) for ins in body]
         # which instructions numexpr can compute (given numexpr-able operands): a builder per instruction
@@ -153,8 +153,8 @@ class _NumexprPlan:
                     return k == "bool"
                 if ka != k:
                     return False
-                if name in _CALIBRATED and self._calibrate and _numpy_faster(name, ins.dtype, self.backend):
-                    return False  # numpy's own (SIMD) routine beats numexpr's libm call: a numpy step
+                if name in _INEXACT_UNARY:
+                    return False  # numexpr's libm result may differ by an ulp: a numpy step keeps runs identical
                 return name in _UNARY_FUNC or name in ("neg", "sqrt", "rsqrt", "reciprocal", "sigmoid", "sign")
             if ka in _INT_KINDS:
                 if name == "logical_not":
@@ -171,7 +171,7 @@ class _NumexprPlan:
                 return False
             if name in _ARITH or name in ("maximum", "minimum"):
                 return k != "bool" or name in ("maximum", "minimum")
-            if name in ("div",) or name in _BINARY_FUNC:
+            if name in ("div",) or name in _BINARY_FUNC and name not in _INEXACT_BINARY:
                 return k in _FLOAT_KINDS
             if name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
                 return True
@@ -280,36 +280,12 @@ class _NumexprPlan:
         return Op("cast", [x], k)
 
 
-#: unary functions where numexpr calls the C library and numpy may have a faster SIMD routine
-_CALIBRATED = frozenset("exp expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh "
-                        "sigmoid".split())
-#: (op, dtype) -> whether flex's numpy routine measured faster than numexpr's (once per process)
-_NUMPY_FASTER: dict[tuple[str, DType], bool] = {}
-
-
-def _numpy_faster(name: str, dtype: DType, backend: Any) -> bool:
-    """Time ``unary(name)`` on 2**16 elements both ways (min of 5 runs) and remember which is faster. numexpr's
-    float32 tanh, for one, is libm's scalar tanhf: several times slower than numpy's vectorised one."""
-    key = (name, dtype)
-    r = _NUMPY_FASTER.get(key)
-    if r is None:
-        mini = Kernel(1, (dtype,), 0, (Instr("load", (0,), dtype), Instr("unary", (name, 0), dtype)), (1,))
-        prog, _ = _NumexprPlan(mini, backend, calibrate=False).steps[0][2]
-        x = np.linspace(0.05, 0.95, 1 << 16, dtype=dtype.numpy)  # in every function's domain
-        out = np.empty_like(x)
-
-        def best(fn: Callable[[], Any]) -> float:
-            ts = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-            return min(ts)
-
-        t_ne = best(lambda: prog(x, out=out, ex_uses_vml=False))
-        t_np = best(lambda: backend.unary(name, x))
-        r = _NUMPY_FASTER[key] = t_np < t_ne
-    return r
+#: functions numexpr computes with the C library, which may differ from numpy's own routines by an ulp. They run as
+#: numpy steps, so that the numexpr path is bit-identical to the numpy path and which path the measurement picks
+#: (it alternates while measuring) never changes a result: two identical calls always agree.
+_INEXACT_UNARY = frozenset("exp expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh tanh asinh acosh "
+                           "atanh sigmoid".split())
+_INEXACT_BINARY = frozenset({"pow", "atan2", "hypot"})
 
 
 class _Unsupported(Exception):
