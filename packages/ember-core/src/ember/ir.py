@@ -247,6 +247,8 @@ def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequ
     for i, ins in enumerate(kernel.body):
         op, a = ins.op, ins.args
         target = in_place.get(i)
+        if target is not None and any(w is target for k, w in enumerate(vals) if last_use[k] > i and k != a[1]):
+            target = None  # another value still read later is the target object itself: write out of place
         if target is not None:  # out = out (op) b: the backend's in-place op, no temporary and no copy
             backend.inplace_binary(a[0], target, vals[a[2]])
             v, h = target, True
@@ -332,7 +334,8 @@ def _readers(body: tuple[Instr, ...], x: int) -> list[int]:
 
 def _in_place_outputs(kernel: Kernel, inputs: Sequence[Any], outs: Sequence[Any] | None) -> dict[int, Any]:
     """Output instructions ``binary(op, load k, b)`` written into ``inputs[k]`` itself (an in-place op's target)
-    where nothing else reads that input: {instruction index: target}. They run as ``Backend.inplace_binary``."""
+    where no later instruction reads that input: {instruction index: target}. They run as
+    ``Backend.inplace_binary``."""
     if not outs or kernel.reduce is not None:
         return {}
     body, found = kernel.body, {}
@@ -344,7 +347,7 @@ def _in_place_outputs(kernel: Kernel, inputs: Sequence[Any], outs: Sequence[Any]
         load = body[x]
         if load.op != "load" or inputs[load.args[0]] is not out or load.dtype is not ins.dtype:
             continue
-        if x == y or x in kernel.outputs or _readers(body, x) != [i]:
-            continue
+        if x == y or x in kernel.outputs or any(k > i for k in _readers(body, x)):
+            continue  # instructions before i have read the old value already; none may read it after the write
         found[i] = out
     return found

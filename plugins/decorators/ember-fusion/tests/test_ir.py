@@ -144,3 +144,26 @@ def test_interpret_reuses_dead_temporaries_but_never_inputs_outputs_or_live_valu
                                   ir.Instr("binary", ("add", 2, 3), f)), (4,))
     (r,) = ir.interpret(k2, be, [x, np.ones((2, 3), np.float32)], [3.0], (2, 3))
     np.testing.assert_array_equal(r, [[1, 4, 7], [1, 4, 7]])
+
+
+def test_interpret_writes_in_place_when_earlier_instructions_read_the_target() -> None:
+    from ember import Device
+
+    flex = Device.flex().fusion(False).stack
+    calls: list[str] = []
+
+    class Spy(type(flex)):  # type: ignore[misc]
+        def inplace_binary(self, op, a, b):  # noqa: ANN001, ANN202
+            calls.append(op)
+            return super().inplace_binary(op, a, b)
+
+    f = dt.float32
+    # lerp: a <- a + (g - a) * w; a is read by the sub before the add writes it
+    body = (ir.Instr("load", (0,), f), ir.Instr("load", (1,), f), ir.Instr("binary", ("sub", 1, 0), f),
+            ir.Instr("scalar", (0,), f), ir.Instr("binary", ("mul", 2, 3), f), ir.Instr("binary", ("add", 0, 4), f))
+    k = ir.Kernel(1, (f, f), 1, body, (5,))
+    a, g = np.zeros(4, np.float32), np.arange(4, dtype=np.float32)
+    (r,) = ir.interpret(k, Spy(), [a, g], [0.5], (4,), [a])
+    assert r is a and calls == ["mul", "add"]  # the mul reuses the dead (g - a) temporary, the add writes a
+    np.testing.assert_array_equal(a, [0, 0.5, 1, 1.5])
+    np.testing.assert_array_equal(g, [0, 1, 2, 3])
