@@ -11,8 +11,9 @@
   numpy between them, through the backend as on the numpy path.
 
 Which path a call takes is decided by measurement, per *size class* (``int(n).bit_length()`` of the element count
-``n``): the first :data:`TRIALS` calls of a class run each path alternately and are timed; afterwards the class keeps
-the path with the lower minimum time (see :attr:`FusedKernel.choices`). Small arrays usually favour numpy (numexpr
+``n``, and whether the call writes into given targets): the first :data:`TRIALS` calls of a class run each path
+alternately and are timed; afterwards the class keeps the path with the lower minimum time (see
+:attr:`FusedKernel.choices`). Small arrays usually favour numpy (numexpr
 costs ~10 us per call), large ones numexpr.
 
 Numerics: the numexpr path is bit-identical to the numpy path. numexpr computes only what it does exactly like
@@ -307,8 +308,8 @@ class FusedKernel:
 
     Attributes:
         kernel: the compiled :class:`ember.ir.Kernel`.
-        choices: size class (``int(n).bit_length()``, n = elements of the iteration shape) -> ``"numpy"`` or
-            ``"numexpr"``, filled in once both paths were timed :data:`TRIALS` times for that class.
+        choices: size class (``2 * int(n).bit_length() + in_place``, n = elements of the iteration shape) ->
+            ``"numpy"`` or ``"numexpr"``, filled in once both paths were timed :data:`TRIALS` times for that class.
         last_path: the path the latest call took (``"numpy"``, ``"numexpr"``, or ``"numpy"`` too where the scalars'
             Python types require numpy's own promotion, e.g. a float scalar with an integer operand).
     """
@@ -325,9 +326,10 @@ class FusedKernel:
         self._scalar_kinds = [(ins.args[0], plan.kind[i]) for i, ins in enumerate(kernel.body)
                               if ins.op == "scalar" and plan.kind[i] is not None]
 
-    def path_for(self, n: int) -> str | None:
-        """The path chosen for arrays of ``n`` elements, or None while that size class is still being timed."""
-        return self.choices.get(int(n).bit_length())
+    def path_for(self, n: int, in_place: bool = False) -> str | None:
+        """The path chosen for arrays of ``n`` elements (written into given ``outs`` when ``in_place``), or None
+        while that class is still being timed."""
+        return self.choices.get(_size_class(n, in_place))
 
     def __call__(self, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
                  outs: Sequence[Any] | None = None) -> list[Any]:
@@ -338,7 +340,7 @@ class FusedKernel:
         n = 1
         for s in shape:
             n *= s
-        cls = n.bit_length()
+        cls = _size_class(n, outs is not None and any(o is not None for o in outs))
         path = self.choices.get(cls)
         if path is not None:
             self.last_path = path
@@ -447,6 +449,12 @@ class FusedKernel:
             r = be.cast(handle(a[0]), ins.dtype)
         npdt = ins.dtype.numpy
         return r if r.dtype == npdt else r.astype(npdt)  # numexpr programs read it with the declared dtype
+
+
+def _size_class(n: int, in_place: bool) -> int:
+    """The key paths are timed and chosen by: log2 of the element count, and whether the call writes into given
+    targets (the numpy path updates them in place; numexpr may need a copy), as those differ in cost."""
+    return 2 * n.bit_length() + in_place
 
 
 def _direct_out_ok(dest: Any, inputs: Sequence[Any], shape: tuple[int, ...], dtype: type) -> bool:
