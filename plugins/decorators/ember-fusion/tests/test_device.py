@@ -158,3 +158,9 @@ def test_factory_honours_the_environment(monkeypatch: pytest.MonkeyPatch, interp
     monkeypatch.setenv("EMBER_FUSION", "0")
     be = interp_cls()
     assert _factory(be) is be
+
+
+def test_a_fused_stack_is_not_fused_again() -> None:
+    fused = Device.flex().stack
+    assert isinstance(fused, FusionBackend)
+    assert not supports_fusion(fused) and _factory(fused) is fused

@@ -242,9 +242,6 @@ class FusionBackend(Backend):
     def describe(self) -> str:
         return f"fusion over {self.inner.describe()}"
 
-    def fusion_compile(self, kernel: Any) -> Any:
-        return self.inner.fusion_compile(kernel)
-
     def may_share_memory(self, a: Any, b: Any) -> bool:
         return self.inner.may_share_memory(self._value(a), self._value(b))
 
