@@ -91,7 +91,8 @@ def test_interpret_is_the_reference_semantics() -> None:
     assert copy.shape == (2, 3) and not np.shares_memory(copy, b)  # outputs are new memory
 
 
-def test_interpret_writes_an_in_place_target_with_the_backends_in_place_op() -> None:
+def _spying_flex() -> tuple[Any, list[str]]:
+    """Unfused flex that records the ops it runs in place."""
     from ember import Device
 
     flex = Device.flex().fusion(False).stack
@@ -102,7 +103,11 @@ def test_interpret_writes_an_in_place_target_with_the_backends_in_place_op() -> 
             calls.append(op)
             return super().inplace_binary(op, a, b)
 
-    be = Spy()
+    return Spy(), calls
+
+
+def test_interpret_writes_an_in_place_target_with_the_backends_in_place_op() -> None:
+    be, calls = _spying_flex()
     f = dt.float32
     # out = a + b * 2 with out = a: the add runs in place; a kernel that also reads a elsewhere must not
     body = (ir.Instr("load", (0,), f), ir.Instr("load", (1,), f), ir.Instr("scalar", (0,), f),
@@ -147,23 +152,14 @@ def test_interpret_reuses_dead_temporaries_but_never_inputs_outputs_or_live_valu
 
 
 def test_interpret_writes_in_place_when_earlier_instructions_read_the_target() -> None:
-    from ember import Device
-
-    flex = Device.flex().fusion(False).stack
-    calls: list[str] = []
-
-    class Spy(type(flex)):  # type: ignore[misc]
-        def inplace_binary(self, op, a, b):  # noqa: ANN001, ANN202
-            calls.append(op)
-            return super().inplace_binary(op, a, b)
-
+    be, calls = _spying_flex()
     f = dt.float32
     # lerp: a <- a + (g - a) * w; a is read by the sub before the add writes it
     body = (ir.Instr("load", (0,), f), ir.Instr("load", (1,), f), ir.Instr("binary", ("sub", 1, 0), f),
             ir.Instr("scalar", (0,), f), ir.Instr("binary", ("mul", 2, 3), f), ir.Instr("binary", ("add", 0, 4), f))
     k = ir.Kernel(1, (f, f), 1, body, (5,))
     a, g = np.zeros(4, np.float32), np.arange(4, dtype=np.float32)
-    (r,) = ir.interpret(k, Spy(), [a, g], [0.5], (4,), [a])
+    (r,) = ir.interpret(k, be, [a, g], [0.5], (4,), [a])
     assert r is a and calls == ["mul", "add"]  # the mul reuses the dead (g - a) temporary, the add writes a
     np.testing.assert_array_equal(a, [0, 0.5, 1, 1.5])
     np.testing.assert_array_equal(g, [0, 1, 2, 3])
