@@ -134,19 +134,21 @@ class FusionBackend(Backend):
             self.stats.single_ops += 1
             return
         graph = Graph(pending, {id(n) for n in targets})
-        plan = self._plans.get(graph.key)
-        stats = self.stats
+        stats, key = self.stats, graph.key
+        with self._lock:
+            try:  # one hash of the key on a hit: lookup and least-recently-used bookkeeping together
+                self._plans.move_to_end(key)
+                plan = self._plans[key]
+            except KeyError:
+                plan = None
         if plan is None:
             plan = build_plan(graph, self._compile)
             with self._lock:
-                self._plans[graph.key] = plan
+                self._plans[key] = plan
                 if len(self._plans) > PLAN_CACHE_SIZE:
                     self._plans.popitem(last=False)
             stats.plan_misses += 1
         else:
-            with self._lock:
-                if graph.key in self._plans:
-                    self._plans.move_to_end(graph.key)
             stats.plan_hits += 1
         stats.realizations += 1
         stats.kernels_run += run_plan(plan, graph, self.inner, into)
