@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember import dtypes as dt
-from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, Backend
+from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, REQUIRED_PRIMITIVES, Backend
 from ember.dtypes import DType
 from ember.ir import Ref, Scalar
 
@@ -401,7 +401,7 @@ class FusionBackend(Backend):
         for name, fn in inspect.getmembers(Backend, inspect.isfunction):
             if name.startswith("_") or name in _SPECIAL:
                 continue
-            if getattr(inner_type, name, None) is fn and name not in _REQUIRED:
+            if getattr(inner_type, name, None) is fn and name not in REQUIRED_PRIMITIVES:
                 setattr(self, name, types.MethodType(fn, self))
             else:
                 setattr(self, name, _boundary(self, name))
@@ -417,12 +417,3 @@ def _boundary(backend: FusionBackend, name: str) -> Callable[..., Any]:
 
     method.__name__ = name
     return method
-
-
-def _required() -> frozenset[str]:
-    from ember.backend import REQUIRED_PRIMITIVES
-
-    return REQUIRED_PRIMITIVES
-
-
-_REQUIRED = _required()

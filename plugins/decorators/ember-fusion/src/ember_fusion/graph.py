@@ -21,10 +21,6 @@ Shape = tuple[int, ...]
 
 _seq = itertools.count()
 
-#: ops recorded lazily; every other contract method is a fusion boundary
-ELEMENTWISE = frozenset({"unary", "binary", "where", "cast", "full"})
-LAZY_OPS = ELEMENTWISE | {"reduce"}
-
 
 class Node:
     """One value of the graph. ``args`` holds the op's non-tensor arguments (ember.ir.Scalar for scalar operands,
