@@ -316,11 +316,7 @@ __kernel void ember_fred_row({common}, __local {a}* sv) {{
         for (long j = c * ls + lid; j < L; j += G * ls) {element("j")}
         {finish}
         sv[lid] = acc;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int s = ls >> 1; s > 0; s >>= 1) {{
-            if (lid < s) sv[lid] = ember_comb(sv[lid], sv[lid + s]);
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }}
+        {red._group_tree("sv[lid] = ember_comb(sv[lid], sv[lid + s]);")}
         if (lid == 0) {{ acc = sv[0]; {store("g")} }}
         barrier(CLK_LOCAL_MEM_FENCE);
     }}

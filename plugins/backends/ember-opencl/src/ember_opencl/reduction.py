@@ -40,6 +40,16 @@ _BOOL_OP = {"sum": "max", "prod": "min"}  # bool sum/prod stored as bool are any
 
 
 # -- layout helpers -----------------------------------------------------------------------------------------------
+
+def _group_tree(step: str) -> str:
+    """OpenCL C: the work-group tree over ``sv[0..ls)`` (ls a power of two), after which ``sv[0]`` holds the group's
+    result; ``step`` combines ``sv[lid]`` with ``sv[lid + s]``. Starts with the barrier that publishes ``sv``."""
+    return ("barrier(CLK_LOCAL_MEM_FENCE);\n"
+            "        for (int s = ls >> 1; s > 0; s >>= 1) {\n"
+            f"            if (lid < s) {step}\n"
+            "            barrier(CLK_LOCAL_MEM_FENCE);\n"
+            "        }")
+
 def _collapse(shape: list[int], strides: list[int]) -> tuple[list[int], list[int]]:
     """Drop size-1 dims and merge neighbours that are contiguous relative to each other (order kept)."""
     out_shape: list[int] = []
@@ -443,11 +453,7 @@ __kernel void ember_red_row({common}, {locals_p}) {{
         }}
         {finish}
         {to_local}
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int s = ls >> 1; s > 0; s >>= 1) {{
-            if (lid < s) {{ {tree} }}
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }}
+        {_group_tree("{ " + tree + " }")}
         if (lid == 0) {{ {from_local} {store("g")} }}
         barrier(CLK_LOCAL_MEM_FENCE);
     }}
@@ -583,22 +589,14 @@ __kernel void ember_lse_row({common}, __local {a}* sv) {{
         {a} m = ({a})-INFINITY;
         for (long j = lid; j < L; j += ls) {{ {_red_offset(nred, "base", "j")} m = ember_comb(m, {load}); }}
         sv[lid] = m;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int s = ls >> 1; s > 0; s >>= 1) {{
-            if (lid < s) sv[lid] = ember_comb(sv[lid], sv[lid + s]);
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }}
+        {_group_tree("sv[lid] = ember_comb(sv[lid], sv[lid + s]);")}
         m = sv[0];
         m = isfinite(m) ? m : ({a})0;
         barrier(CLK_LOCAL_MEM_FENCE);
         {a} acc = ({a})0;
         for (long j = lid; j < L; j += ls) {{ {_red_offset(nred, "base", "j")} acc += exp({load} - m); }}
         sv[lid] = acc;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int s = ls >> 1; s > 0; s >>= 1) {{
-            if (lid < s) sv[lid] += sv[lid + s];
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }}
+        {_group_tree("sv[lid] += sv[lid + s];")}
         if (lid == 0) {{ {t.store("out", "out_off + row", "log(sv[0]) + m")}; }}
         barrier(CLK_LOCAL_MEM_FENCE);
     }}
@@ -690,22 +688,14 @@ __kernel void ember_softmax_row({common}, __local {a}* sv) {{
         {a} m = ({a})-INFINITY;
         for (long j = lid; j < L; j += ls) m = ember_comb(m, {load});
         sv[lid] = m;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int s = ls >> 1; s > 0; s >>= 1) {{
-            if (lid < s) sv[lid] = ember_comb(sv[lid], sv[lid + s]);
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }}
+        {_group_tree("sv[lid] = ember_comb(sv[lid], sv[lid + s]);")}
         m = sv[0];
         m = isfinite(m) ? m : ({a})0;
         barrier(CLK_LOCAL_MEM_FENCE);
         {a} acc = ({a})0;
         for (long j = lid; j < L; j += ls) acc += exp({load} - m);
         sv[lid] = acc;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int s = ls >> 1; s > 0; s >>= 1) {{
-            if (lid < s) sv[lid] += sv[lid + s];
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }}
+        {_group_tree("sv[lid] += sv[lid + s];")}
         const {a} s = sv[0];
         barrier(CLK_LOCAL_MEM_FENCE);
         {write("lid", "ls")}
@@ -815,11 +805,7 @@ __kernel void ember_scan_totals(__global {a}* tot, long out_off, __global const 
         {a} acc = {ident}, cmp = ({a})0;
         for (long j = c * CL + lid; j < j1; j += ls) {seq_step}
         sv[lid] = acc - cmp;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int s = ls >> 1; s > 0; s >>= 1) {{
-            if (lid < s) sv[lid] = ember_comb(sv[lid], sv[lid + s]);
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }}
+        {_group_tree("sv[lid] = ember_comb(sv[lid], sv[lid + s]);")}
         if (lid == 0) tot[out_off + g] = sv[0];
         barrier(CLK_LOCAL_MEM_FENCE);
     }}
