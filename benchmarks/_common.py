@@ -7,6 +7,7 @@ level, so overhead.py's cold-import figure is unaffected.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -136,3 +137,22 @@ def write_json(path: str, result: dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
     print(f"\nwrote {path}")
+
+
+def bench_parser(description: str, quick_help: str, sections: Sequence[str], flag: str = "--sections"
+                 ) -> argparse.ArgumentParser:
+    """The options every benchmark script takes: --quick, --json PATH and a choice of sections."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--json", metavar="PATH", help="write results and environment to PATH")
+    parser.add_argument(flag, nargs="+", choices=sections, metavar="SECTION",
+                        help=f"run only these sections ({', '.join(sections)})")
+    return parser
+
+
+def describe_environment(env: dict[str, Any], device: str | None = None) -> str:
+    """The header line of a benchmark's output: ember, the device (or host CPU), numpy's BLAS and torch."""
+    host = f"{env['cpu']} ({env['cpu_count']} CPUs)"
+    where = f"{device}; host {host}" if device else host
+    return (f"ember {env['ember']} on {where}, numpy {env['numpy']} ({env['numpy_blas']}), "
+            f"torch {env['torch'] or 'not installed'}" + (f" ({env['torch_threads']} threads)" if env["torch"] else ""))

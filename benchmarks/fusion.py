@@ -36,7 +36,6 @@ Sections: gelu, train, overhead.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import traceback
@@ -50,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # `ember bench fusion` loads this file by path: make its siblings importable
     sys.path.insert(0, str(HERE))
 
-from _common import environment, write_json  # noqa: E402
+from _common import bench_parser, describe_environment, environment, write_json  # noqa: E402
 from micro import NUMPY, TORCH, figure, format_table, measure, torch_module  # noqa: E402
 from opencl import opencl_device  # noqa: E402
 from suite import ember_train_step, torch_train_step  # noqa: E402
@@ -414,21 +413,16 @@ def run(quick: bool, sections: Sequence[str], backends: Sequence[str]) -> dict[s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="ember fusion: fused vs unfused devices (GELU chain, training "
-                                     "steps, recording overhead) on flex and OpenCL, with PyTorch")
-    parser.add_argument("--quick", action="store_true", help="small loops and batches, flex-only training (CI smoke)")
-    parser.add_argument("--json", metavar="PATH", help="write results and environment to PATH")
-    parser.add_argument("--sections", nargs="+", choices=SECTIONS, metavar="SECTION",
-                        help=f"run only these sections ({', '.join(SECTIONS)})")
+    parser = bench_parser("ember fusion: fused vs unfused devices (GELU chain, training steps, recording overhead) "
+                          "on flex and OpenCL, with PyTorch", "small loops and batches, flex-only training (CI smoke)",
+                          SECTIONS)
     args = parser.parse_args(argv)
 
     env = environment()
     sections = [s for s in SECTIONS if not args.sections or s in args.sections]
     ocl, desc = opencl_device()
     backends = [b for b in BACKENDS if b == "flex" or ocl is not None]
-    print(f"ember {env['ember']} on {env['cpu']} ({env['cpu_count']} CPUs), numpy {env['numpy']} "
-          f"({env['numpy_blas']}), torch {env['torch'] or 'not installed'}"
-          + (f" ({env['torch_threads']} threads)" if env["torch"] else ""))
+    print(describe_environment(env))
     print(f"flex: {Device.flex().stack.describe()}")
     print(f"opencl: {desc}" if ocl is not None else f"opencl: skipped, no OpenCL device ({desc})")
     print("times: median of >= 5 alternating repeats after warm-up; spread = min..max and IQR; the 'ember' column "

@@ -49,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # `ember bench opencl` loads this file by path: make its siblings importable
     sys.path.insert(0, str(HERE))
 
-from _common import environment, write_json  # noqa: E402
+from _common import bench_parser, describe_environment, environment, write_json  # noqa: E402
 from micro import EMBER_AD, NUMPY, TORCH, figure, format_table, measure, torch_module  # noqa: E402
 from suite import batch_numpy, ember_model, ember_train_step, torch_train_step  # noqa: E402
 
@@ -377,12 +377,8 @@ def run(quick: bool, sections: Sequence[str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="ember OpenCL backend: matmul GFLOP/s, seed-CNN step vs flex and "
-                                     "PyTorch, cold vs warm first step, pool memory")
-    parser.add_argument("--quick", action="store_true", help="small sizes, matmul-only cold/warm (CI smoke)")
-    parser.add_argument("--json", metavar="PATH", help="write results and environment to PATH")
-    parser.add_argument("--sections", nargs="+", choices=SECTIONS, metavar="SECTION",
-                        help=f"run only these sections ({', '.join(SECTIONS)})")
+    parser = bench_parser("ember OpenCL backend: matmul GFLOP/s, seed-CNN step vs flex and PyTorch, cold vs warm "
+                          "first step, pool memory", "small sizes, matmul-only cold/warm (CI smoke)", SECTIONS)
     parser.add_argument("--first-step-probe", nargs=2, metavar=("WORKLOAD", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--memory-probe", nargs=2, metavar=("MODE", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -408,9 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             write_json(args.json, {**base, "reason": desc, "environment": env})
         return 0
-    print(f"ember {env['ember']} on {desc}; host {env['cpu']} ({env['cpu_count']} CPUs), numpy {env['numpy']} "
-          f"({env['numpy_blas']}), torch {env['torch'] or 'not installed'}"
-          + (f" ({env['torch_threads']} threads)" if env["torch"] else ""))
+    print(describe_environment(env, desc))
     print("times: median of >= 5 alternating repeats after warm-up; spread = min..max and IQR; ratios of median "
           "times (> 1: the first named is slower); the 'ember' column is OpenCL\n")
     result = {**base, "device": desc, **run(args.quick, sections)}

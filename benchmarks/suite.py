@@ -41,7 +41,14 @@ if str(HERE) not in sys.path:  # `ember bench` loads this file by path: make its
 
 import micro  # noqa: E402
 import transformer  # noqa: E402
-from _common import environment, peak_rss_growth, run_rss_probe, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    bench_parser,
+    describe_environment,
+    environment,
+    peak_rss_growth,
+    run_rss_probe,
+    write_json,
+)
 from micro import EMBER, EMBER_AD, TORCH, figure, format_table, measure, torch_module  # noqa: E402
 from models import seed_cnn_batch  # noqa: E402
 
@@ -260,12 +267,8 @@ def run(quick: bool, only: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="ember benchmark suite: models, micro-benchmarks and memory "
-                                     "vs PyTorch")
-    parser.add_argument("--quick", action="store_true", help="small batches, no full transformer (CI smoke)")
-    parser.add_argument("--json", metavar="PATH", help="write results and environment to PATH")
-    parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
-                        help=f"run only these sections ({', '.join(SECTIONS)})")
+    parser = bench_parser("ember benchmark suite: models, micro-benchmarks and memory vs PyTorch",
+                          "small batches, no full transformer (CI smoke)", SECTIONS, flag="--only")
     parser.add_argument("--rss-probe", nargs=3, metavar=("MODEL", "FRAMEWORK", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rss_probe:
@@ -274,9 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     env = environment()
-    print(f"ember {env['ember']} on {env['cpu']} ({env['cpu_count']} CPUs), numpy {env['numpy']} "
-          f"({env['numpy_blas']}), torch {env['torch'] or 'not installed'}"
-          + (f" ({env['torch_threads']} threads)" if env["torch"] else ""))
+    print(describe_environment(env))
     print("times: median of >= 5 alternating repeats after warm-up; spread = min..max and IQR; "
           "ember/torch = ratio of median times (> 1: ember slower)\n")
     result = run(args.quick, args.only or ())
