@@ -24,3 +24,12 @@ def test_a_missing_primitive_raises_a_clear_error(name: str) -> None:
     n_args = len(inspect.signature(method).parameters)
     with pytest.raises(UnsupportedError, match=f"does not implement the required primitive {name}"):
         method(*([None] * n_args))
+
+
+def test_broadcast_shape_helper_matches_numpy() -> None:
+    import numpy as np
+
+    from ember.backend import broadcast_shape
+
+    for shapes in [((3, 1), (4,)), ((2, 1, 5), (1, 3, 1), (5,)), ((), (2, 3)), ((0, 1), (1, 4)), ((7,),)]:
+        assert broadcast_shape(*shapes) == np.broadcast_shapes(*shapes), shapes

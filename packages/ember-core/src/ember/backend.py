@@ -87,6 +87,17 @@ def view_strides(shape: Shape, strides: Sequence[int], new_shape: Shape) -> tupl
     return tuple(new_strides) if view_d == -1 else None
 
 
+def broadcast_shape(*shapes: Shape) -> Shape:
+    """numpy's broadcast shape of shapes core has already checked (cached per pair); a helper for backends and
+    decorators that compute result shapes themselves."""
+    from ._bridge import broadcast_shapes2
+
+    out = shapes[0]
+    for s in shapes[1:]:
+        out = broadcast_shapes2(out, s)
+    return out
+
+
 def pool_output_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
     """Output length of a pooling window (size k, stride s, padding p, dilation d) over n elements, PyTorch's rule:
     with ceil_mode, a window that would start in the right padding is dropped."""

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember import dtypes as dt
-from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, REQUIRED_PRIMITIVES, Backend
+from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, REQUIRED_PRIMITIVES, Backend, broadcast_shape
 from ember.dtypes import DType
 from ember.ir import Ref, Scalar
 
@@ -44,25 +44,13 @@ _SPECIAL = frozenset(
 )
 
 
-def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    """numpy's broadcast shape (core has checked the shapes broadcast)."""
-    rank = max(len(s) for s in shapes)
-    out = [1] * rank
-    for s in shapes:
-        for i, n in enumerate(s, rank - len(s)):
-            if n != 1:
-                out[i] = n
-    return tuple(out)
-
-
 class FusionStats:
     """Counters shown in ``device.memory_report()`` under ``fusion_*`` keys."""
 
     __slots__ = ("recorded", "realizations", "single_ops", "plan_hits", "plan_misses", "kernels_run",
-                 "kernels_compiled", "kernels_interpreted", "boundaries", "_lock")
+                 "kernels_compiled", "kernels_interpreted", "boundaries")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self.reset()
 
     def reset(self) -> None:
@@ -70,7 +58,7 @@ class FusionStats:
         self.kernels_run = self.kernels_compiled = self.kernels_interpreted = self.boundaries = 0
 
     def as_dict(self) -> dict[str, int]:
-        out = {f"fusion_{k}": getattr(self, k) for k in self.__slots__ if not k.startswith("_")}
+        out = {f"fusion_{k}": getattr(self, k) for k in self.__slots__}
         looked_up = self.plan_hits + self.plan_misses
         out["fusion_plan_hit_rate"] = self.plan_hits / looked_up if looked_up else 0.0
         return out
@@ -333,7 +321,7 @@ class FusionBackend(Backend):
         ta, tb = type(a), type(b)
         if ta is FArray and tb is FArray:
             na, nb = a.node, b.node
-            shape = na.shape if na.shape == nb.shape else _broadcast(na.shape, nb.shape)
+            shape = na.shape if na.shape == nb.shape else broadcast_shape(na.shape, nb.shape)
             args, srcs, d = (op, _R0, _R1), (na, nb), na.dtype
         elif ta is FArray and tb in _SCALARS:
             na = a.node
@@ -359,7 +347,7 @@ class FusionBackend(Backend):
             else:
                 args.append(Scalar(x))
         d = (a if ta is FArray else b).node.dtype
-        return self._record("where", tuple(args), tuple(srcs), _broadcast(*(s.shape for s in srcs)), d)
+        return self._record("where", tuple(args), tuple(srcs), broadcast_shape(*(s.shape for s in srcs)), d)
 
     def cast(self, h: FArray, dtype: DType) -> FArray:
         n = h.node
