@@ -45,13 +45,17 @@ class Step:
 @dataclass(frozen=True, slots=True)
 class Plan:
     steps: tuple[Step, ...]
-    stored: tuple[int, ...]
+
+    @property
+    def stored(self) -> tuple[int, ...]:
+        """The positions of the values the plan writes to memory: every step's outputs."""
+        return tuple(sorted(p for st in self.steps for p in st.outputs))
 
 
 class Graph:
     """A pending subgraph prepared for planning: its external leaves, value positions, records and key."""
 
-    __slots__ = ("nodes", "externals", "pos", "stored", "scalar_slots", "key", "bindings")
+    __slots__ = ("nodes", "externals", "pos", "stored", "key", "bindings")
 
     def __init__(self, nodes: list[Node], targets: set[int]) -> None:
         self.nodes = nodes
@@ -69,14 +73,9 @@ class Graph:
         self.externals = ext
         self.pos = pos
         self.stored = self._stored(targets)
-        records, slots = [], {}
-        OpRecord, Scalar = ir.OpRecord, ir.Scalar  # noqa: N806 - locals: this runs once per realization
-        for i, n in enumerate(nodes, e):
-            for j, a in enumerate(n.args):
-                if type(a) is Scalar:
-                    slots[(i, j)] = len(slots)
-            records.append(OpRecord(n.op, tuple([pos[id(s)] for s in n.srcs]), (i,), (n.shape,), (n.dtype,), n.args))
-        self.scalar_slots = slots
+        OpRecord = ir.OpRecord  # noqa: N806 - a local: this runs once per realization
+        records = [OpRecord(n.op, tuple([pos[id(s)] for s in n.srcs]), (i,), (n.shape,), (n.dtype,), n.args)
+                   for i, n in enumerate(nodes, e)]
         self.key, self.bindings = ir.relative_form(
             records, [(i, s.shape, s.dtype) for i, s in enumerate(ext)], sorted(self.stored))
 
@@ -94,6 +93,16 @@ class Graph:
                 if s.value is None and s.op != "full" and math.prod(s.shape) != numel:
                     stored.add(self.pos[id(s)])  # read broadcast: store it once rather than recompute per element
         return stored
+
+    def scalar_slots(self) -> dict[tuple[int, int], int]:
+        """(position, arg index) of each Scalar operand -> its slot in ``bindings.scalars`` (relative_form numbers
+        them in the same order); needed only to build a plan."""
+        e, slots = len(self.externals), {}
+        for i, n in enumerate(self.nodes, e):
+            for j, a in enumerate(n.args):
+                if type(a) is ir.Scalar:
+                    slots[(i, j)] = len(slots)
+        return slots
 
     def shape(self, p: int) -> Shape:
         e = len(self.externals)
@@ -128,11 +137,11 @@ def build_plan(g: Graph, compile_kernel: Any) -> Plan:
     order = [(lv, members[0], members) for (_, lv), members in groups.items()]
     order += [(lv, p, [p]) for lv, p in reduces]
     order.sort(key=lambda t: (t[0], t[1]))
-    steps = tuple(_step(g, members, compile_kernel) for _, _, members in order)
-    return Plan(steps, tuple(sorted(p for p in g.stored)))
+    slots = g.scalar_slots()
+    return Plan(tuple(_step(g, slots, members, compile_kernel) for _, _, members in order))
 
 
-def _step(g: Graph, outputs: list[int], compile_kernel: Any) -> Step:
+def _step(g: Graph, slots: dict[tuple[int, int], int], outputs: list[int], compile_kernel: Any) -> Step:
     e = len(g.externals)
     members = set(outputs)
     body: list[ir.Instr] = []
@@ -157,7 +166,7 @@ def _step(g: Graph, outputs: list[int], compile_kernel: Any) -> Step:
             srcs = [g.pos[id(s)] for s in n.srcs]
             a = n.args
             if n.op == "full":
-                memo[p] = scalar(g.scalar_slots[(p, 0)], n.dtype)
+                memo[p] = scalar(slots[(p, 0)], n.dtype)
                 return memo[p]
             if n.op == "unary":
                 body.append(ir.Instr("unary", (a[0], emit(srcs[0])), n.dtype))
@@ -169,7 +178,7 @@ def _step(g: Graph, outputs: list[int], compile_kernel: Any) -> Step:
                 ops = []
                 for j in range(first, 3):
                     x = a[j]
-                    ops.append(emit(srcs[x.k]) if type(x) is ir.Ref else scalar(g.scalar_slots[(p, j)], operand_dtype))
+                    ops.append(emit(srcs[x.k]) if type(x) is ir.Ref else scalar(slots[(p, j)], operand_dtype))
                 head = (a[0],) if n.op == "binary" else ()
                 body.append(ir.Instr(n.op, (*head, *ops), n.dtype))
         memo[p] = len(body) - 1
@@ -218,7 +227,7 @@ def run_plan(plan: Plan, g: Graph, backend: Any, into: dict[int, Any] | None = N
         else:
             res = ir.interpret(st.kernel, backend, ins, sc, shape, outs)
         for p, r, sq in zip(st.outputs, res, st.squeeze):
-            table[p] = backend.reshape(r, g.nodes[p - e].shape) if sq else r
-    for p in plan.stored:
-        g.nodes[p - e].realize_as(table[p])
+            node = g.nodes[p - e]
+            table[p] = r = backend.reshape(r, node.shape) if sq else r
+            node.realize_as(r)  # later steps read the table, not the node
     return len(plan.steps)
