@@ -332,8 +332,8 @@ def _thread_work(k: int, run: Callable[[np.ndarray], np.ndarray], errors: list[B
 
 def _run_threads(run: Callable[[int], Callable[[np.ndarray], np.ndarray]], warm: bool = True) -> None:
     if warm:
-        # flex's fused kernels time both code paths on their first calls per size class; that calibration is not
-        # thread-safe (see test_threads_with_cold_flex_kernels), so it runs here, before the threads start
+        # flex's fused kernels time both code paths on their first calls per size class; warming up here lets the
+        # threads run the chosen paths (test_threads_with_cold_flex_kernels runs the timing itself under threads)
         warm_up = run(0)
         for _ in range(8):
             warm_up(np.ones((8, 6), F32))
