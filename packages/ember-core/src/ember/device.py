@@ -19,7 +19,8 @@ _Options = tuple[tuple[str, Any], ...]
 _Decorators = tuple[tuple[str, _Options], ...]
 
 # Resolved backends are shared by every device with the same (kind, index, options): decorators wrap the same
-# inner backend, so Device.flex() and Device.flex().autodiff() see one memory pool and one random stream.
+# inner backend, so Device.flex() and Device.flex().autodiff() see one memory pool and one random stream. The
+# backend under its automatic decorators is cached too, keyed by those decorators' settings.
 _backend_cache: dict[tuple[Any, ...], Any] = {}
 _interned: dict[tuple[str, int, _Options, _Decorators], Device] = {}
 _lock = threading.RLock()
@@ -181,7 +182,7 @@ class Device:
             # an automatic decorator is on by default: name(False) opts out, name(**options) sets its options
             if len(enabled) > 1 or (enabled and not isinstance(enabled[0], bool)):
                 raise DeviceError(f"{self}.{name}(): expected one bool (on/off) and keyword options, got {enabled!r}")
-            if "enabled" in options:  # Device.parse("flex+fusion(enabled=False)") passes strings
+            if "enabled" in options:  # a bool, or a device string's spelling of one ("enabled=off")
                 flag = str(options.pop("enabled")).strip().lower()
                 if flag not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
                     raise DeviceError(f"{self}.{name}(): enabled must be a bool, got {flag!r}")
