@@ -7,7 +7,7 @@ Measures, in one run and side by side with PyTorch (CPU):
    ``Device.flex().autodiff()``, torch without and with ``requires_grad``. Timed alternately inside every repeat;
    per-op time is the median over repeats (min/max and IQR as spread). The overhead is the difference
    autodiff minus plain, for each framework.
-2. **Seed-CNN training step** (DESIGN.md section 6: forward, cross-entropy, backward, Adam lr 1e-3) on
+2. **Seed-CNN training step** (docs/models.md: forward, cross-entropy, backward, Adam lr 1e-3) on
    flex+autodiff (with and without balanced checkpointing) and on PyTorch, same architecture, same initial weights,
    same batch; median of the steps after warm-up, alternating frameworks.
 3. **Peak memory** of one training step with and without ``checkpointing="balanced"``: tracemalloc (which traces

@@ -1,4 +1,4 @@
-"""Benchmark models written with ``ember.nn.functional`` (DESIGN.md section 6), and their PyTorch twins.
+"""Benchmark models written with ``ember.nn.functional`` (the seed models of docs/models.md), and their PyTorch twins.
 
 There is no ``nn.Module`` yet, so a model is a dict of explicitly created parameter tensors plus a forward
 function. Initialisation follows PyTorch's defaults (Conv2d/Linear: weight and bias uniform in

@@ -1,4 +1,4 @@
-"""The seed text transformer (DESIGN.md section 6) for benchmarks: the ember model of ``ember_train.models``, its
+"""The seed text transformer (docs/models.md) for benchmarks: the ember model of ``ember_train.models``, its
 PyTorch twin with the same ``state_dict`` names, weight transfer, and a deterministic token batch.
 
 Run through ``benchmarks/suite.py`` (``ember bench``), which times its training step (AdamW) and inference.

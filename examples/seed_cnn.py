@@ -1,4 +1,4 @@
-"""The seed CNN (DESIGN.md section 6) on the UCI digits with the Learner: dashboard, checkpoints, logs.
+"""The seed CNN (docs/models.md) on the UCI digits with the Learner: dashboard, checkpoints, logs.
 
     python examples/seed_cnn.py                    # ~8 epochs, >= 97 % validation accuracy
     python examples/seed_cnn.py --quick            # a few batches (CI smoke test)

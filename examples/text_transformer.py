@@ -1,4 +1,4 @@
-"""Text classification with the seed pre-norm transformer (DESIGN.md section 6, small config) on synthetic data.
+"""Text classification with the seed pre-norm transformer (docs/models.md, small config) on synthetic data.
 
 Each sequence carries a few class-specific marker tokens among random ones; the model reads its prediction off the
 first token, so attention has to gather the markers there.

@@ -1,6 +1,6 @@
 """ember's main job: ``ember train seed-cnn`` on the default device.
 
-The seed CNN of DESIGN.md section 6 learns the UCI handwritten digits (bundled with scikit-learn, resized to
+The seed CNN (docs/models.md) learns the UCI handwritten digits (bundled with scikit-learn, resized to
 28x28; nothing downloads) with the Learner: a live dashboard on a terminal (plain log lines otherwise),
 checkpoints and metric logs in ``runs/seed-cnn``, then the final validation accuracy and the time taken.
 Arguments pass through to ``ember train seed-cnn`` (``--epochs``, ``--batch-size``, ``--lr``, ``--out``,

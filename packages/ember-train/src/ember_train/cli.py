@@ -227,7 +227,7 @@ def _onecycle(optimizer: Any, lr: float, total_steps: int) -> Any:
 # recipes
 # ----------------------------------------------------------------------------------------------------------
 def train_seed_cnn(s: Settings) -> tuple[str, bool]:
-    """The seed CNN of DESIGN.md section 6 on the 28x28 digits with the Learner, Adam and a OneCycle schedule."""
+    """The seed CNN (docs/models.md) on the 28x28 digits with the Learner, Adam and a OneCycle schedule."""
     from .models import SeedCNN
 
     train, valid = _digits_loaders(s)
@@ -351,7 +351,7 @@ def r2_score(model: nn.Module, loader: Any) -> float:
 
 
 def train_text_transformer(s: Settings) -> tuple[str, bool]:
-    """The pre-norm transformer (DESIGN.md section 6, small configuration) on synthetic sequence classification."""
+    """The seed pre-norm transformer (docs/models.md, small configuration) on synthetic sequence classification."""
     from .data import DataLoader, random_split
     from .datasets import synthetic_sequences
     from .models import text_transformer

@@ -1,4 +1,5 @@
-"""The seed models of DESIGN.md section 6 as ``ember.nn`` modules: the seed CNN and the seed text transformer.
+"""The seed models as ``ember.nn`` modules: the seed CNN and the seed text transformer (defined, with the reasons
+for them, in docs/models.md, "The seed models").
 
 Both follow PyTorch's layer names and default initialisation, so their ``state_dict`` keys match the torch twins
 (``torch.nn`` built the same way) and weights move across by name.
@@ -66,7 +67,7 @@ class TransformerConfig:
 
 
 TRANSFORMER_CONFIGS: dict[str, TransformerConfig] = {
-    # DESIGN.md section 6: the BERT-cased vocabulary size, 6 pre-norm layers of width 512, sequences of 512
+    # docs/models.md: the BERT-cased vocabulary size, 6 pre-norm layers of width 512, sequences of 512
     "full": TransformerConfig(vocab_size=28996, max_len=512, d_model=512, nhead=8, num_layers=6, dim_feedforward=2048),
     # the quick configuration: 2 layers of width 128 on sequences of 128 (same vocabulary)
     "small": TransformerConfig(vocab_size=28996, max_len=128, d_model=128, nhead=4, num_layers=2, dim_feedforward=512),

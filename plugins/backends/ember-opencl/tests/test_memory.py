@@ -607,7 +607,7 @@ class _Trace:
 
 F32 = 4
 
-# seed CNN parameters (DESIGN.md section 6): name -> element count
+# seed CNN parameters (docs/models.md): name -> element count
 CNN_PARAMS = {
     "conv1.w": 64 * 1 * 9, "conv1.b": 64, "bn1.g": 64, "bn1.b": 64,
     "conv2.w": 64 * 64 * 9, "conv2.b": 64, "bn2.g": 64, "bn2.b": 64,
