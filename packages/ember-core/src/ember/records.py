@@ -60,6 +60,10 @@ _T_TENSOR, _T_ARRAY, _T_TUPLE, _T_DICT = "__tensor__", "__ndarray__", "__tuple__
 _TAGS = frozenset((_T_TENSOR, _T_ARRAY, _T_TUPLE, _T_DICT))
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 _SAVE_DTYPES = ("float16", "bfloat16", "float32", "float64")
+# deepest nesting of dicts/lists a record's structure may have: an optimizer's state is ~6 levels deep; the bound
+# keeps a hostile file from exhausting the interpreter's stack (json and the decoder both recurse)
+MAX_DEPTH = 64
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 # -- errors ------------------------------------------------------------------------------------------------------
@@ -174,6 +178,9 @@ class _Encoder:
         return key
 
     def encode(self, obj: Any, path: list[str]) -> Any:
+        if len(path) > MAX_DEPTH:
+            raise ValueRangeError(f"save: the structure is nested deeper than {MAX_DEPTH} levels at "
+                                  f"{'.'.join(path[:8])}...; records hold at most {MAX_DEPTH} levels")
         if isinstance(obj, Tensor):
             key = self._key(path)
             self.arrays[key] = _to_host(obj, self.dtype)
@@ -205,22 +212,42 @@ class _Encoder:
         )
 
 
-def _decode(obj: Any, arrays: Mapping[str, np.ndarray], make: Callable[[np.ndarray], Tensor], path: str) -> Any:
+def _json_depth(text: str) -> int:
+    """The deepest bracket nesting of a JSON text, found without parsing it (so without recursion)."""
+    b = np.frombuffer(_JSON_STRING.sub("", text).encode(), dtype=np.uint8)
+    step = np.isin(b, (ord("["), ord("{"))).astype(np.int64) - np.isin(b, (ord("]"), ord("}")))
+    return int(np.cumsum(step).max(initial=0))
+
+
+def _parse_json(text: str, what: str, path: str, op: str) -> Any:
+    """json.loads with the nesting bounded by MAX_DEPTH (a deeper text is a CorruptRecordError naming the file)."""
+    depth = _json_depth(text)
+    if depth > MAX_DEPTH:
+        raise CorruptRecordError(f"{op}: {path!r}: its {what} metadata is nested {depth} levels deep, more than the "
+                                 f"{MAX_DEPTH} a record may hold (a damaged or hostile file)")
+    return json.loads(text)
+
+
+def _decode(obj: Any, arrays: Mapping[str, np.ndarray], make: Callable[[np.ndarray], Tensor], path: str,
+            depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:  # json nesting is bounded already; tagged forms must not add levels past it either
+        raise CorruptRecordError(f"load: {path!r}: its structure is nested deeper than {MAX_DEPTH} levels")
+    d = depth + 1
     if isinstance(obj, list):
-        return [_decode(v, arrays, make, path) for v in obj]
+        return [_decode(v, arrays, make, path, d) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if len(obj) == 1:
         (tag, val), = obj.items()
         if tag in (_T_TENSOR, _T_ARRAY):
-            if val not in arrays:
+            if not isinstance(val, str) or val not in arrays:
                 raise CorruptRecordError(f"load: {path!r} names tensor {val!r} in its structure but does not hold it")
             return make(arrays[val]) if tag == _T_TENSOR else np.array(arrays[val])
         if tag == _T_TUPLE:
-            return tuple(_decode(v, arrays, make, path) for v in val)
+            return tuple(_decode(v, arrays, make, path, d) for v in val)
         if tag == _T_DICT:
-            return {_hashable(_decode(k, arrays, make, path)): _decode(v, arrays, make, path) for k, v in val}
-    return {k: _decode(v, arrays, make, path) for k, v in obj.items()}
+            return {_hashable(_decode(k, arrays, make, path, d)): _decode(v, arrays, make, path, d) for k, v in val}
+    return {k: _decode(v, arrays, make, path, d) for k, v in obj.items()}
 
 
 def _hashable(k: Any) -> Any:
@@ -383,6 +410,8 @@ def save(obj: Any, path: str | os.PathLike[str], *, dtype: Any = None, metadata:
     else:
         enc = _Encoder(d)
         meta[_STRUCTURE] = json.dumps(enc.encode(state, []))
+        if _json_depth(meta[_STRUCTURE]) > MAX_DEPTH:  # tagged tuples/dicts add levels: refuse what load would
+            raise ValueRangeError(f"save: the structure is nested deeper than the {MAX_DEPTH} levels a record holds")
         meta[_KIND] = "nested"
         arrays = enc.arrays
     meta[_VERSION] = FORMAT_VERSION
@@ -450,8 +479,8 @@ def load(path: str | os.PathLike[str], *, device: Any = None, dtype: Any = None)
     arrays, meta = _read_safetensors(p, op)
     try:
         if meta.get(_KIND) == "nested":
-            return _decode(json.loads(meta[_STRUCTURE]), arrays, make, p)
-        order = json.loads(meta[_KEYS]) if _KEYS in meta else list(arrays)
+            return _decode(_parse_json(meta[_STRUCTURE], _STRUCTURE, p, op), arrays, make, p)
+        order = _parse_json(meta[_KEYS], _KEYS, p, op) if _KEYS in meta else list(arrays)
         if sorted(order) != sorted(arrays):
             raise CorruptRecordError(f"load: {p!r}: its key list does not match the tensors it holds")
     except (KeyError, ValueError, TypeError) as e:
