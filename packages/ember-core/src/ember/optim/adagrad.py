@@ -39,6 +39,9 @@ class Adagrad(Optimizer):
         _check_range("Adagrad", "initial_accumulator_value", group["initial_accumulator_value"])
         _check_range("Adagrad", "epsilon value (eps)", group["eps"])
 
+    def _state_keys(self, group: dict[str, Any]) -> tuple[str, ...]:
+        return ("step", "sum")
+
     def _update_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
         lr, lr_decay, wd, eps = float(group["lr"]), group["lr_decay"], group["weight_decay"], group["eps"]
         for p in params:

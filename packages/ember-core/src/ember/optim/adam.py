@@ -31,6 +31,9 @@ class Adam(Optimizer):
         _check_betas(op, group["betas"])
         _check_range(op, "weight_decay value", group["weight_decay"])
 
+    def _state_keys(self, group: dict[str, Any]) -> tuple[str, ...]:
+        return ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+
     def _update_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
         lr, eps, wd = float(group["lr"]), group["eps"], group["weight_decay"]
         beta1, beta2 = group["betas"]

@@ -27,6 +27,9 @@ class Lion(Optimizer):
         _check_betas("Lion", group["betas"])
         _check_range("Lion", "weight_decay value", group["weight_decay"])
 
+    def _state_keys(self, group: dict[str, Any]) -> tuple[str, ...]:
+        return ("exp_avg",)
+
     def _update_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
         lr, wd = float(group["lr"]), group["weight_decay"]
         beta1, beta2 = group["betas"]

@@ -9,8 +9,9 @@ parameters and training continues exactly where it stopped.
 from __future__ import annotations
 
 import copy
+import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..autograd import enable_grad, no_grad
@@ -48,6 +49,45 @@ def _check_betas(op: str, betas: Any) -> None:
         raise ValueRangeError(f"{op}: betas must be a pair (beta1, beta2), got {betas!r}")
     for i, b in enumerate(betas):
         _check_range(op, f"beta parameter at index {i} (betas[{i}])", b, 0.0, 1.0)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_state_value(name: str, where: str, p: Tensor, key: Any, val: Any) -> None:
+    """One per-parameter state entry: ``step`` a finite count >= 0; tensors of the parameter's shape (floating
+    for a floating parameter); otherwise finite numbers, None or dicts of such."""
+    if not isinstance(key, str):
+        raise ValueRangeError(f"{name}: {where} has a non-string key {key!r}")
+    at = f"{where}[{key!r}]"
+    if key == "step":
+        if isinstance(val, Tensor):
+            if val.numel() != 1 or val._dtype.is_bool or not (val._dtype.is_floating_point or val._dtype.is_integer):
+                raise ValueRangeError(f"{name}: {at} must be a one-element numeric tensor, got shape "
+                                      f"{tuple(val.shape)} {val._dtype}")
+            val = val.item()
+        if not _is_number(val) or not math.isfinite(val) or val < 0:
+            raise ValueRangeError(f"{name}: {at} is {val!r}; expected a finite step count >= 0")
+        return
+    if isinstance(val, Tensor):
+        if tuple(val.shape) != tuple(p.shape):
+            raise ValueRangeError(f"{name}: {at} has shape {tuple(val.shape)}, the parameter's is {tuple(p.shape)}")
+        if p._dtype.is_floating_point and not val._dtype.is_floating_point:
+            raise ValueRangeError(f"{name}: {at} has dtype {val._dtype}, expected a floating dtype like the "
+                                  f"parameter's {p._dtype}")
+    elif isinstance(val, Mapping):
+        for k, v in val.items():
+            if isinstance(v, Tensor) or v is None or (_is_number(v) and math.isfinite(v)):
+                continue
+            if not isinstance(v, Mapping):
+                raise ValueRangeError(f"{name}: {at}[{k!r}] is a {type(v).__name__}; expected a tensor or a number")
+    elif not (val is None or isinstance(val, bool) or (_is_number(val) and math.isfinite(val))):
+        raise ValueRangeError(f"{name}: {at} is {val!r:.80}; expected a tensor, a finite number or None")
 
 
 class Optimizer:
@@ -208,38 +248,127 @@ class Optimizer:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore hyper-parameters and state saved by ``state_dict()`` (tensors are copied onto each
-        parameter's device; floating buffers take the parameter's dtype, ``step`` stays as saved)."""
-        name = type(self).__name__
-        if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
-            raise ValueRangeError(f"{name}.load_state_dict: expected a dict with 'state' and 'param_groups' keys")
-        saved_groups = state_dict["param_groups"]
+        parameter's device; floating buffers take the parameter's dtype, ``step`` stays as saved).
+
+        Everything is checked before anything changes (see :meth:`check_state_dict`): a bad state dict raises
+        ValueRangeError naming the offending entry and leaves the optimizer as it was."""
+        state, groups = self._prepare_load(state_dict, cast=True)
+        self.state = state
+        self.param_groups = groups
+
+    def check_state_dict(self, state_dict: Any) -> None:
+        """Raise ValueRangeError (naming the entry, e.g. ``param_groups[0]['lr']``) unless ``load_state_dict``
+        would accept ``state_dict``; changes nothing. Checks the layout, the group sizes, every hyper-parameter's
+        type and range (finite numbers, lr >= 0, betas in [0, 1), ...), each state tensor's shape and dtype kind,
+        ``step`` (a finite number >= 0) and the state entries this optimizer's step needs."""
+        self._prepare_load(state_dict, cast=False)
+
+    def _state_keys(self, group: dict[str, Any]) -> tuple[str, ...]:
+        """The state entries ``step`` needs once a parameter has state (subclasses; checked on load)."""
+        return ()
+
+    def _prepare_load(self, state_dict: Any, cast: bool
+                      ) -> tuple[defaultdict[Tensor, dict[str, Any]], list[dict[str, Any]]]:
+        """Validate a state dict and build the new state and groups without touching the optimizer."""
+        name = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state_dict, Mapping) or "state" not in state_dict or "param_groups" not in state_dict:
+            raise ValueRangeError(f"{name}: expected a dict with 'state' and 'param_groups' keys")
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(saved_groups, (list, tuple)):
+            raise ValueRangeError(f"{name}: 'param_groups' must be a list, got {type(saved_groups).__name__}")
+        if not isinstance(saved_state, Mapping):
+            raise ValueRangeError(f"{name}: 'state' must be a dict, got {type(saved_state).__name__}")
         if len(saved_groups) != len(self.param_groups):
             raise ValueRangeError(
-                f"{name}.load_state_dict: loaded state dict has {len(saved_groups)} parameter groups, the optimizer "
+                f"{name}: loaded state dict has {len(saved_groups)} parameter groups, the optimizer "
                 f"has {len(self.param_groups)}"
             )
-        for i, (g, s) in enumerate(zip(self.param_groups, saved_groups)):
-            if len(g["params"]) != len(s["params"]):
+        seen: set[int] = set()
+        for i, s in enumerate(saved_groups):
+            if not isinstance(s, Mapping) or not all(isinstance(k, str) for k in s):
+                raise ValueRangeError(f"{name}: param_groups[{i}] must be a dict with str keys, got {s!r:.80}")
+            idx = s.get("params")
+            if not isinstance(idx, (list, tuple)) or not all(_is_int(j) for j in idx):
+                raise ValueRangeError(f"{name}: param_groups[{i}]['params'] must be a list of parameter indices, "
+                                      f"got {idx!r:.80}")
+            if len(self.param_groups[i]["params"]) != len(idx):
                 raise ValueRangeError(
-                    f"{name}.load_state_dict: loaded parameter group {i} has {len(s['params'])} parameters, the "
-                    f"optimizer's group has {len(g['params'])}"
+                    f"{name}: loaded parameter group {i} has {len(idx)} parameters, the "
+                    f"optimizer's group has {len(self.param_groups[i]['params'])}"
                 )
+            if seen.intersection(idx) or len(set(idx)) != len(idx):
+                raise ValueRangeError(f"{name}: param_groups[{i}]['params'] repeats a parameter index: {list(idx)}")
+            seen.update(idx)
         id_map = {old: p for g, s in zip(self.param_groups, saved_groups) for old, p in zip(s["params"], g["params"])}
-        new_state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
-        for k, v in state_dict["state"].items():
-            p = id_map.get(k if not isinstance(k, str) else int(k))
-            if p is None:
-                continue  # PyTorch ignores state of unknown indices too
-            new_state[p] = {key: self._cast_state(p, key, val) for key, val in v.items()}
         new_groups = []
-        for g, s in zip(self.param_groups, saved_groups):
+        group_of: dict[int, dict[str, Any]] = {}
+        for i, (g, s) in enumerate(zip(self.param_groups, saved_groups)):
             ng = copy.deepcopy({k: v for k, v in s.items() if k != "params"})
+            self._check_group_values(name, i, ng)
             ng["params"] = g["params"]
+            if "param_names" in ng and not (isinstance(ng["param_names"], (list, tuple))
+                                            and len(ng["param_names"]) == len(g["params"])
+                                            and all(isinstance(n, str) for n in ng["param_names"])):
+                raise ValueRangeError(f"{name}: param_groups[{i}]['param_names'] must be one name per parameter")
             if "param_names" in g and "param_names" not in s:
                 ng["param_names"] = g["param_names"]
+            try:
+                self._validate_group(ng)
+            except (EmberError, TypeError, ValueError, KeyError) as e:
+                raise ValueRangeError(f"{name}: param_groups[{i}]: {e}") from None
             new_groups.append(ng)
-        self.state = new_state
-        self.param_groups = new_groups
+            for p in g["params"]:
+                group_of[id(p)] = ng
+        new_state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
+        for k, v in saved_state.items():
+            if _is_int(k):
+                index = int(k)
+            elif isinstance(k, str) and k.lstrip("-").isdigit():
+                index = int(k)
+            else:
+                raise ValueRangeError(f"{name}: state key {k!r} is not a parameter index")
+            p = id_map.get(index)
+            if p is None:
+                continue  # PyTorch ignores state of unknown indices too
+            where = f"state[{index}]"
+            if not isinstance(v, Mapping):
+                raise ValueRangeError(f"{name}: {where} must be a dict, got {type(v).__name__}")
+            missing = [key for key in self._state_keys(group_of[id(p)]) if key not in v] if v else []
+            if missing:
+                raise ValueRangeError(f"{name}: {where} lacks {missing} (has {sorted(map(str, v))}); "
+                                      f"{type(self).__name__}'s step needs them")
+            for key, val in v.items():
+                _check_state_value(name, where, p, key, val)
+            new_state[p] = {key: self._cast_state(p, key, val) for key, val in v.items()} if cast else dict(v)
+        return new_state, new_groups
+
+    def _check_group_values(self, name: str, i: int, group: dict[str, Any]) -> None:
+        """Every hyper-parameter the optimizer has a default for is present and of the default's type; every
+        number is finite."""
+        for key, default in self.defaults.items():
+            where = f"param_groups[{i}][{key!r}]"
+            if key not in group:
+                raise ValueRangeError(f"{name}: {where} is missing")
+            v = group[key]
+            if isinstance(default, bool):
+                ok = isinstance(v, bool)
+            elif default is None:
+                ok = v is None or isinstance(v, bool)
+            elif isinstance(default, (int, float)) or default is required:
+                ok = _is_number(v)
+            elif isinstance(default, (tuple, list)):
+                ok = isinstance(v, (tuple, list)) and len(v) == len(default) and all(_is_number(x) for x in v)
+            elif isinstance(default, str):
+                ok = isinstance(v, str)
+            else:
+                ok = True
+            if not ok:
+                raise ValueRangeError(f"{name}: {where} is {v!r:.80} ({type(v).__name__}); expected a value like "
+                                      f"the default {default!r}")
+        for key, v in group.items():
+            for x in (v if isinstance(v, (tuple, list)) else (v,)):
+                if _is_number(x) and not math.isfinite(x):
+                    raise ValueRangeError(f"{name}: param_groups[{i}][{key!r}] is {v!r}; expected finite numbers")
 
     @staticmethod
     def _cast_state(p: Tensor, key: str, value: Any) -> Any:

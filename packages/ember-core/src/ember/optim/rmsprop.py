@@ -28,6 +28,10 @@ class RMSprop(Optimizer):
         _check_range("RMSprop", "weight_decay value", group["weight_decay"])
         _check_range("RMSprop", "alpha value", group["alpha"])
 
+    def _state_keys(self, group: dict[str, Any]) -> tuple[str, ...]:
+        return (("step", "square_avg") + (("momentum_buffer",) if group["momentum"] > 0 else ())
+                + (("grad_avg",) if group["centered"] else ()))
+
     def _update_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
         lr, alpha, eps, wd = float(group["lr"]), group["alpha"], group["eps"], group["weight_decay"]
         momentum, centered, maximize = group["momentum"], group["centered"], group["maximize"]
