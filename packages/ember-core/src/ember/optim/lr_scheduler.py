@@ -10,11 +10,12 @@ once per epoch (or per batch, for OneCycleLR / NoamLR / warm-ups).
 
 from __future__ import annotations
 
+import copy
 import math
 import types
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import DTypeError, ValueRangeError
@@ -34,6 +35,56 @@ def _per_group(name: str, what: str, optimizer: Optimizer, value: Any) -> list[A
             raise ValueRangeError(f"{name}: expected {n} values for {what} (one per parameter group), got {len(value)}")
         return list(value)
     return [value] * n
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _like(name: str, key: str, new: Any, cur: Any) -> Any:
+    """``new`` (a loaded state value) checked against ``cur`` (this scheduler's value of the same key): same type,
+    length and keys, finite numbers; returned in ``cur``'s container type (records and JSON turn a Counter into a
+    dict)."""
+    def bad(what: str) -> ValueRangeError:
+        return ValueRangeError(f"{name}: {key!r} is {new!r:.80}; expected {what}")
+
+    if isinstance(cur, bool):
+        if not isinstance(new, bool):
+            raise bad("a bool")
+        return new
+    if _is_number(cur) or (cur is None and _is_number(new)):
+        if not _is_number(new) or not math.isfinite(new):
+            raise bad("a finite number")
+        return new
+    if cur is None:
+        if new is not None and not isinstance(new, Mapping):
+            raise bad("None")
+        return new
+    if isinstance(cur, str):
+        if not isinstance(new, str):
+            raise bad("a string")
+        return new
+    if isinstance(cur, Counter):
+        if not isinstance(new, Mapping) or not all(_is_int(k) and _is_int(v) and v > 0 for k, v in new.items()):
+            raise bad("a mapping of int milestones to positive counts")
+        return Counter({int(k): int(v) for k, v in new.items()})
+    if isinstance(cur, Mapping):
+        if not isinstance(new, Mapping):
+            raise bad("a dict")
+        if isinstance(cur, dict) and set(cur) != set(new):  # lambda state and the like: the same attributes
+            raise bad(f"the keys {sorted(map(str, cur))}")
+        return {k: _like(name, f"{key}.{k}", new[k], cur[k]) for k in cur}
+    if isinstance(cur, (list, tuple)):
+        if not isinstance(new, (list, tuple)) or len(new) != len(cur):
+            raise bad(f"a list of {len(cur)} values")
+        return type(cur)(_like(name, f"{key}[{i}]", n, c) for i, (n, c) in enumerate(zip(new, cur)))
+    if not isinstance(new, type(cur)):
+        raise bad(f"a {type(cur).__name__}")
+    return new
 
 
 class LRScheduler:
@@ -90,7 +141,52 @@ class LRScheduler:
         return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.__dict__.update(state_dict)
+        """Restore a state saved by ``state_dict()``; checked first (:meth:`check_state_dict`), so a bad one
+        raises ValueRangeError and changes nothing."""
+        self.__dict__.update(self._checked(state_dict, None))
+
+    def check_state_dict(self, state_dict: Any, param_groups: Sequence[Mapping[str, Any]] | None = None) -> None:
+        """Raise ValueRangeError naming the entry unless ``load_state_dict`` would accept ``state_dict``: the same
+        keys as this scheduler's own state, values of the same types and lengths, finite numbers, ``last_epoch``
+        an int >= -1, learning rates >= 0, and a schedule that computes finite learning rates. ``param_groups``
+        (default: the optimizer's) are the groups the schedule is tried on, e.g. those of an optimizer state about
+        to be loaded. Changes nothing."""
+        self._checked(state_dict, param_groups)
+
+    def _checked(self, state_dict: Any, param_groups: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+        name = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state_dict, Mapping):
+            raise ValueRangeError(f"{name}: expected a dict, got {type(state_dict).__name__}")
+        own = self.state_dict()
+        missing, unexpected = sorted(set(own) - set(state_dict)), sorted(map(str, set(state_dict) - set(own)))
+        if missing or unexpected:
+            raise ValueRangeError(f"{name}: the state's keys do not match this scheduler's: missing {missing}, "
+                                  f"unexpected {unexpected}")
+        sd = {k: _like(name, k, state_dict[k], own[k]) for k in own}
+        if not _is_int(sd["last_epoch"]) or sd["last_epoch"] < -1:
+            raise ValueRangeError(f"{name}: 'last_epoch' is {sd['last_epoch']!r}; expected an int >= -1")
+        if not _is_int(sd["_step_count"]) or sd["_step_count"] < 0:
+            raise ValueRangeError(f"{name}: '_step_count' is {sd['_step_count']!r}; expected an int >= 0")
+        for key in ("base_lrs", "_last_lr"):
+            if key in sd and any(v < 0 for v in sd[key]):
+                raise ValueRangeError(f"{name}: {key!r} is {sd[key]!r}; learning rates must be >= 0")
+        self._try_schedule(name, sd, param_groups)
+        return sd
+
+    def _try_schedule(self, name: str, sd: dict[str, Any], param_groups: Sequence[Mapping[str, Any]] | None) -> None:
+        """Compute the learning rates of the loaded state on a copy (with copies of the groups), so a state the
+        schedule cannot use fails now instead of at the next step."""
+        trial = copy.copy(self)
+        trial.__dict__.update({k: v for k, v in sd.items() if k != "lr_lambdas"})  # lambdas' state is not them
+        groups = self.optimizer.param_groups if param_groups is None else param_groups
+        trial.optimizer = types.SimpleNamespace(param_groups=[dict(g) for g in groups])
+        try:
+            lrs = trial.get_lr()
+        except (ArithmeticError, LookupError, TypeError, ValueError) as e:
+            raise ValueRangeError(f"{name}: the saved state gives no learning rates ({type(e).__name__}: {e})"
+                                  ) from None
+        if not all(_is_number(lr) and math.isfinite(lr) for lr in lrs):
+            raise ValueRangeError(f"{name}: the saved state gives learning rates {lrs}; expected finite numbers")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(last_epoch={self.last_epoch}, last_lr={getattr(self, '_last_lr', None)})"
@@ -119,7 +215,7 @@ class LambdaLR(LRScheduler):
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        sd = dict(state_dict)
+        sd = self._checked(state_dict, None)
         fns = sd.pop("lr_lambdas", [])
         self.__dict__.update(sd)
         for f, saved in zip(self.lr_lambdas, fns):
@@ -426,16 +522,29 @@ class ProductLR(LRScheduler):
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        sd = dict(state_dict)
-        members = sd.pop("_schedulers", [])
-        if len(members) != len(self._schedulers):
+        sd = self._checked(state_dict, None)
+        members = sd.pop("_schedulers")
+        self.__dict__.update(sd)
+        for s, m in zip(self._schedulers, members):
+            s.load_state_dict(m)
+
+    def _checked(self, state_dict: Any, param_groups: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+        members = state_dict.get("_schedulers") if isinstance(state_dict, Mapping) else None
+        if isinstance(members, (list, tuple)) and len(members) != len(self._schedulers):
             raise ValueRangeError(
                 f"ProductLR.load_state_dict: saved state has {len(members)} schedulers, this one has "
                 f"{len(self._schedulers)}"
             )
-        self.__dict__.update(sd)
-        for s, m in zip(self._schedulers, members):
-            s.load_state_dict(m)
+        sd = super()._checked(state_dict, param_groups)
+        for i, (s, m) in enumerate(zip(self._schedulers, sd["_schedulers"])):
+            try:
+                s.check_state_dict(m, param_groups)
+            except ValueRangeError as e:
+                raise ValueRangeError(f"ProductLR.load_state_dict: _schedulers[{i}]: {e}") from None
+        return sd
+
+    def _try_schedule(self, name: str, sd: dict[str, Any], param_groups: Sequence[Mapping[str, Any]] | None) -> None:
+        pass  # the product's rates come from its members, each tried on its own
 
 
 __all__ = [
