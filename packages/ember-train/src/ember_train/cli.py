@@ -23,6 +23,9 @@ import numpy as np
 import ember
 from ember import nn
 
+from . import checkpoint as ckpt
+from .checkpoint import RunConflictError
+
 __all__ = ["EXAMPLES", "build_parser", "main", "register_train", "run"]
 
 # `ember train seed-cnn` promises this on the digits (issue 5); the run reports whether it was met
@@ -64,7 +67,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the recipe's)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
     p.add_argument("--out", default=None, help="output folder for checkpoints and logs (default: ./runs/<example>)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its newest checkpoint (fresh if there is none)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh even if --out holds another run's checkpoints: they and their logs are "
+                        "moved into --out/replaced-<date>-<time>/ (nothing is deleted)")
     p.add_argument("--quick", action="store_true", help="a tiny run (a few batches) for smoke tests and CI")
     p.add_argument("--dashboard", default="auto", choices=["auto", "rich", "plain", "none"],
                    help="live terminal dashboard (auto: rich on a terminal, plain lines otherwise)")
@@ -120,6 +127,7 @@ class Settings:
     quick: bool
     dashboard: str
     seed: int
+    overwrite: bool = False
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -134,23 +142,39 @@ def _settings(args: argparse.Namespace) -> Settings:
         raise SystemExit(f"ember train: --lr must be a positive number, got {lr}")
     out = args.out or os.path.join("runs", args.example)
     return Settings(args.example, _device(args.device), epochs, batch, lr, out, bool(args.resume), bool(args.quick),
-                    getattr(args, "dashboard", "auto"), getattr(args, "seed", 0))
+                    getattr(args, "dashboard", "auto"), getattr(args, "seed", 0),
+                    bool(getattr(args, "overwrite", False)))
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the recipe ``args.example``; returns the process exit status."""
-    s = _settings(args)
+    # user errors are one or two lines; the traceback only with --debug (core's `ember`) or EMBER_DEBUG=1
+    debug = bool(getattr(args, "debug", False)) or os.environ.get("EMBER_DEBUG", "") not in ("", "0", "false", "no")
+    try:
+        s = _settings(args)
+    except ember.EmberError as exc:  # a bad --device: a missing plugin, an absent device, a malformed string
+        if debug:
+            raise
+        print(f"ember train: {type(exc).__name__}: {exc}\n  choose another --device (`ember info` lists the "
+              "installed backends and decorators)", file=sys.stderr)
+        return 2
     print(f"ember train {s.example}: device {s.device}, epochs {s.epochs}, batch {s.batch_size}, lr {s.lr:g}, "
           f"out {s.out}{', resuming' if s.resume else ''}{', quick' if s.quick else ''}", flush=True)
     recipe = RECIPES[s.example]
     start = time.perf_counter()
     try:
+        _check_out(s)
         summary, interrupted = recipe(s)
     except KeyboardInterrupt:
         print(f"ember train {s.example}: interrupted after {time.perf_counter() - start:.1f} s; "
               f"resume with --resume --out {s.out}", file=sys.stderr)
         return 130
+    except RunConflictError as exc:
+        print(_conflict_message(s, exc), file=sys.stderr)
+        return 1
     except ember.EmberError as exc:
+        if debug:
+            raise
         # a typed ember error already names what is wrong: say it plainly instead of a traceback
         print(f"ember train {s.example}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -160,6 +184,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"ember train {s.example}: interrupted; resume with --resume --out {s.out}", file=sys.stderr)
         return 130
     return 0
+
+
+def _check_out(s: Settings) -> None:
+    """Refuse, before a recipe writes anything, an --out holding another run's checkpoints (the Learner would too,
+    but only after the recipe has written its data files there)."""
+    if s.overwrite or s.example == "seed-cnn-manual":  # the manual loop writes no checkpoints
+        return
+    latest = ckpt.latest_checkpoint(s.out) if s.resume else None
+    ckpt.claim_out_dir(s.out, None if latest is None else (ckpt.checkpoint_run_id(latest) or ""), op="ember train")
+
+
+def _conflict_message(s: Settings, exc: RunConflictError) -> str:
+    names = ", ".join(os.path.basename(p) for p in exc.paths[:4]) + (", ..." if len(exc.paths) > 4 else "")
+    aside = f"moved into {os.path.join(s.out, 'replaced-<date>-<time>')}"
+    if exc.resuming:
+        return (f"ember train {s.example}: {s.out} also holds checkpoints of another run ({names})\n"
+                f"  add --overwrite to have them {aside}, or resume into another --out")
+    return (f"ember train {s.example}: {s.out} already holds checkpoints of another run ({names})\n"
+            f"  continue that run with --resume, start afresh with --overwrite (its files are {aside}), "
+            "or choose another --out")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -237,7 +281,7 @@ def train_seed_cnn(s: Settings) -> tuple[str, bool]:
     scheduler = _onecycle(optimizer, s.lr, s.epochs * len(train))
     learner = _learner(s, model, train, valid, nn.CrossEntropyLoss(), optimizer, scheduler,
                        ("loss", "accuracy"), "valid_accuracy", "max")
-    history = learner.fit(s.epochs, resume="latest" if s.resume else None)
+    history = learner.fit(s.epochs, resume="latest" if s.resume else None, overwrite=s.overwrite)
     acc, best = _last(history, "valid_accuracy"), _best(history, "valid_accuracy")
     met = "" if s.quick or acc is None else (" (target 97 % met)" if acc >= TARGET_ACCURACY else
                                              " (below the 97 % target)")
@@ -331,7 +375,7 @@ def train_regression_csv(s: Settings) -> tuple[str, bool]:
     optimizer = ember.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=1e-4)
     scheduler = _onecycle(optimizer, s.lr, s.epochs * len(train))
     learner = _learner(s, model, train, valid, SqueezedMSE(), optimizer, scheduler, ("loss",), "valid_loss", "min")
-    history = learner.fit(s.epochs, resume="latest" if s.resume else None)
+    history = learner.fit(s.epochs, resume="latest" if s.resume else None, overwrite=s.overwrite)
     r2 = r2_score(model, valid)
     loss = _last(history, "valid_loss")
     mse = float("nan") if loss is None else loss
@@ -371,7 +415,7 @@ def train_text_transformer(s: Settings) -> tuple[str, bool]:
     scheduler = _onecycle(optimizer, s.lr, s.epochs * len(train))
     learner = _learner(s, model, train, valid, nn.CrossEntropyLoss(), optimizer, scheduler, ("loss", "accuracy"),
                        "valid_accuracy", "max")
-    history = learner.fit(s.epochs, resume="latest" if s.resume else None)
+    history = learner.fit(s.epochs, resume="latest" if s.resume else None, overwrite=s.overwrite)
     acc = _last(history, "valid_accuracy")
     acc_text = "n/a" if acc is None else f"{acc:.2%}"
     return f"final validation accuracy {acc_text} ({classes} classes)", history.interrupted

@@ -34,6 +34,7 @@ from ember.errors import DTypeError, EmberError, UnsupportedError, ValueRangeErr
 
 from . import checkpoint as ckpt
 from .dashboard import Dashboard, make_dashboard
+from .data import DataLoader
 from .metrics import EpochMetrics, Throughput, learning_rate, metric_names, parse_metric
 
 __all__ = ["Learner", "History", "OutputDirError", "Callback"]
@@ -202,6 +203,7 @@ class Learner:
         self.dashboard = make_dashboard(dashboard, log_every=log_every, console=console)
         self.global_step = 0
         self.history = History(self.best_metric, best_mode)
+        self.run_id: str | None = None  # set by fit: new for a fresh run, the checkpoint's for a resumed one
 
     # -- setup checks ----------------------------------------------------------------------------------------------
     def _mixed_precision_context(self, enabled: bool) -> Callable[[], Any]:
@@ -315,32 +317,77 @@ class Learner:
         if self.out_dir is None:
             return
         state = self._state(epoch)
-        ckpt.save_checkpoint(ckpt.checkpoint_path(self.out_dir, epoch), state)
+        ckpt.save_checkpoint(ckpt.checkpoint_path(self.out_dir, epoch), state, self.run_id)
         if is_best:
-            ckpt.save_checkpoint(os.path.join(self.out_dir, ckpt.BEST_NAME), state)
-        ckpt.rotate_checkpoints(self.out_dir, self.keep_last)
+            ckpt.save_checkpoint(os.path.join(self.out_dir, ckpt.BEST_NAME), state, self.run_id)
+        ckpt.rotate_checkpoints(self.out_dir, self.keep_last, self.run_id)
 
-    def _resume(self, resume: str | os.PathLike[str]) -> int:
-        """Restore everything from a checkpoint; returns the number of completed epochs."""
+    def _resume_path(self, resume: str | os.PathLike[str]) -> str | None:
         path = os.fspath(resume)
-        if path == "latest":
-            found = ckpt.latest_checkpoint(self.out_dir) if self.out_dir else None
-            if found is None:
-                return 0  # nothing to resume from: start fresh
-            path = found
+        if path == "latest":  # the newest checkpoint of the run that wrote last (None: start fresh)
+            return ckpt.latest_checkpoint(self.out_dir) if self.out_dir else None
+        return path
+
+    def _prepare_resume(self, path: str) -> tuple[str, Callable[[], int]]:
+        """Read and check everything a resume restores; returns the checkpoint's run id and a function that
+        applies it. Nothing changes until that function runs, and it only fails on a foreign loader's own
+        load_state_dict, which it runs first."""
         state = ckpt.load_checkpoint(path)
+        run_id = ckpt.checkpoint_run_id(path) or ""
+
+        def bad(key: str, why: str) -> ckpt.InvalidCheckpointError:
+            return ckpt.InvalidCheckpointError(f"checkpoint {path!r}: {key}: {why}", path, key)
+
+        for key in ("epoch", "global_step", "epochs_since_best", "seed"):
+            if key not in state and key in ("epoch", "global_step"):
+                raise bad(key, "missing")
+            v = state.get(key, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise bad(key, f"is {v!r:.60}; expected an int >= 0")
+        epoch = state["epoch"]
         ckpt.check_model_state(self.model, state["model"], path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        if state.get("train_loader") is not None and hasattr(self.train_loader, "load_state_dict"):
-            self.train_loader.load_state_dict(state["train_loader"])
-        self.global_step = int(state["global_step"])
-        self.history._load(state["history"])
-        self._since_best = int(state.get("epochs_since_best", 0))
-        self.dashboard.message(f"resumed from {path} (epoch {state['epoch']})")
-        return int(state["epoch"])
+        if "optimizer" not in state:
+            raise bad("optimizer", "missing")
+        opt_state = state["optimizer"]
+        check = getattr(self.optimizer, "check_state_dict", None)
+        if check is not None:
+            try:
+                check(opt_state)
+            except (EmberError, TypeError, ValueError, KeyError) as e:
+                raise bad("optimizer", str(e)) from None
+        sched_state = state.get("scheduler")
+        if self.scheduler is not None and sched_state is not None:
+            check = getattr(self.scheduler, "check_state_dict", None)
+            if check is not None:
+                groups = opt_state.get("param_groups") if isinstance(opt_state, Mapping) else None
+                try:
+                    check(sched_state, groups)  # tried on the groups the optimizer is about to get
+                except (EmberError, TypeError, ValueError, KeyError) as e:
+                    raise bad("scheduler", str(e)) from None
+        loader_state = state.get("train_loader")
+        if not hasattr(self.train_loader, "load_state_dict"):
+            loader_state = None
+        if loader_state is not None and isinstance(self.train_loader, DataLoader):
+            _check_loader_state(self.train_loader, loader_state, bad)
+        history = _checked_history(state.get("history"), epoch, bad)
+
+        def apply() -> int:
+            if loader_state is not None:
+                try:  # first: a loader of unknown type is the one thing that may still refuse its state
+                    self.train_loader.load_state_dict(loader_state)
+                except (TypeError, ValueError, KeyError) as e:
+                    raise bad("train_loader", f"{type(e).__name__}: {e}") from e
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(opt_state)
+            if self.scheduler is not None and sched_state is not None:
+                self.scheduler.load_state_dict(sched_state)
+            self.global_step = state["global_step"]
+            self.history._load(history)
+            self._since_best = state.get("epochs_since_best", 0)
+            self.dashboard.message(f"resumed from {path} (epoch {epoch})")
+            return epoch
+
+        return run_id, apply
 
     # -- logs --------------------------------------------------------------------------------------------------
     def _write_logs(self) -> None:
@@ -459,18 +506,30 @@ class Learner:
         self.model.train()
         return acc.compute("valid")
 
-    def fit(self, epochs: int, resume: str | os.PathLike[str] | None = None) -> History:
+    def fit(self, epochs: int, resume: str | os.PathLike[str] | None = None, *, overwrite: bool = False) -> History:
         """Train until ``epochs`` epochs are complete (counting those restored by ``resume``); returns the History.
 
-        ``resume``: None (start fresh), ``"latest"`` (newest checkpoint in out_dir, fresh if there is none) or a
-        checkpoint path. Ctrl-C stops cleanly: the History comes back with ``interrupted=True``.
+        ``resume``: None (start fresh), ``"latest"`` (the newest checkpoint of the last run in out_dir, fresh if
+        there is none) or a checkpoint path. A fresh run gets a new run id; a resumed one keeps its checkpoint's.
+        A run only rotates its own checkpoints, and out_dir holding checkpoints of another run raises
+        ``RunConflictError`` before anything changes, unless ``overwrite=True``, which moves that run's files
+        (and its logs) into ``out_dir/replaced-<date>-<time>/``. A checkpoint that fails validation raises
+        ``InvalidCheckpointError`` (or ``IncompatibleStateError`` for another model) and changes nothing.
+        Ctrl-C stops cleanly: the History comes back with ``interrupted=True``.
         """
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueRangeError(f"Learner.fit: epochs must be a positive int, got {epochs!r}")
+        if not isinstance(overwrite, bool):
+            raise DTypeError(f"Learner.fit: overwrite must be a bool, got {type(overwrite).__name__}")
+        self._check_out_dir()
+        path = self._resume_path(resume) if resume is not None else None
+        run_id, apply = self._prepare_resume(path) if path is not None else (None, None)
+        if self.out_dir is not None:
+            ckpt.claim_out_dir(self.out_dir, run_id, overwrite=overwrite)
         self._since_best = 0
         self.history = History(self.best_metric, self.best_mode)
-        self._check_out_dir()
-        start = self._resume(resume) if resume is not None else 0
+        self.run_id = run_id if run_id is not None else ckpt.new_run_id()
+        start = apply() if apply is not None else 0
         self._check_batch(self.train_loader, "train")
         if self.valid_loader is not None:
             self._check_batch(self.valid_loader, "valid")
@@ -536,6 +595,50 @@ class Learner:
                                    f"epochs (patience {patience})")
             return True
         return False
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _check_loader_state(loader: DataLoader, state: Any, bad: Callable[[str, str], Exception]) -> None:
+    """A DataLoader state: ints epoch, seed >= 0 and a position within the epoch."""
+    if not isinstance(state, Mapping):
+        raise bad("train_loader", f"is a {type(state).__name__}; expected a dict")
+    for key in ("epoch", "seed", "position"):
+        if not _is_count(state.get(key)):
+            raise bad(f"train_loader.{key}", f"is {state.get(key)!r:.60}; expected an int >= 0")
+    if not loader.iterable and state["position"] > len(loader):
+        raise bad("train_loader.position", f"is {state['position']}, past the loader's {len(loader)} batches")
+
+
+def _checked_history(h: Any, epoch: int, bad: Callable[[str, str], Exception]) -> dict[str, Any]:
+    """The history of a checkpoint of ``epoch`` completed epochs: one record per epoch, a consistent best."""
+    if not isinstance(h, Mapping) or not isinstance(h.get("epochs"), list):
+        raise bad("history", "missing or not a dict with an 'epochs' list")
+    records_ = h["epochs"]
+    for i, r in enumerate(records_):
+        if not isinstance(r, Mapping) or r.get("epoch") != i + 1 or isinstance(r.get("epoch"), bool):
+            raise bad(f"history.epochs[{i}]", f"expected the record of epoch {i + 1}, got {r!r:.80}")
+        for k, v in r.items():
+            if not isinstance(k, str) or not (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))):
+                raise bad(f"history.epochs[{i}].{k}", f"is {v!r:.60}; expected a number or None")
+    if len(records_) != epoch:
+        raise bad("history.epochs", f"holds {len(records_)} records for a checkpoint of epoch {epoch}")
+    best_epoch, best_value = h.get("best_epoch"), h.get("best_value")
+    if best_epoch is None:
+        if best_value is not None:
+            raise bad("history.best_value", f"is {best_value!r} without a best_epoch")
+    elif not (_is_count(best_epoch) and 1 <= best_epoch <= epoch):
+        raise bad("history.best_epoch", f"is {best_epoch!r:.60}; expected an epoch in 1..{epoch}")
+    elif not (isinstance(best_value, (int, float)) and not isinstance(best_value, bool)
+              and math.isfinite(best_value)):
+        raise bad("history.best_value", f"is {best_value!r:.60}; expected a finite number")
+    elapsed = h.get("elapsed", 0.0)
+    if not (isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool) and math.isfinite(elapsed)
+            and elapsed >= 0):
+        raise bad("history.elapsed", f"is {elapsed!r:.60}; expected a finite number >= 0")
+    return {"epochs": records_, "best_epoch": best_epoch, "best_value": best_value, "elapsed": float(elapsed)}
 
 
 def _batch_size(y: Any) -> int:

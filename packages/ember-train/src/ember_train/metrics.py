@@ -110,7 +110,16 @@ def f1_score(logits: Any, targets: Any, num_classes: int | None = None) -> float
 
 def learning_rate(optimizer: Any) -> float:
     """The learning rate of the optimizer's first parameter group."""
-    return float(optimizer.param_groups[0]["lr"])
+    try:
+        lr = optimizer.param_groups[0]["lr"]
+    except (AttributeError, IndexError, KeyError, TypeError):
+        raise ValueRangeError(f"learning_rate: {type(optimizer).__name__} has no param_groups[0]['lr']") from None
+    if isinstance(lr, Tensor) and lr.numel() == 1:
+        lr = lr.item()
+    if not isinstance(lr, (int, float, np.number)) or isinstance(lr, bool):
+        raise ValueRangeError(f"learning_rate: param_groups[0]['lr'] of {type(optimizer).__name__} is "
+                              f"{lr!r:.60}, not a number")
+    return float(lr)
 
 
 class RunningAverage:
