@@ -118,6 +118,25 @@ def test_idx_errors(tmp_path):
     assert issubclass(DatasetNotFoundError, FileNotFoundError) and issubclass(DatasetNotFoundError, ember.EmberError)
 
 
+@pytest.mark.parametrize("dims", [(-2, -2), (-1, 4), (2, -3)])
+def test_idx_negative_dims_are_a_format_error(tmp_path, dims):
+    # (-2, -2) multiplies to 4, matching the data: only an explicit check stops numpy's reshape ValueError
+    data = bytes([0, 0, 0x08, len(dims)]) + np.asarray(dims, ">i4").tobytes() + bytes(4)
+    path = tmp_path / "neg.idx"
+    path.write_bytes(data)
+    with pytest.raises(DatasetFormatError, match=r"neg\.idx.*negative dimension") as info:
+        D.read_idx(path)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, ember.EmberError)
+
+
+def test_idx_huge_dims_do_not_wrap(tmp_path):
+    # 2**31-1 squared times 4 overflows int64 arithmetic in numpy; the size check must still refuse cleanly
+    path = tmp_path / "huge.idx"
+    path.write_bytes(bytes([0, 0, 0x0D, 3]) + np.asarray([2**31 - 1] * 3, ">i4").tobytes() + bytes(8))
+    with pytest.raises(DatasetFormatError, match=r"huge\.idx.*data bytes, found 8"):
+        D.read_idx(path)
+
+
 def test_csv_regression_and_classification(tmp_path):
     p = tmp_path / "d.csv"
     p.write_text("a,b,label,y\n1,2,cat,0.5\n3,4,dog,1.5\n5,6,cat,2.5\n\n")

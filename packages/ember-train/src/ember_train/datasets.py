@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import functools
 import gzip
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -154,8 +155,10 @@ def read_idx(path: Any) -> np.ndarray:
     if len(raw) < header:
         raise DatasetFormatError(f"IDX file {str(p)!r}: truncated header ({len(raw)} bytes for {ndim} dims)")
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=ndim, offset=4))
+    if any(d < 0 for d in dims):  # the format stores signed int32 sizes; a negative one is a damaged header
+        raise DatasetFormatError(f"IDX file {str(p)!r}: negative dimension in the header dims {dims}")
     dtype = np.dtype(_IDX_TYPES[raw[2]])
-    need = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    need = math.prod(dims) * dtype.itemsize  # Python ints: a huge product must not wrap around
     if len(raw) - header != need:
         raise DatasetFormatError(f"IDX file {str(p)!r}: dims {dims} of {dtype.name} need {need} data bytes, "
                                  f"found {len(raw) - header}")
