@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import threading
 from typing import Any
 
@@ -26,17 +27,87 @@ _interned: dict[tuple[str, int, _Options, _Decorators], Device] = {}
 _lock = threading.RLock()
 
 
-def _option_value(text: str) -> Any:
-    """A decorator option parsed from a device string: a Python literal (8, 0.5, False) or else the text, so
-    ``Device.parse(str(d)) is d`` for options of any literal type."""
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KIND = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _spec_error(spec: str, pos: int, what: str) -> DeviceError:
+    return DeviceError(f"cannot parse device {spec!r} at position {pos}: {what}")
+
+
+def _split_top_level(spec: str) -> list[tuple[int, str]]:
+    """``spec`` split at the ``+`` signs outside parentheses and quotes, with each part's start offset."""
+    parts: list[tuple[int, str]] = []
+    depth, quote, start = 0, "", 0
+    for i, ch in enumerate(spec):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise _spec_error(spec, i, "')' without a matching '('")
+        elif ch == "+" and depth == 0:
+            parts.append((start, spec[start:i]))
+            start = i + 1
+    if quote:
+        raise _spec_error(spec, len(spec), f"unterminated string (missing {quote})")
+    if depth:
+        raise _spec_error(spec, len(spec), "missing ')'")
+    parts.append((start, spec[start:]))
+    return parts
+
+
+def _option_node(spec: str, pos: int, node: ast.expr) -> Any:
+    """One option value: a Python literal (8, 0.5, False, 'text', (1, 2)) or a bare word, taken as text
+    (``checkpointing=balanced``). Nothing is evaluated."""
+    if isinstance(node, ast.Name):
+        return node.id
     try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise _spec_error(spec, pos + node.col_offset, f"option value {ast.unparse(node)!r} is not a literal "
+                          "(a number, True/False/None, a quoted string or a plain word)") from None
+
+
+def _parse_options(spec: str, pos: int, text: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``text`` is what stands between a decorator's parentheses, starting at offset ``pos`` of ``spec``."""
+    if not text.strip():
+        return (), {}
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        col = getattr(exc, "offset", None)
+        where = pos + max(0, min(len(text), (col or 3) - 3))
+        raise _spec_error(spec, where, f"malformed decorator options ({text!r})") from None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"
+            and call.end_col_offset == len(text) + 3):
+        raise _spec_error(spec, pos, f"malformed decorator options ({text!r})")
+    args = tuple(_option_node(spec, pos - 2, a) for a in call.args if not isinstance(a, ast.Starred))
+    if len(args) != len(call.args):
+        raise _spec_error(spec, pos, "'*' is not allowed in decorator options")
+    options: dict[str, Any] = {}
+    for kw in call.keywords:
+        if kw.arg is None:
+            raise _spec_error(spec, pos + kw.col_offset - 2, "'**' is not allowed in decorator options")
+        options[kw.arg] = _option_node(spec, pos - 2, kw.value)
+    return args, options
 
 
 def _freeze(options: dict[str, Any]) -> _Options:
     return tuple(sorted(options.items()))
+
+
+def _decorator_spec(name: str) -> Any:
+    """The registered decorator ``name``, or None."""
+    from .plugins.manager import registry
+
+    return registry.decorator(name)
 
 
 class Device:
@@ -105,23 +176,38 @@ class Device:
     @classmethod
     def parse(cls, spec: str) -> Device:
         """``"flex"``, ``"cuda:1"``, ``"opencl:0"``; decorators with ``+``: ``"flex+autodiff"``, with options
-        in parentheses: ``"flex+autodiff(checkpointing=balanced)"`` (what ``str(device)`` prints)."""
-        base, *decos = [p.strip() for p in spec.split("+")]
-        kind, _, idx = base.partition(":")
-        try:
-            index = int(idx) if idx else 0
-        except ValueError:
-            raise DeviceError(f"cannot parse device {spec!r}: index {idx!r} is not an int") from None
-        dev = cls(kind.strip().lower(), index)._checked()
-        for deco in decos:
-            name, _, args = deco.partition("(")
-            options = {}
-            for item in filter(None, args.rstrip(")").split(",")):
-                key, eq, value = item.partition("=")
-                if not eq:
-                    raise DeviceError(f"cannot parse device {spec!r}: decorator option {item!r} is not key=value")
-                options[key.strip()] = _option_value(value.strip())
-            dev = getattr(dev, name.strip())(**options)
+        in parentheses: ``"flex+autodiff(checkpointing=balanced)"`` (what ``str(device)`` prints). Only installed
+        decorators may be named; an automatic one also takes its on/off switch: ``"flex+fusion(False)"``.
+        Anything else is a :class:`DeviceError` naming the string and the position of the problem."""
+        if not isinstance(spec, str):
+            raise DeviceError(f"Device.parse: expected a device string, got {type(spec).__name__}: {spec!r}")
+        parts = _split_top_level(spec)
+        start, base = parts[0]
+        kind, colon, idx = base.partition(":")
+        if not _KIND.fullmatch(kind.strip()):
+            what = "missing backend name" if not kind.strip() else f"{kind.strip()!r} is not a backend name"
+            raise _spec_error(spec, start + len(kind) - len(kind.lstrip()), f"{what} (e.g. 'flex' or 'cuda:1')")
+        idx = idx.strip()
+        if colon and not idx.isdigit():  # the message the docs show for "cuda:x"
+            raise DeviceError(f"cannot parse device {spec!r}: index {idx!r} is not an int")
+        dev = cls(kind.strip().lower(), int(idx) if colon else 0)._checked()
+        for start, part in parts[1:]:
+            text = part.strip()
+            pos = start + len(part) - len(part.lstrip())
+            name_match = _NAME.match(text)
+            if name_match is None:
+                raise _spec_error(spec, pos, f"expected a decorator name after '+', got {text[:20]!r}")
+            name = name_match.group()
+            rest = text[len(name):].lstrip()
+            rest_pos = pos + len(text) - len(text[len(name):].lstrip())
+            if rest and not (rest.startswith("(") and rest.endswith(")")):
+                raise _spec_error(spec, rest_pos, f"unexpected {rest[:20]!r} after decorator {name!r} (options go "
+                                  "in parentheses: name(key=value, ...))")
+            args, options = _parse_options(spec, rest_pos + 1, rest[1:-1]) if rest else ((), {})
+            deco = _decorator_spec(name) if not name.startswith("_") else None
+            if deco is None:
+                raise DeviceError(f"cannot parse device {spec!r}: {_unknown_decorator(name)}")
+            dev = dev._decorated(name, deco, args, options)
         return dev
 
     @classmethod
@@ -142,8 +228,10 @@ class Device:
             if best is None or score > best[0]:
                 best = (score, spec_.name)
         if best is None:
+            from .plugins.manager import install_hint
+
             raise PluginError(
-                "no ember backend is installed or available; install the CPU backend with pip install 'ember[flex]'"
+                "no ember backend is installed or available; for the CPU backend 'flex': " + install_hint("flex")
             )
         return cls(best[1], 0)
 
@@ -164,40 +252,46 @@ class Device:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        from .plugins.manager import registry
+        deco = _decorator_spec(name)
+        if deco is None:
+            raise AttributeError(f"Device has no attribute {name!r}; {_unknown_decorator(name)}")
 
-        if registry.decorator(name) is None:
-            raise AttributeError(
-                f"Device has no attribute {name!r}; if it is a decorator, install its plugin with "
-                f"pip install 'ember[{name}]' (installed decorators: {sorted(registry.decorators) or 'none'})"
-            )
-
-        spec = registry.decorator(name)
-
-        def decorate(*enabled: bool, **options: Any) -> Device:
-            if not spec.automatic:
-                if enabled:
-                    raise DeviceError(f"{self}.{name}(): options are keyword arguments, got {enabled!r}")
-                return Device(self.kind, self.index, self.options, self.decorators + ((name, _freeze(options)),))
-            # an automatic decorator is on by default: name(False) opts out, name(**options) sets its options
-            if len(enabled) > 1 or (enabled and not isinstance(enabled[0], bool)):
-                raise DeviceError(f"{self}.{name}(): expected one bool (on/off) and keyword options, got {enabled!r}")
-            if "enabled" in options:  # a bool, or a device string's spelling of one ("enabled=off")
-                flag = str(options.pop("enabled")).strip().lower()
-                if flag not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-                    raise DeviceError(f"{self}.{name}(): enabled must be a bool, got {flag!r}")
-                enabled = enabled or (flag in ("true", "1", "yes", "on"),)
-            if enabled and not enabled[0]:
-                if options:
-                    raise DeviceError(f"{self}.{name}(False): options {sorted(options)} make no sense when off")
-                options = {"enabled": False}
-            rest = tuple(d for d in self.decorators if d[0] != name)
-            if options:
-                rest += ((name, _freeze(options)),)
-            return Device(self.kind, self.index, self.options, rest)
+        def decorate(*args: Any, **options: Any) -> Device:
+            return self._decorated(name, deco, args, options)
 
         decorate.__name__ = name
         return decorate
+
+    def _decorated(self, name: str, spec: Any, args: tuple[Any, ...], options: dict[str, Any]) -> Device:
+        """This device with the registered decorator ``name`` applied (or, for an automatic one, set)."""
+        if not spec.automatic:
+            if args:
+                raise DeviceError(f"{self}.{name}(): options are keyword arguments, got {args!r}")
+            return Device(self.kind, self.index, self.options, self.decorators + ((name, _freeze(options)),))
+        # an automatic decorator is on by default: name(False) opts out, name(**options) sets its options
+        if len(args) > 1 or (args and not isinstance(args[0], bool)):
+            raise DeviceError(f"{self}.{name}(): expected one bool (on/off) and keyword options, got {args!r}")
+        if "enabled" in options:  # a bool, or a device string's spelling of one ("enabled=off")
+            flag = str(options.pop("enabled")).strip().lower()
+            if flag not in _TRUE + _FALSE:
+                raise DeviceError(f"{self}.{name}(): enabled must be a bool, got {flag!r}")
+            args = args or (flag in _TRUE,)
+        if args and not args[0]:
+            if options:
+                raise DeviceError(f"{self}.{name}(False): options {sorted(options)} make no sense when off")
+            # off is what the device is anyway when the decorator is switched off for all (EMBER_FUSION=0)
+            options = {"enabled": False} if spec.on_by_default() else {}
+        elif not spec.on_by_default():
+            options = {}  # the global switch wins: settings cannot turn it back on, so they are not kept
+        rest = [d for d in self.decorators if d[0] != name]
+        if options:
+            rest.append((name, _freeze(options)))
+        # settings of automatic decorators come first, in name order: they apply innermost whatever the order
+        # they were given in, so flex+autodiff+fusion(False) and flex+fusion(False)+autodiff are one device
+        automatic = {d.name for d in _automatic_decorators()}
+        ordered = sorted((d for d in rest if d[0] in automatic), key=lambda d: d[0])
+        ordered += [d for d in rest if d[0] not in automatic]
+        return Device(self.kind, self.index, self.options, tuple(ordered))
 
     @property
     def inner(self) -> Device:
@@ -234,20 +328,22 @@ class Device:
                     raise DeviceError(f"could not create device {self}: {type(exc).__name__}: {exc}") from exc
                 _backend_cache[bkey] = backend
             named = dict(self.decorators)
-            autos = tuple((d.name, named.get(d.name, ())) for d in registry.automatic_decorators())
+            # each automatic decorator with this device's settings and its global switch (part of the key, so a
+            # switch turned off later is not served the stack built while it was on)
+            autos = tuple((d.name, named.get(d.name, ()), d.on_by_default()) for d in registry.automatic_decorators())
             # the automatically decorated backend is shared too: flex and flex+autodiff use one fusion stack
             stack = _backend_cache.get((*bkey, autos))
             if stack is None:
                 stack = backend
-                for name, opts in autos:
+                for name, opts, on in autos:
                     kw = dict(opts)
-                    if kw.pop("enabled", True) is not False:
+                    if on and kw.pop("enabled", True) is not False:
                         stack = registry.decorator(name).factory(stack, **kw)
                 _backend_cache[(*bkey, autos)] = stack
             for name, opts in self.decorators:
                 deco = registry.decorator(name)
                 if deco is None:
-                    raise PluginError(f"decorator {name!r} is not installed; pip install 'ember[{name}]'")
+                    raise PluginError(f"cannot resolve device {self}: {_unknown_decorator(name)}")
                 if not deco.automatic:
                     stack = deco.factory(stack, **dict(opts))
             self._stack = stack
@@ -307,12 +403,29 @@ class Device:
         """The backend kind, as ``torch.device.type``."""
         return self.kind
 
+    def _labelled_decorators(self) -> _Decorators:
+        """The decorators as labels show them: an automatic decorator switched off for every device
+        (``EMBER_FUSION=0``) is shown as opted out, so a log line says what ran. Plugins are not loaded for this:
+        before discovery no device has run anything."""
+        from .plugins import manager
+
+        if not manager.registry._loaded or manager.registry._fatal is not None:
+            return self.decorators
+        named = {d[0] for d in self.decorators}
+        off = [(d.name, (("enabled", False),)) for d in manager.registry.automatic_decorators()
+               if d.name not in named and not d.on_by_default()]
+        if not off:
+            return self.decorators
+        automatic = {d.name for d in manager.registry.automatic_decorators()}
+        autos = sorted([d for d in self.decorators if d[0] in automatic] + off, key=lambda d: d[0])
+        return tuple(autos) + tuple(d for d in self.decorators if d[0] not in automatic)
+
     def __str__(self) -> str:
         s = self.kind if not self.index else f"{self.kind}:{self.index}"
-        for name, opts in self.decorators:
+        for name, opts in self._labelled_decorators():
             s += f"+{name}"
             if opts:  # "flex+autodiff(checkpointing=balanced)": two devices never print alike
-                s += "(" + ",".join(f"{k}={v}" for k, v in opts) + ")"
+                s += "(" + ",".join(f"{k}={_label_value(v)}" for k, v in opts) + ")"
         return s
 
     def __repr__(self) -> str:
@@ -322,9 +435,33 @@ class Device:
             r = f"Device.{self.kind}({self.index})"
         else:
             r = f"Device({self.kind!r}, {self.index}, {dict(self.options)!r})"
-        for name, opts in self.decorators:
+        for name, opts in self._labelled_decorators():
             r += f".{name}({', '.join(f'{k}={v!r}' for k, v in opts)})"
         return r
+
+
+def _label_value(value: Any) -> str:
+    """An option value as a device string spells it so that Device.parse reads the same value back: a plain
+    word bare (``balanced``), any other text quoted, everything else as its Python literal."""
+    if isinstance(value, str):
+        plain = _NAME.fullmatch(value) and value not in ("True", "False", "None")
+        return value if plain else repr(value)
+    return repr(value)
+
+
+def _automatic_decorators() -> list[Any]:
+    from .plugins.manager import registry
+
+    return registry.automatic_decorators()
+
+
+def _unknown_decorator(name: str) -> str:
+    """Why ``name`` cannot be used as a decorator, with the installed ones and how to get it."""
+    from .plugins.manager import install_hint, registry
+
+    installed = ", ".join(sorted(registry.decorators)) or "none"
+    return (f"{name!r} is not an installed decorator (installed decorators: {installed}); "
+            f"{install_hint(name, 'decorator')}")
 
 
 def as_device(obj: Any) -> Device:

@@ -4,12 +4,23 @@ Plugins are found through the entry-point group ``ember`` the first time anythin
 resolution, ``ember.info()``), never at ``import ember``. A plugin that fails to import or to register is logged
 and skipped, unless ``EMBER_STRICT_PLUGINS=1`` makes that fatal. ``EMBER_DISABLE_PLUGINS=a,b`` skips plugins by
 entry-point name. The per-op path never touches this module.
+
+Plugin code can raise anything, ``SystemExit`` included; every ``BaseException`` it raises is caught and reported
+as that plugin's failure, except ``KeyboardInterrupt`` and ``GeneratorExit``, which are the user's or the
+interpreter's and propagate. Two plugins registering the same backend, decorator or op name is a *conflict*: the
+plugin whose entry-point name is that name owns it (``ember-flex``'s entry point ``flex`` owns the backend
+``flex``); otherwise the first registration wins (entry points load in name order, so "first" does not depend on
+the environment). The losing registration is dropped with a warning, shown by ``ember info``, and is fatal under
+``EMBER_STRICT_PLUGINS=1``.
 """
 
 from __future__ import annotations
 
+import builtins
+import keyword
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +56,9 @@ class BackendSpec:
             return self.kind
         try:
             return str(self.device_kind(index))
-        except Exception as exc:  # a driver failing to describe a device: rank it lowest, never crash default()
+        except BaseException as exc:  # a driver failing to describe a device: rank it lowest, never crash default()
+            if _propagates(exc):
+                raise
             log.debug("backend %s device_kind(%d) failed: %s", self.name, index, exc)
             return "emulated"
 
@@ -54,7 +67,9 @@ class BackendSpec:
             return 1
         try:
             return int(self.is_available())
-        except Exception as exc:  # missing driver etc.: the device is simply absent
+        except BaseException as exc:  # missing driver etc.: the device is simply absent
+            if _propagates(exc):
+                raise
             log.debug("backend %s availability check failed: %s", self.name, exc)
             return 0
 
@@ -70,6 +85,21 @@ class DecoratorSpec:
     #: opts a device out. The factory may return the backend unchanged when it does not apply (fusion on a
     #: backend without code generation).
     automatic: bool = False
+    #: for an automatic decorator: whether it is on by default right now (an environment switch such as
+    #: ``EMBER_FUSION=0`` turns it off for every device); None means always on
+    enabled: Callable[[], bool] | None = None
+
+    def on_by_default(self) -> bool:
+        """Whether this automatic decorator applies to devices that do not mention it (never raises)."""
+        if self.enabled is None:
+            return True
+        try:
+            return bool(self.enabled())
+        except BaseException as exc:  # a broken switch: keep the documented default (on)
+            if _propagates(exc):
+                raise
+            log.debug("decorator %s enabled() failed: %s", self.name, exc)
+            return True
 
 
 @dataclass(frozen=True)
@@ -91,6 +121,78 @@ class PluginRecord:
     version: str = ""
     distribution: str = ""
     error: str = ""
+    #: names this plugin registered but lost to another plugin (see :class:`Conflict`)
+    conflicts: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Two plugins registered the same name; ``winner`` keeps it."""
+
+    what: str  # "backend", "decorator" or "op"
+    name: str
+    winner: str
+    loser: str
+    reason: str
+
+    def __str__(self) -> str:
+        return (f"{self.what} {self.name!r} is registered by plugins {self.winner!r} and {self.loser!r}; "
+                f"{self.winner!r} keeps it ({self.reason}); remove or disable one of them with "
+                f"EMBER_DISABLE_PLUGINS")
+
+
+# what a plugin may raise that is still the user's or the interpreter's business, never the plugin's failure
+_PROPAGATE = (KeyboardInterrupt, GeneratorExit)
+_BACKEND_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+
+
+def _propagates(exc: BaseException) -> bool:
+    group = getattr(builtins, "BaseExceptionGroup", None)
+    if group is not None and isinstance(exc, group):
+        return exc.subgroup(_PROPAGATE) is not None
+    return isinstance(exc, _PROPAGATE)
+
+
+def _extra_providing(dist: str, name: str) -> bool:
+    """Whether the installed distribution ``dist`` has an extra ``name`` that installs ``ember-<name>`` (the
+    monorepo's convention: one extra per plugin). ``test`` or ``all`` are extras but provide no plugin ``test``."""
+    try:
+        requires = metadata.metadata(dist).get_all("Requires-Dist") or []
+    except metadata.PackageNotFoundError:
+        return False
+    want = f"ember-{name}".lower()
+    for req in requires:
+        spec, _, marker = req.partition(";")
+        found = re.match(r"\s*([A-Za-z0-9._-]+)", spec)
+        if not found or found.group(1).lower().replace("_", "-") != want:
+            continue
+        if re.search(r"""extra\s*==\s*['"]""" + re.escape(name) + r"""['"]""", marker):
+            return True
+    return False
+
+
+def install_hint(name: str, what: str = "device") -> str:
+    """How to get the plugin that provides the backend or decorator ``name``, read from the installed metadata.
+
+    An installed plugin of that entry-point name that is disabled or failed names its distribution; otherwise an
+    extra is named only if an installed distribution (``ember``, else ``ember-core``) really has one that installs
+    ``ember-<name>``; otherwise no known plugin provides it.
+    """
+    records = {p.name: p for p in registry.plugins}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name != name:
+            continue
+        dist = ep.dist.metadata["Name"] if ep.dist else f"module {ep.value}"
+        if name in _disabled():
+            return f"the plugin {name!r} ({dist}) is installed but disabled by EMBER_DISABLE_PLUGINS"
+        record = records.get(name)
+        if record is None or record.error:
+            return f"the plugin {name!r} comes from {dist}: reinstall or upgrade it (`ember info` shows its error)"
+        return f"the installed plugin {name!r} ({dist}) registers no {what} of that name"
+    for dist in ("ember", "ember-core"):
+        if _extra_providing(dist, name):
+            return f"install its plugin with pip install '{dist}[{name}]'"
+    return f"no plugin provides this {what}; see docs/plugins"
 
 
 def _strict() -> bool:
@@ -110,7 +212,11 @@ class PluginRegistry:
         self.decorators: dict[str, DecoratorSpec] = {}
         self.ops: dict[str, OpSpec] = {}
         self.plugins: list[PluginRecord] = []
+        self.conflicts: list[Conflict] = []
         self._loaded = False
+        self._loading = False
+        # under EMBER_STRICT_PLUGINS=1: the first load error, raised again by every later lookup
+        self._fatal: PluginError | None = None
         self._lock = threading.RLock()
         self._pm: Any = None
 
@@ -119,9 +225,23 @@ class PluginRegistry:
         if not self._loaded:
             with self._lock:
                 if not self._loaded:
-                    self._load_entry_points()
-                    self._loaded = True
+                    self._loading = True
+                    try:
+                        self._load_entry_points()
+                    finally:
+                        # loading happens once, even when it fails: a retry would register the good plugins
+                        # twice and blame them instead of the plugin that failed
+                        self._loading = False
+                        self._loaded = True
+        if self._fatal is not None:
+            self._raise_fatal()
         return self
+
+    def _raise_fatal(self) -> None:
+        fatal = self._fatal
+        assert fatal is not None
+        # a fresh exception with the same message each time (re-raising one object would grow its traceback)
+        raise PluginError(str(fatal)) from fatal.__cause__
 
     def _manager(self) -> Any:
         if self._pm is None:
@@ -135,7 +255,10 @@ class PluginRegistry:
 
     def _load_entry_points(self) -> None:
         disabled = _disabled()
-        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        # name order (then distribution): which plugin registers a name first must not depend on sys.path order
+        eps = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP),
+                     key=lambda ep: (ep.name, ep.dist.metadata["Name"] if ep.dist else "", ep.value))
+        for ep in eps:
             if ep.name in disabled:
                 log.info("ember plugin %s disabled by EMBER_DISABLE_PLUGINS", ep.name)
                 continue
@@ -146,9 +269,16 @@ class PluginRegistry:
                 version=dist.version if dist else "",
                 distribution=dist.metadata["Name"] if dist else "",
             )
+            if any(p.name == ep.name for p in self.plugins):
+                other = next(p for p in self.plugins if p.name == ep.name)
+                self._fail(record, f"another plugin named {ep.name!r} is already loaded (from "
+                           f"{other.distribution or other.module}); entry-point names must be unique", None)
+                continue
             try:
                 module = ep.load()
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit at import too: a plugin never ends the program
+                if _propagates(exc):
+                    raise
                 self._fail(record, f"import failed: {type(exc).__name__}: {exc}", exc)
                 continue
             self.register_plugin(module, record=record)
@@ -160,20 +290,33 @@ class PluginRegistry:
             record = PluginRecord(name=name, module=getattr(plugin, "__name__", repr(plugin)))
         with self._lock:
             pm = self._manager()
+            if pm.has_plugin(record.name) or pm.is_registered(plugin):
+                self._fail(record, f"a plugin named {record.name!r} (or this plugin object) is already registered",
+                           None)
+                return
             try:
                 pm.register(plugin, name=record.name)
-            except Exception as exc:
-                self._fail(record, f"registration failed: {exc}", exc)
+            except BaseException as exc:
+                if _propagates(exc):
+                    raise
+                # pluggy's message ends with a dump of its internals: keep its first line
+                self._fail(record, f"registration failed: {str(exc).splitlines()[0] if str(exc) else exc!r}", exc)
                 return
             self.plugins.append(record)
             try:
-                self._call_hooks(plugin, record)
-            except Exception as exc:
+                lost = self._call_hooks(plugin, record)
+            except BaseException as exc:
+                if _propagates(exc):
+                    raise
                 pm.unregister(plugin)
                 self.plugins.remove(record)
                 self._fail(record, f"register hooks failed: {type(exc).__name__}: {exc}", exc)
+                return
+            for conflict in lost:
+                self._conflict(conflict)
 
-    def _call_hooks(self, plugin: object, record: PluginRecord) -> None:
+    def _call_hooks(self, plugin: object, record: PluginRecord) -> list[Conflict]:
+        """Run the plugin's register hooks, check everything, then commit it all at once (or nothing)."""
         pm = self._manager()
         new_backends: list[BackendSpec] = []
         new_decorators: list[DecoratorSpec] = []
@@ -203,30 +346,72 @@ class PluginRegistry:
                 )
                 raise PluginError(msg)
         for b in new_backends:
-            self.backends[b.name] = b
-        for d in new_decorators:
-            self.decorators[d.name] = d
-        for o in new_ops:
-            self.ops[o.name] = o
+            if not isinstance(b.name, str) or not _BACKEND_NAME.fullmatch(b.name):
+                raise PluginError(f"backend name {b.name!r} cannot appear in a device string: use lowercase "
+                                  "letters, digits, '_' and '-', starting with a letter")
+        from ..device import Device
 
-    def _fail(self, record: PluginRecord, message: str, exc: BaseException) -> None:
+        for d in new_decorators:
+            if not isinstance(d.name, str) or not d.name.isidentifier() or d.name.startswith("_") \
+                    or keyword.iskeyword(d.name) or hasattr(Device, d.name):
+                raise PluginError(f"decorator name {d.name!r} must be a public identifier that is not already a "
+                                  f"Device attribute (device.{d.name}(...) is how users call it)")
+        lost: list[Conflict] = []
+        for what, table, specs in (("backend", self.backends, new_backends),
+                                   ("decorator", self.decorators, new_decorators), ("op", self.ops, new_ops)):
+            for spec in specs:
+                old = table.get(spec.name)
+                if old is None or old.plugin == record.name:
+                    table[spec.name] = spec  # type: ignore[index]
+                elif spec.name == record.name and old.plugin != spec.name:
+                    lost.append(Conflict(what, spec.name, record.name, old.plugin,
+                                         f"the plugin named {spec.name!r} owns the name"))
+                    table[spec.name] = spec  # type: ignore[index]
+                else:
+                    reason = (f"the plugin named {spec.name!r} owns the name" if old.plugin == spec.name
+                              else "it registered the name first")
+                    lost.append(Conflict(what, spec.name, old.plugin, record.name, reason))
+        return lost
+
+    def _conflict(self, conflict: Conflict) -> None:
+        self.conflicts.append(conflict)
+        loser = next((p for p in self.plugins if p.name == conflict.loser), None)
+        if loser is not None:
+            loser.conflicts.append(f"{conflict.what} {conflict.name!r}")
+        self._report(PluginError(f"ember plugin name conflict: {conflict}"), None)
+
+    def _fail(self, record: PluginRecord, message: str, exc: BaseException | None) -> None:
         record.error = message
-        self.plugins.append(record)
-        if _strict():
-            raise PluginError(f"ember plugin {record.name!r} ({record.module}): {message}") from exc
-        log.warning("ember plugin %r skipped: %s", record.name, message)
+        if record not in self.plugins:
+            self.plugins.append(record)
+        self._report(PluginError(f"ember plugin {record.name!r} ({record.module}): {message}"), exc)
+
+    def _report(self, err: PluginError, cause: BaseException | None) -> None:
+        """Log a load problem, or under EMBER_STRICT_PLUGINS=1 make it fatal: while discovering, the first
+        problem is kept (the others are still recorded for ``ember info``) and raised by this and every later
+        lookup; a direct ``register_plugin`` raises at once."""
+        err.__cause__ = cause
+        if not _strict():
+            log.warning("%s (skipped)", err)
+            return
+        if self._loading:
+            if self._fatal is None:
+                self._fatal = err
+            return
+        raise err
 
     # -- queries ---------------------------------------------------------------------------------------------
     def backend(self, name: str) -> BackendSpec:
         self.ensure_loaded()
         spec = self.backends.get(name)
         if spec is None:
+            installed = f"installed backends: {', '.join(sorted(self.backends)) or 'none'}"
+            if name in self.decorators:
+                raise PluginError(f"{name!r} is a decorator, not a backend: write it after a backend, e.g. "
+                                  f"'flex+{name}' ({installed})")
             failed = [p for p in self.plugins if p.name == name and p.error]
             why = f" (the plugin is installed but failed to load: {failed[0].error})" if failed else ""
-            raise PluginError(
-                f"no backend named {name!r} is installed{why}; install its plugin with "
-                f"pip install 'ember[{name}]' (installed backends: {sorted(self.backends) or 'none'})"
-            )
+            raise PluginError(f"no backend named {name!r} is installed{why}; {install_hint(name)} ({installed})")
         return spec
 
     def decorator(self, name: str) -> DecoratorSpec | None:
@@ -238,18 +423,25 @@ class PluginRegistry:
         self.ensure_loaded()
         return sorted((d for d in self.decorators.values() if d.automatic), key=lambda d: d.name)
 
-    def hook_results(self, name: str) -> dict[str, Any]:
+    def hook_results(self, name: str, *, check: bool = True) -> dict[str, Any]:
         """Call the argument-less hook ``name`` (``plugin_info``) on each loaded plugin: {plugin: result}.
 
         A plugin whose hook raises gets ``{"error": "..."}``: ``ember info`` must work even when a plugin is broken.
+        ``check=False`` asks the plugins that did load even when strict mode made a load error fatal.
         """
-        self.ensure_loaded()
+        try:
+            self.ensure_loaded()
+        except PluginError:
+            if check:
+                raise
         results: dict[str, Any] = {}
         with self._lock:
             for impl in getattr(self._manager().hook, name).get_hookimpls():
                 try:
                     results[impl.plugin_name] = impl.function()
-                except Exception as exc:
+                except BaseException as exc:
+                    if _propagates(exc):
+                        raise
                     results[impl.plugin_name] = {"error": f"{type(exc).__name__}: {exc}"}
         return results
 

@@ -47,5 +47,6 @@ def register_decorators(register: Callable[..., None]) -> None:
         _factory,
         contract=CONTRACT,
         automatic=True,
+        enabled=enabled_by_environment,  # EMBER_FUSION=0: devices print as opted out (flex+fusion(enabled=False))
         description=f"lazy recording and fused kernels (ember-fusion {__version__})",
     )
