@@ -22,7 +22,7 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _default_device(errors: list[str]) -> str | None:
+def _default_device(errors: list[str], fatal: bool) -> str | None:
     from . import device as _device
     from .errors import EmberError
 
@@ -32,7 +32,8 @@ def _default_device(errors: list[str]) -> str | None:
     try:
         return str(_device.Device.default())
     except EmberError as exc:
-        errors.append(f"default device: {exc}")
+        if not fatal:  # under strict mode the lookup fails with the load error already reported
+            errors.append(f"default device: {exc}")
         return None
 
 
@@ -43,13 +44,14 @@ def collect() -> dict[str, Any]:
     from . import __version__
     from .errors import PluginError
     from .plugins.hookspecs import CONTRACT_VERSION
-    from .plugins.manager import registry
+    from .plugins.manager import _strict, registry
 
     errors: list[str] = []
+    fatal: str | None = None
     try:
         registry.ensure_loaded()
     except PluginError as exc:  # EMBER_STRICT_PLUGINS=1: report the fatal error instead of dying
-        errors.append(str(exc))
+        fatal = str(exc)
 
     plugins = [
         {
@@ -58,10 +60,18 @@ def collect() -> dict[str, Any]:
             "version": p.version,
             "module": p.module,
             "error": p.error or None,
+            "conflicts": list(p.conflicts),
         }
         for p in registry.plugins
     ]
     errors.extend(f"plugin {p.name!r} ({p.module}): {p.error}" for p in registry.plugins if p.error)
+    conflicts = [
+        {"what": c.what, "name": c.name, "winner": c.winner, "loser": c.loser, "reason": c.reason}
+        for c in registry.conflicts
+    ]
+    errors.extend(f"name conflict: {c}" for c in registry.conflicts)
+    if fatal is not None and not errors:  # the strict error is one of the above; only say it when it is not
+        errors.append(fatal)
 
     backends = [
         {
@@ -84,17 +94,13 @@ def collect() -> dict[str, Any]:
         for o in sorted(registry.ops.values(), key=lambda o: o.name)
     ]
 
-    try:
-        raw_info = registry.hook_results("plugin_info")
-    except PluginError as exc:
-        errors.append(str(exc))
-        raw_info = {}
+    raw_info = registry.hook_results("plugin_info", check=False)
     plugin_info = {name: _jsonable(raw_info[name]) for name in sorted(raw_info)}
     for name, facts in plugin_info.items():
         if isinstance(facts, dict) and set(facts) == {"error"}:
             errors.append(f"plugin {name!r}: plugin_info() failed: {facts['error']}")
 
-    default = _default_device(errors)
+    default = _default_device(errors, fatal is not None)
     return {
         "ember": __version__,
         "contract": CONTRACT_VERSION,
@@ -102,11 +108,15 @@ def collect() -> dict[str, Any]:
         "implementation": sys.implementation.name,
         "platform": platform.platform(),
         "numpy": np.__version__,
+        "strict": _strict(),
         "plugins": plugins,
         "backends": backends,
         "decorators": decorators,
         "ops": ops,
         "plugin_info": plugin_info,
         "default_device": default,
+        # why there is no default device when strict mode made a load error fatal
+        "default_device_error": None if fatal is None else "EMBER_STRICT_PLUGINS=1 and a plugin failed to load",
+        "conflicts": conflicts,
         "errors": errors,
     }

@@ -1,10 +1,15 @@
-"""The ``ember`` command: ``ember info [--json]``, ``ember bench [...]``, ``ember --version``."""
+"""The ``ember`` command: ``ember info [--json]``, ``ember bench [...]``, ``ember --version``.
+
+Errors are reported in one or two lines naming the problem and the fix; ``--debug`` (or ``EMBER_DEBUG=1``) shows
+the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,14 +29,16 @@ def format_info(info: dict[str, Any]) -> str:
     lines = [
         f"ember {info['ember']} (backend contract {info['contract']})",
         f"python {info['python']} ({info['implementation']}), numpy {info['numpy']}, {info['platform']}",
-        f"default device: {info['default_device'] or 'none'}",
+        f"default device: {info['default_device'] or 'none'}"
+        + (f" ({info['default_device_error']})" if info.get("default_device_error") else ""),
         "",
     ]
     plugins = info["plugins"]
     lines.append(f"plugins ({len(plugins)}):")
     if plugins:
         rows = [
-            [p["name"], p["distribution"] or "-", p["version"] or "-", p["module"], "error" if p["error"] else "ok"]
+            [p["name"], p["distribution"] or "-", p["version"] or "-", p["module"],
+             "error" if p["error"] else "conflict" if p.get("conflicts") else "ok"]
             for p in plugins
         ]
         lines += _table(rows, ["NAME", "DISTRIBUTION", "VERSION", "MODULE", "STATUS"])
@@ -76,6 +83,12 @@ def format_info(info: dict[str, Any]) -> str:
                 text = str(value)
             lines.append(f"  {name}: {text}")
 
+    conflicts = info.get("conflicts") or []
+    if conflicts:
+        lines += ["", f"name conflicts ({len(conflicts)}):"]
+        rows = [[c["what"], c["name"], c["winner"], c["loser"], c["reason"]] for c in conflicts]
+        lines += _table(rows, ["WHAT", "NAME", "KEPT FROM", "DROPPED FROM", "WHY"])
+
     errors = info["errors"]
     lines += ["", f"load errors ({len(errors)}):" if errors else "load errors: none"]
     lines += [f"  {e}" for e in errors]
@@ -115,7 +128,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2, sort_keys=False))
     else:
         print(format_info(info))
-    return 0
+    # under EMBER_STRICT_PLUGINS=1 a plugin that failed is a failure of the installation (CI checks this)
+    return 1 if info.get("strict") and info["errors"] else 0
 
 
 _BENCHMARKS = {
@@ -155,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="ember", description="ember: plugins, devices and benchmarks.")
     parser.add_argument("--version", action="version", version=f"ember {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (also EMBER_DEBUG=1); works after a command too")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p_info = sub.add_parser("info", help="plugins, versions, contract versions, devices found and load errors")
@@ -175,32 +191,86 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that installed packages contribute, and what to install when one is missing; the table only says where
+# a command comes from, the command itself is always the package's (through its entry point).
+_PACKAGE_COMMANDS = {
+    "train": ("ember-train", "train a built-in example (needs ember-train)"),
+}
+
+
 def _add_package_commands(sub: Any) -> None:
     """Subcommands contributed by installed packages through the ``ember.commands`` entry-point group: each
     entry point is a callable ``register(subparsers)`` that adds its parser and sets ``func`` (as ember-train
-    does for ``ember train``). A package whose command fails to load is reported, not fatal."""
+    does for ``ember train``). A package whose command fails to load is reported, not fatal. A known command
+    whose package is missing gets a stand-in that says what to install."""
     from importlib import metadata
 
+    loaded: set[str] = set()
     for ep in metadata.entry_points(group="ember.commands"):
         try:
             ep.load()(sub)
+            loaded.add(ep.name)
         except Exception as exc:  # a broken package must not take `ember info` down with it
             print(f"ember: command {ep.name!r} from {ep.value} failed to load: {type(exc).__name__}: {exc}",
                   file=sys.stderr)
+    for name, (dist, help_text) in _PACKAGE_COMMANDS.items():
+        if name not in loaded and name not in sub.choices:
+            p = sub.add_parser(name, help=help_text, add_help=False)
+            p.set_defaults(func=_missing_command(name, dist), takes_any_arguments=True)
+
+
+def _missing_command(name: str, dist: str) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        print(f"ember {name}: this command comes from the {dist} package, which is not installed (or failed to "
+              f"load);\n  install it with pip install {dist} (or pip install ember, which includes it)",
+              file=sys.stderr)
+        return 2
+
+    return run
+
+
+def _debugging(argv: list[str]) -> bool:
+    return "--debug" in argv or os.environ.get("EMBER_DEBUG", "") not in ("", "0", "false", "no")
+
+
+def _report(command: str, exc: BaseException) -> None:
+    """One or two lines: what went wrong (typed ember errors already name the problem and the fix)."""
+    from .errors import EmberError
+
+    prefix = f"ember {command}" if command else "ember"
+    if isinstance(exc, EmberError):
+        print(f"{prefix}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    else:  # not a user error: say so, and how to get the details for a bug report
+        print(f"{prefix}: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+    print("  (run with --debug or EMBER_DEBUG=1 for the traceback)", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ember`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = _debugging(argv)
+    # --debug is accepted anywhere (`ember train --debug ...`); the commands never see it
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
     # `ember bench` hands its options to the benchmark script, which parses them itself
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "bench":
+    if extra and args.command != "bench" and not getattr(args, "takes_any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.bench_args = extra
+    args.debug = debug
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return args.func(args)
+    if debug:
+        return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"ember {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        _report(args.command or "", exc)
+        return 1
 
 
 if __name__ == "__main__":
