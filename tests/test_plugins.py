@@ -432,3 +432,187 @@ def test_example_backend_implements_only_the_required_primitives() -> None:
     own = {name for name, fn in vars(toy.ToyBackend).items() if inspect.isfunction(fn) and name != "__init__"}
     assert own == required | {"describe"}
     assert not hasattr(toy.ToyArray, "ndim") and not hasattr(toy.ToyArray, "dtype")
+
+
+# -- plugin code that raises BaseException, name conflicts, strict mode (issues 13 and 14) -----------------------
+def _module_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, body: str) -> None:
+    """A real module ``name`` on sys.path, announced by an entry point of the same name."""
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    _with_fake_entry_point(monkeypatch, name, name)
+
+
+def test_system_exit_at_plugin_import_is_that_plugins_failure(
+    plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _module_plugin(tmp_path, monkeypatch, "ember_test_exiting_plugin", "raise SystemExit(3)\n")
+    assert Device.flex() is Device("flex")  # the first device lookup survives
+    record = next(p for p in plugins.plugins if p.name == "ember_test_exiting_plugin")
+    assert record.error == "import failed: SystemExit: 3"
+
+
+def test_keyboard_interrupt_at_plugin_import_propagates(
+    plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _module_plugin(tmp_path, monkeypatch, "ember_test_interrupted_plugin", "raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        plugins.ensure_loaded()
+
+
+def test_system_exit_in_a_hook_or_availability_check_is_caught(plugins: manager.PluginRegistry) -> None:
+    class Exiting:
+        @hookimpl
+        def register_backends(self, register: Any) -> None:
+            raise SystemExit("bye")
+
+    plugins.register_plugin(Exiting(), name="exiting")
+    assert "SystemExit: bye" in next(p for p in plugins.plugins if p.name == "exiting").error
+
+    def gone() -> int:
+        raise SystemExit(1)
+
+    class Gone:
+        @hookimpl
+        def register_backends(self, register: Any) -> None:
+            register("gone", lambda index=0: None, contract=CONTRACT_VERSION, kind="gpu", is_available=gone)
+
+    plugins.register_plugin(Gone(), name="gone")
+    assert plugins.backend("gone").device_count() == 0
+    assert Device.default() is Device("flex")
+
+
+def _hijacker(*names: str) -> Any:
+    class Plugin:
+        @hookimpl
+        def register_backends(self, register: Any) -> None:
+            for name in names:
+                register(name, lambda index=0: None, contract=CONTRACT_VERSION, kind="gpu", priority=99,
+                         description=f"not the real {name}")
+
+    return Plugin()
+
+
+def test_a_plugin_cannot_take_over_flex(plugins: manager.PluginRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    # registered before discovery, so flex's own plugin comes second: the owner (entry point "flex") still wins
+    with caplog.at_level(logging.WARNING, logger="ember.plugins"):
+        plugins.register_plugin(_hijacker("flex", "evilgpu"), name="evil")
+        plugins.ensure_loaded()
+    assert plugins.backend("flex").plugin == "flex" and plugins.backend("evilgpu").plugin == "evil"
+    assert [(c.what, c.name, c.winner, c.loser) for c in plugins.conflicts] == [("backend", "flex", "flex", "evil")]
+    assert "owns the name" in plugins.conflicts[0].reason
+    assert next(p for p in plugins.plugins if p.name == "evil").conflicts == ["backend 'flex'"]
+    assert any("conflict" in r.getMessage() and "'evil'" in r.getMessage() for r in caplog.records)
+    assert Device.flex().stack.name.split("+")[0] == "flex"
+    info = ember.info()
+    assert info["conflicts"] == [{"what": "backend", "name": "flex", "winner": "flex", "loser": "evil",
+                                  "reason": "the plugin named 'flex' owns the name"}]
+    assert any(e.startswith("name conflict: backend 'flex'") for e in info["errors"])
+
+
+def test_otherwise_the_first_registration_wins(plugins: manager.PluginRegistry) -> None:
+    plugins.register_plugin(_backend_plugin("shared", priority=1), name="first")
+    plugins.register_plugin(_hijacker("shared"), name="second")
+    assert plugins.backend("shared").plugin == "first"
+    assert [(c.winner, c.loser, c.reason) for c in plugins.conflicts] == [
+        ("first", "second", "it registered the name first")]
+
+
+def test_a_conflict_is_fatal_when_strict(plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugins.ensure_loaded()
+    monkeypatch.setenv("EMBER_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match=r"conflict: backend 'flex' is registered by plugins 'flex' and 'evil'"):
+        plugins.register_plugin(_hijacker("flex"), name="evil")
+    assert plugins.backend("flex").plugin == "flex"
+
+
+def test_strict_mode_keeps_the_first_error(plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_STRICT_PLUGINS", "1")
+    _with_fake_entry_point(monkeypatch, "ghost", "ember_ghost_plugin_that_does_not_exist.plugin")
+    messages = []
+    for lookup in (Device.flex, lambda: Device.parse("flex+autodiff"), Device.default, plugins.ensure_loaded):
+        with pytest.raises(PluginError) as err:
+            lookup()
+        messages.append(str(err.value))
+    assert len(set(messages)) == 1 and messages[0].startswith("ember plugin 'ghost'")
+    assert "already registered" not in messages[0]
+    names = [p.name for p in plugins.plugins]
+    assert len(names) == len(set(names)) and "flex" in names  # every plugin recorded once, none twice
+    assert [p.name for p in plugins.plugins if p.error] == ["ghost"]
+
+
+# -- install hints name only what exists ----------------------------------------------------------------------------
+def _pyproject_extras() -> dict[str, set[str]]:
+    import tomllib
+
+    found = {}
+    for dist, folder in (("ember", "ember"), ("ember-core", "ember-core")):
+        data = tomllib.loads((ROOT / "packages" / folder / "pyproject.toml").read_text())
+        found[dist] = set(data["project"]["optional-dependencies"])
+    return found
+
+
+_PIP_EXTRA = re.compile(r"pip install '([A-Za-z0-9_.-]+)\[([A-Za-z0-9_,.-]+)\]'")
+
+
+def _check_hint(text: str, extras: dict[str, set[str]]) -> list[tuple[str, str]]:
+    named = _PIP_EXTRA.findall(text)
+    for dist, extra in named:
+        assert dist in extras and extra in extras[dist], f"hint names a missing extra {dist}[{extra}]: {text}"
+    return named
+
+
+@pytest.mark.parametrize("name", ["flex", "autodiff", "fusion", "opencl", "toy", "cuda", "rocm", "wgpu", "remote",
+                                  "router", "lora", "linalg", "test", "all", "plot", "nosuchthing"])
+def test_every_install_hint_names_an_existing_extra(plugins: manager.PluginRegistry, name: str) -> None:
+    extras = _pyproject_extras()
+    plugins.ensure_loaded()
+    for what in ("device", "decorator"):
+        hint = manager.install_hint(name, what)
+        named = _check_hint(hint, extras)
+        if name in ("test", "all", "plot", "cuda", "nosuchthing"):  # extras that install no plugin, or none at all
+            assert not named and hint == f"no plugin provides this {what}; see docs/plugins"
+    if name not in plugins.backends:
+        with pytest.raises(PluginError) as err:
+            Device(name)._checked()
+        _check_hint(str(err.value), extras)
+    if name not in plugins.decorators and not hasattr(Device, name):
+        with pytest.raises(AttributeError) as attr_err:
+            getattr(Device.flex(), name)
+        _check_hint(str(attr_err.value), extras)
+
+
+def test_core_only_install_hints_name_core_extras(plugins: manager.PluginRegistry,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    real_metadata, real_eps = manager.metadata.metadata, manager.metadata.entry_points
+
+    def metadata_without_meta(dist: str) -> Any:
+        if dist == "ember":
+            raise metadata.PackageNotFoundError(dist)
+        return real_metadata(dist)
+
+    # ember-core with flex only: no meta package, no autodiff plugin installed
+    monkeypatch.setattr(manager.metadata, "metadata", metadata_without_meta)
+    monkeypatch.setattr(manager.metadata, "entry_points",
+                        lambda **kw: [ep for ep in real_eps(**kw) if ep.name == "flex"])
+    hint = manager.install_hint("autodiff", "decorator")
+    assert hint == "install its plugin with pip install 'ember-core[autodiff]'"
+    _check_hint(hint, _pyproject_extras())
+    with pytest.raises(AttributeError, match=re.escape("pip install 'ember-core[autodiff]'")):
+        Device.flex().autodiff  # noqa: B018
+    # the meta package installed: its extra is named
+    monkeypatch.setattr(manager.metadata, "metadata", real_metadata)
+    assert manager.install_hint("autodiff", "decorator") == "install its plugin with pip install 'ember[autodiff]'"
+
+
+def test_hints_written_into_the_sources_name_existing_extras() -> None:
+    """Hand-written hints in core and the plugins (not only the computed ones) must name real extras."""
+    extras = _pyproject_extras()
+    roots = [ROOT / "packages", ROOT / "plugins"]
+    checked = 0
+    for root in roots:
+        for path in root.rglob("*.py"):
+            if "tests" in path.parts:
+                continue
+            checked += len(_check_hint(path.read_text(encoding="utf-8"), extras))
+    assert checked >= 1  # the scan sees the hints that exist (e.g. the autodiff one)

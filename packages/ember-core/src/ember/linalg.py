@@ -1,7 +1,7 @@
 """``ember.linalg``: PyTorch's ``torch.linalg`` names that core provides.
 
-Core ships the norms every model needs; matrix decompositions and solvers come from the ember-linalg plugin
-(``pip install 'ember[linalg]'``), which registers them as extension ops.
+Core ships the norms every model needs; matrix decompositions and solvers are left to a plugin (an ember-linalg
+plugin, not released yet), which would register them as extension ops.
 """
 
 from .ops.linalg import matmul
