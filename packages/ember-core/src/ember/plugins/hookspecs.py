@@ -34,6 +34,8 @@ def register_backends(register: Callable[..., None]) -> None:
       real hardware ("gpu") over "cpu" over "emulated".
     - ``priority``: tie-breaker within a kind; higher wins.
     - ``is_available() -> int``: number of devices present (0 = hardware missing); ``None`` means 1.
+
+    Backend names appear in device strings: lowercase letters, digits, ``_`` and ``-``, starting with a letter.
     """
 
 
@@ -41,14 +43,17 @@ def register_backends(register: Callable[..., None]) -> None:
 def register_decorators(register: Callable[..., None]) -> None:
     """Register backend decorators (autodiff, fusion, router, ...).
 
-    ``register(name, factory, *, contract, description="", automatic=False)``
+    ``register(name, factory, *, contract, description="", automatic=False, enabled=None)``
 
     ``factory(inner: ember.backend.Backend, **options) -> ember.backend.Backend`` wraps an inner backend.
-    Once registered, ``device.<name>(**options)`` returns the decorated device (``device.autodiff()``).
+    Once registered, ``device.<name>(**options)`` returns the decorated device (``device.autodiff()``). ``name``
+    must be a public identifier that is not already a ``Device`` attribute (``sync``, ``seed``, ``inner``, ...).
 
     An ``automatic`` decorator (fusion) applies to every device without being named, innermost, directly over the
     backend; its factory may return ``inner`` unchanged where it does not apply. ``device.<name>(False)`` opts
     a device out (the factory is then not called) and ``device.<name>(**options)`` sets its options.
+    ``enabled() -> bool`` says whether it is on by default right now (fusion reads ``EMBER_FUSION``); when it
+    is off, devices print as opted out (``flex+fusion(enabled=False)``) so labels say what runs.
     """
 
 
