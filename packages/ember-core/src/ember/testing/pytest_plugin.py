@@ -8,6 +8,8 @@ environment where ember is installed, so it does almost nothing unless ember's t
 * for the kit's own tests, and for other tests using ember when the device was chosen explicitly (option or
   environment variable), the device under test is ember's default device while they run (restored afterwards);
 * marker ``requires_dtype(dtype, ...)``: skip with a reason when the device does not support a dtype;
+* the warning filters the kit's tests need (numpy's floating-point RuntimeWarnings are expected there), so a
+  backend's author running the kit from their own project sees only the warnings that mean something;
 * a report-header line naming the device under test.
 """
 
@@ -25,6 +27,16 @@ import pytest
 _ENV = "EMBER_TEST_DEVICE"
 _KIT_DIR = Path(__file__).resolve().parent
 
+# The kit feeds inf, nan, zero divisors and out-of-range values on purpose and compares the results with PyTorch,
+# which computes them silently. A backend built on numpy gets numpy's floating-point RuntimeWarnings for exactly
+# those inputs ("invalid value encountered in subtract", ...), hundreds per run: expected, so the kit's own tests
+# ignore them. They are added as marks, which pytest applies after ini and -W filters, so the kit is quiet
+# wherever it runs (no project configuration needed) and even under -W error::RuntimeWarning; any other warning
+# a backend raises still shows.
+_KIT_WARNING_FILTERS = (
+    "ignore:(divide by zero|invalid value|overflow|underflow) encountered:RuntimeWarning",
+)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ember", "ember conformance kit")
@@ -41,6 +53,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "requires_dtype(*dtypes): skip unless the ember device under test supports every dtype given"
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _is_kit_test(item):
+            for spec in _KIT_WARNING_FILTERS:
+                item.add_marker(pytest.mark.filterwarnings(spec))
 
 
 def _spec(config: pytest.Config) -> str:
