@@ -16,6 +16,10 @@ alternately and are timed; afterwards the class keeps the path with the lower mi
 :attr:`FusedKernel.choices`). Small arrays usually favour numpy (numexpr
 costs ~10 us per call), large ones numexpr.
 
+Threads: a compiled numexpr program keeps per-call state in the program object (its operand pointers and
+temporaries), so two threads must never run one program at once. Each :class:`FusedKernel` has a lock for its
+programs; a call that finds it held takes the numpy path instead of waiting (the paths give identical bits).
+
 Numerics: the numexpr path is bit-identical to the numpy path. numexpr computes only what it does exactly like
 numpy (+, -, *, /, sqrt, comparisons, where, casts (upcasts and to bool), floor/ceil/trunc, rint-style round, abs,
 neg, copysign, fmod, maximum/minimum, bitwise ops and shifts); transcendental functions (exp, log, tanh, sin, pow,
@@ -25,6 +29,7 @@ run as numpy steps. So the measured choice never changes a result, and identical
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -322,6 +327,8 @@ class FusedKernel:
         self._timings: dict[int, dict[str, list[float]]] = {}
         self.last_path = ""
         self._numpy = _numpy_runner(kernel, backend)
+        # held while a thread runs this kernel's numexpr programs (not reentrant: nothing runs kernels from inside)
+        self._busy = threading.Lock()
         # scalars numexpr reads as 0-d arrays of the instruction's kind (checked per call, see _scalar_ok)
         self._scalar_kinds = [(ins.args[0], plan.kind[i]) for i, ins in enumerate(kernel.body)
                               if ins.op == "scalar" and plan.kind[i] is not None]
@@ -343,15 +350,21 @@ class FusedKernel:
         cls = _size_class(n, outs is not None and any(o is not None for o in outs))
         path = self.choices.get(cls)
         if path is not None:
-            self.last_path = path
-            return self._numpy(inputs, scalars, shape, outs) if path == "numpy" else \
-                self._numexpr(inputs, scalars, shape, outs)
+            if path == "numexpr":
+                r = self._try_numexpr(inputs, scalars, shape, outs)
+                if r is not None:
+                    self.last_path = path
+                    return r
+            self.last_path = "numpy"
+            return self._numpy(inputs, scalars, shape, outs)
         # still measuring this size class: alternate the paths, keep the faster once both have TRIALS timings
         t = self._timings.setdefault(cls, {"numpy": [], "numexpr": []})
         path = "numexpr" if len(t["numexpr"]) <= len(t["numpy"]) else "numpy"
         t0 = time.perf_counter()
-        r = self._numpy(inputs, scalars, shape, outs) if path == "numpy" else \
-            self._numexpr(inputs, scalars, shape, outs)
+        r = self._try_numexpr(inputs, scalars, shape, outs) if path == "numexpr" else None
+        if r is None:  # numpy's turn, or another thread is running the numexpr programs: time numpy instead
+            path = "numpy"
+            r = self._numpy(inputs, scalars, shape, outs)
         t[path].append(time.perf_counter() - t0)
         self.last_path = path
         if len(t["numpy"]) >= TRIALS and len(t["numexpr"]) >= TRIALS:
@@ -370,9 +383,21 @@ class FusedKernel:
         for k, kind in self._scalar_kinds:
             if not _scalar_ok(scalars[k], kind):
                 return self._numpy(inputs, scalars, shape, outs)
-        return self._numexpr(inputs, scalars, shape, outs)
+        with self._busy:  # explicitly asked for numexpr: wait for another thread's run of these programs
+            return self._numexpr(inputs, scalars, shape, outs)
 
     # -- the numexpr path --------------------------------------------------------------------------------------
+    def _try_numexpr(self, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
+                     outs: Sequence[Any] | None) -> list[Any] | None:
+        """The numexpr path, or None without running anything when another thread is running this kernel's
+        programs (a numexpr program is not reentrant: concurrent runs corrupt its operand and temporary slots)."""
+        if not self._busy.acquire(blocking=False):
+            return None
+        try:
+            return self._numexpr(inputs, scalars, shape, outs)
+        finally:
+            self._busy.release()
+
     def _numexpr(self, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
                  outs: Sequence[Any] | None) -> list[Any]:
         plan, kernel, be = self._plan, self.kernel, self.backend

@@ -44,23 +44,76 @@ _SPECIAL = frozenset(
 )
 
 
-class FusionStats:
-    """Counters shown in ``device.memory_report()`` under ``fusion_*`` keys."""
+_COUNTERS = ("recorded", "realizations", "single_ops", "plan_hits", "plan_misses", "kernels_run",
+             "kernels_compiled", "kernels_interpreted", "boundaries")
 
-    __slots__ = ("recorded", "realizations", "single_ops", "plan_hits", "plan_misses", "kernels_run",
-                 "kernels_compiled", "kernels_interpreted", "boundaries")
+
+class _Counts:
+    """One thread's counters (only that thread writes them, so increments need no lock and lose nothing)."""
+
+    __slots__ = _COUNTERS
 
     def __init__(self) -> None:
-        self.reset()
+        for k in _COUNTERS:
+            setattr(self, k, 0)
+
+
+class FusionStats:
+    """Counters shown in ``device.memory_report()`` under ``fusion_*`` keys.
+
+    Each thread counts in its own :class:`_Counts` cell (see :meth:`cell`); reading a counter
+    (``stats.plan_hits``) sums the cells of every thread, so the totals are exact under threads. Cells of threads
+    that ended are folded into one when the next thread registers or the counters are read.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cells: list[tuple[weakref.ref[threading.Thread], _Counts]] = []
+        self._ended = _Counts()
+        self._local = threading.local()
+
+    def cell(self) -> _Counts:
+        """The calling thread's counters."""
+        try:
+            return self._local.cell  # type: ignore[no-any-return]
+        except AttributeError:
+            c = self._local.cell = _Counts()
+            with self._lock:
+                self._fold_ended()
+                self._cells.append((weakref.ref(threading.current_thread()), c))
+            return c
+
+    def _fold_ended(self) -> None:
+        live = []
+        for ref, c in self._cells:
+            t = ref()
+            if t is None or not t.is_alive():
+                for k in _COUNTERS:
+                    setattr(self._ended, k, getattr(self._ended, k) + getattr(c, k))
+            else:
+                live.append((ref, c))
+        self._cells = live
+
+    def __getattr__(self, name: str) -> int:
+        if name not in _COUNTERS:
+            raise AttributeError(name)
+        with self._lock:
+            self._fold_ended()
+            return getattr(self._ended, name) + sum(getattr(c, name) for _, c in self._cells)
 
     def reset(self) -> None:
-        self.recorded = self.realizations = self.single_ops = self.plan_hits = self.plan_misses = 0
-        self.kernels_run = self.kernels_compiled = self.kernels_interpreted = self.boundaries = 0
+        with self._lock:
+            self._ended = _Counts()
+            for _, c in self._cells:
+                c.__init__()  # type: ignore[misc]
 
     def as_dict(self) -> dict[str, int]:
-        out = {f"fusion_{k}": getattr(self, k) for k in self.__slots__}
-        looked_up = self.plan_hits + self.plan_misses
-        out["fusion_plan_hit_rate"] = self.plan_hits / looked_up if looked_up else 0.0
+        with self._lock:
+            self._fold_ended()
+            cells = [self._ended] + [c for _, c in self._cells]
+            out = {f"fusion_{k}": sum(getattr(c, k) for c in cells) for k in _COUNTERS}
+        looked_up = out["fusion_plan_hits"] + out["fusion_plan_misses"]
+        out["fusion_plan_hit_rate"] = out["fusion_plan_hits"] / looked_up if looked_up else 0.0
         return out
 
 
@@ -76,9 +129,13 @@ class FusionBackend(Backend):
         self.supported_dtypes = inner.supported_dtypes
         self.max_pending = max_pending
         self.stats = FusionStats()
-        self._pending = PendingSet()
+        self._pending = PendingSet(self.stats)
         self._plans: OrderedDict[Any, Any] = OrderedDict()
         self._compiled: dict[Any, Any] = {}
+        # Held while pending nodes turn into values (and while the plan and compile caches change). Recording is
+        # per thread, but a pending handle can reach another thread (handed over, or read through a shared
+        # tensor): two threads must never realize one node at once, nor read a node's graph while another thread
+        # replaces it with its value. Boundary ops (matmul, conv, ...) run outside it, in parallel.
         self._lock = threading.RLock()
         self._bind_compositions()
 
@@ -101,7 +158,7 @@ class FusionBackend(Backend):
         h = FArray(Node(op, args, srcs, shape, dtype))
         pending = self._pending
         pending.add(h)
-        self.stats.recorded += 1
+        pending.counts.recorded += 1
         if pending.recorded >= self.max_pending:
             self.flush()
         return h
@@ -110,36 +167,36 @@ class FusionBackend(Backend):
     # realization
     # ------------------------------------------------------------------------------------------------------
     def _realize(self, nodes: list[Node], into: dict[int, Any] | None = None) -> None:
-        targets = [n for n in nodes if n.value is None]
-        if not targets:
-            return
-        pending = pending_subgraph(targets)
-        if len(pending) == 1 and into is None:
-            # one op on values in memory: nothing to fuse, so skip the planning and call the backend's op
-            n = pending[0]
-            n.realize_as(self._run_one(n))
-            self.stats.realizations += 1
-            self.stats.single_ops += 1
-            return
-        graph = Graph(pending, {id(n) for n in targets})
-        stats, key = self.stats, graph.key
-        with self._lock:
+        with self._lock:  # see __init__: the targets' state is read and changed only under the lock
+            targets = [n for n in nodes if n.value is None]
+            if not targets:
+                return
+            stats = self._pending.counts
+            pending = pending_subgraph(targets)
+            if len(pending) == 1 and into is None:
+                # one op on values in memory: nothing to fuse, so skip the planning and call the backend's op
+                n = pending[0]
+                n.realize_as(self._run_one(n))
+                stats.realizations += 1
+                stats.single_ops += 1
+                return
+            graph = Graph(pending, {id(n) for n in targets})
+            key = graph.key
             try:  # one hash of the key on a hit: lookup and least-recently-used bookkeeping together
                 self._plans.move_to_end(key)
                 plan = self._plans[key]
             except KeyError:
                 plan = None
-        if plan is None:
-            plan = build_plan(graph, self._compile)
-            with self._lock:
+            if plan is None:
+                plan = build_plan(graph, self._compile)
                 self._plans[key] = plan
                 if len(self._plans) > PLAN_CACHE_SIZE:
                     self._plans.popitem(last=False)
-            stats.plan_misses += 1
-        else:
-            stats.plan_hits += 1
-        stats.realizations += 1
-        stats.kernels_run += run_plan(plan, graph, self.inner, into)
+                stats.plan_misses += 1
+            else:
+                stats.plan_hits += 1
+            stats.realizations += 1
+            stats.kernels_run += run_plan(plan, graph, self.inner, into)
 
     def _run_one(self, n: Node) -> Any:
         """A pending node whose inputs are all in memory, computed by the inner backend's own method."""
@@ -166,10 +223,11 @@ class FusionBackend(Backend):
             return self._compiled[kernel]
         fn = self.inner.fusion_compile(kernel)
         self._compiled[kernel] = fn
+        counts = self._pending.counts
         if fn is None:
-            self.stats.kernels_interpreted += 1
+            counts.kernels_interpreted += 1
         else:
-            self.stats.kernels_compiled += 1
+            counts.kernels_compiled += 1
         return fn
 
     def flush(self) -> None:
@@ -239,7 +297,7 @@ class FusionBackend(Backend):
         """An extension op's implementation for the inner backend, run as a fusion boundary (see dispatch)."""
 
         def run(_stack: Any, *args: Any, **kwargs: Any) -> Any:
-            self.stats.boundaries += 1
+            self._pending.counts.boundaries += 1
             return self._wrap(fn(self.inner, *self._values(args), **kwargs))
 
         return run
@@ -285,9 +343,10 @@ class FusionBackend(Backend):
             na.handle = None
             a.node = n
             n.handle = weakref.ref(a)
-            self._pending.add(a)
-            self.stats.recorded += 1
-            if self._pending.recorded >= self.max_pending:
+            pending = self._pending
+            pending.add(a)
+            pending.counts.recorded += 1
+            if pending.recorded >= self.max_pending:
                 self.flush()
             return
         if tb is not FArray or b.node.value is not None or not self._writable_in_place(na, srcs):
@@ -296,9 +355,10 @@ class FusionBackend(Backend):
             self.inner.inplace_binary(op, na.value, self._value(b))
             return
         # first everything pending that might read a's old contents, then one plan that writes a in place
-        self._realize([x for x in self._pending.take() if x is not srcs[-1]])
-        self._realize([n], into={id(n): na.value})
-        self.stats.recorded += 1
+        with self._lock:  # the two steps together, so no other thread's realization runs between them
+            self._realize([x for x in self._pending.take() if x is not srcs[-1]])
+            self._realize([n], into={id(n): na.value})
+        self._pending.counts.recorded += 1
 
     def _writable_in_place(self, target: Node, srcs: tuple[Node, ...]) -> bool:
         """True when no realized value the pending sources read may share memory with ``target`` (other than
@@ -397,10 +457,10 @@ class FusionBackend(Backend):
 
 def _boundary(backend: FusionBackend, name: str) -> Callable[..., Any]:
     inner_method = getattr(backend.inner, name)
-    stats = backend.stats
+    pending = backend._pending
 
     def method(*args: Any, **kwargs: Any) -> Any:
-        stats.boundaries += 1
+        pending.counts.boundaries += 1
         return backend._wrap(inner_method(*backend._values(args), **kwargs))
 
     method.__name__ = name

@@ -74,12 +74,15 @@ class FArray:
 
 
 class PendingSet(threading.local):
-    """Per thread: weak references to the handles of pending nodes, and how many ops were recorded since the
-    last full flush (the size bound)."""
+    """Per thread: weak references to the handles of pending nodes, how many ops were recorded since the last
+    full flush (the size bound), and the thread's cell of the backend's counters (``stats.cell()``).
 
-    def __init__(self) -> None:
+    ``threading.local`` runs ``__init__`` again, with the constructor's arguments, in each thread that uses it."""
+
+    def __init__(self, stats: Any = None) -> None:
         self.handles: list[weakref.ref[FArray]] = []
         self.recorded = 0
+        self.counts: Any = stats.cell() if stats is not None else None
 
     def add(self, h: FArray) -> None:
         self.handles.append(weakref.ref(h))
