@@ -16,7 +16,7 @@ import numpy as np
 from . import dtypes as dt
 from .device import Device, as_device, default_device
 from .dtypes import DType
-from .errors import DeviceError, DimError, DTypeError, ShapeError
+from .errors import DeviceError, DimError, DTypeError, EmberError, ShapeError, ValueRangeError
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -76,6 +76,12 @@ def norm_dims(dims: Any, ndim: int, op: str) -> tuple[int, ...]:
     if isinstance(dims, (int, np.integer)) and not isinstance(dims, bool):
         d = norm_dim(dims, ndim, op)  # validates even for 0-d tensors, where the only dim is "no dim"
         return (d,) if ndim else ()
+    if not isinstance(dims, (tuple, list)):
+        try:
+            dims = tuple(dims)
+        except TypeError:
+            raise DimError(f"{op}: dim must be an int or a sequence of ints, got {type(dims).__name__} "
+                           f"{dims!r}") from None
     out = tuple(norm_dim(d, ndim, op) for d in dims)
     if len(set(out)) != len(out):
         raise DimError(f"{op}: dim {tuple(dims)} appears multiple times in the list of dims")
@@ -137,9 +143,83 @@ def infer_dtype(data: Any, device: Device | None = None) -> DType:
         return dt.int64
     if arr.dtype.kind == "f":
         return device.default_dtype if device is not None else dt.get_default_dtype()
-    if arr.dtype.kind == "O":
+    if arr.dtype.kind in "OUS":
+        _check_leaves(arr, None)  # raises, naming the first leaf that is not a number
+        kinds = {type(v) for v in arr.ravel()}
+        if float in kinds:
+            return device.default_dtype if device is not None else dt.get_default_dtype()
+        if kinds and kinds <= _PY_LEAVES:  # Python ints past int64: int64, refused by the range check
+            return dt.int64 if int in kinds else dt.bool_
         raise DTypeError("tensor(): could not infer a dtype from the nested data (mixed tensors/objects?)")
     raise DTypeError(f"tensor(): unsupported data of numpy kind {arr.dtype} ({type(data).__name__})")
+
+
+def _leaf_error(v: Any, dtype: DType | None) -> DTypeError:
+    to = f" to {dtype}" if dtype is not None else ""
+    return DTypeError(
+        f"tensor(): cannot convert {type(v).__name__} {v!r}{to}: the data may hold only numbers (bool, int, "
+        "float) and tensors"
+    )
+
+
+def _is_number(v: Any) -> bool:
+    if isinstance(v, (str, bytes, bytearray, complex)) or v is None:
+        return False
+    if isinstance(v, np.generic):
+        return v.dtype.kind in "biuf" or v.dtype.name == "bfloat16"
+    return hasattr(type(v), "__float__") or hasattr(type(v), "__index__")
+
+
+def _check_leaves(arr: np.ndarray, dtype: DType | None) -> None:
+    """Refuse (DTypeError naming the value) strings, bytes, None, complex and other non-numbers in the data:
+    numpy would parse "1.5" as a float, or call None False."""
+    for v in arr.ravel():
+        if not _is_number(v):
+            raise _leaf_error(v.item() if isinstance(v, np.generic) else v, dtype)
+
+
+def _range_error(v: Any, dtype: DType) -> ValueRangeError:
+    return ValueRangeError(f"tensor(): value {v!r} cannot be converted to type {dtype.name} without overflow")
+
+
+def _python_data_array(data: Any, dtype: DType) -> np.ndarray:
+    """Python data (lists, scalars) as an array of dtype with PyTorch's checks: no strings or None, integer
+    dtypes take only the values they hold (an unsigned one also negatives down to -max, which wrap), floats
+    for integer dtypes must be finite and in range; numpy would wrap or parse them silently."""
+    arr = np.asarray(data)
+    kind = arr.dtype.kind
+    if kind == "c":
+        raise _leaf_error(arr.ravel()[0].item(), dtype)
+    if kind in "OUS":
+        _check_leaves(arr, dtype)
+        vals = []
+        for v in arr.ravel():
+            v = v.item() if isinstance(v, np.generic) else v
+            if dtype.is_bool:
+                vals.append(bool(v))
+            elif dtype.is_integer:
+                num = v if isinstance(v, int) else float(v)
+                if not dt.fits(num, dtype):
+                    raise _range_error(v, dtype)
+                vals.append(int(num))
+            else:
+                try:
+                    vals.append(float(v))
+                except OverflowError:
+                    raise _range_error(v, dtype) from None
+        out = np.array(vals, dtype=np.int64 if dtype.is_integer else np.float64 if dtype.is_floating_point
+                       else np.bool_)
+        return out.reshape(arr.shape)
+    if dtype.is_integer and arr.size and kind in "iuf":
+        lo, hi = dt.int_range(dtype)
+        if kind == "f":
+            bad = ~(np.isfinite(arr) & (arr >= lo) & (arr <= hi))
+        else:
+            bad = (arr > hi) | (arr < (lo if dtype.is_signed else -hi))
+        if bad.any():
+            v = arr[bad].ravel()[0].item()
+            raise _range_error(v, dtype)
+    return arr
 
 
 _PY_LEAVES = frozenset({bool, int, float})
@@ -180,10 +260,17 @@ def host_array(data: Any, dtype: DType) -> np.ndarray:
     if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in data):
         data = [host_array(x, dtype) for x in data]
     try:
-        arr = np.asarray(data)
-        if arr.dtype.kind == "f" and dtype.category != 2 and np.isnan(arr).any():
-            raise DTypeError(f"tensor(): cannot convert NaN to integer dtype {dtype}")
+        if isinstance(data, np.ndarray):
+            arr = data  # numpy data converts as numpy (and PyTorch) cast it: no range checks
+            if arr.dtype.kind not in "biuf" and arr.dtype.name != "bfloat16":
+                raise DTypeError(f"tensor(): cannot convert a numpy array of dtype {arr.dtype} to {dtype}")
+        else:
+            arr = _python_data_array(data, dtype)
+        if arr.dtype.kind == "f" and dtype.is_integer and np.isnan(arr).any():
+            raise ValueRangeError(f"tensor(): cannot convert NaN to integer dtype {dtype}")
         return np.require(arr.astype(dtype.numpy, copy=False), requirements='C')
+    except EmberError:
+        raise
     except ValueError as exc:
         raise ShapeError(f"tensor(): nested data is ragged or not numeric: {exc}") from None
     except TypeError as exc:

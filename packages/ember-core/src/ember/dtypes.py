@@ -11,7 +11,7 @@ from functools import cache
 
 import numpy as np
 
-from .errors import DTypeError
+from .errors import DTypeError, ValueRangeError
 
 builtins_bool = _builtins.bool
 builtins_int = _builtins.int
@@ -232,6 +232,60 @@ def _combine(higher: DType | None, lower: DType | None) -> DType | None:
     return higher
 
 
+#: a Python int an op takes as a scalar must fit 64 bits (PyTorch's Scalar: int64, or uint64 above it)
+SCALAR_INT_MIN, SCALAR_INT_MAX = -(2**63), 2**64 - 1
+
+
+def check_scalar_int(v: object, op: str) -> None:
+    """Refuse a Python int operand no 64-bit scalar can hold (PyTorch: OverflowError "int too big to convert")."""
+    if type(v) is builtins_int and not SCALAR_INT_MIN <= v <= SCALAR_INT_MAX:  # type: ignore[operator]
+        raise ValueRangeError(
+            f"{op}: Python int {v} is too big to convert to a 64-bit scalar (the range is "
+            f"[-2**63, 2**64 - 1])"
+        )
+
+
+@cache
+def int_range(d: DType) -> tuple[builtins_int, builtins_int]:
+    """The smallest and largest value of an integer dtype."""
+    info = np.iinfo(d.numpy)
+    return builtins_int(info.min), builtins_int(info.max)
+
+
+def fits(v: builtins_int | builtins_float, d: DType) -> bool:
+    """PyTorch's overflow check of a scalar converted to integer dtype ``d`` (c10 ``overflows``): ints must lie in
+    the dtype's range, where an unsigned dtype also takes negatives down to -max (they wrap, two's complement);
+    floats must be finite and within [min, max]."""
+    lo, hi = int_range(d)
+    if type(v) is builtins_float or isinstance(v, builtins_float):
+        return v == v and lo <= v <= hi  # NaN and +-inf fail
+    if not d.is_signed:
+        return -hi <= v <= hi
+    return lo <= v <= hi
+
+
+def convert_scalar(v: object, d: DType, op: str) -> object:
+    """A Python or numpy scalar converted to dtype ``d`` as PyTorch converts fill values, bounds and other scalar
+    arguments: checked against the dtype's range (ValueRangeError naming the op, value and dtype), floats
+    truncated toward zero for integer dtypes, negatives wrapped for unsigned ones, anything non-zero (NaN too)
+    True for bool."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if not isinstance(v, (builtins_bool, builtins_int, builtins_float)):
+        raise DTypeError(f"{op}: value must be a number, got {type(v).__name__} {v!r}")
+    check_scalar_int(v, op)
+    if d.category == _BOOL:
+        return builtins_bool(v)
+    if d.category == _FLOAT:
+        return builtins_float(v)
+    if type(v) is builtins_bool:
+        return builtins_int(v)
+    if not fits(v, d):  # type: ignore[arg-type]
+        raise ValueRangeError(f"{op}: value {v} cannot be converted to type {d.name} without overflow")
+    iv = builtins_int(v)
+    return iv % (1 << d.bits) if iv < 0 and not d.is_signed else iv
+
+
 def can_cast(from_: DType, to: DType) -> bool:
     """PyTorch's ``torch.can_cast``: same-kind casting (no float->int, no int->bool, ...)."""
     return from_.category <= to.category
@@ -259,4 +313,8 @@ __all__ = [
     "promote_types",
     "result_type",
     "can_cast",
+    "check_scalar_int",
+    "convert_scalar",
+    "fits",
+    "int_range",
 ]

@@ -78,7 +78,9 @@ def copy_(self: Tensor, src: Any) -> Tensor:
 def fill_(self: Tensor, value: Any) -> Tensor:
     if isinstance(value, Tensor):
         value = value.item()
-    self._device.stack.assign(self._h, value)
+    from ..dtypes import convert_scalar
+
+    self._device.stack.assign(self._h, convert_scalar(value, self._dtype, "fill_"))  # PyTorch's range check
     return self
 
 

@@ -3,18 +3,37 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .. import dtypes as dt
 from .._bridge import check_dtype_supported, check_shape_arg, to_tensor
 from ..device import Device, as_device, default_device
 from ..dtypes import DType
-from ..errors import DTypeError, ValueRangeError
+from ..errors import DTypeError, EmberError, OutOfMemoryError, ValueRangeError
 from ..tensor import Tensor
 
 
 def _dev(device: Any) -> Device:
     return default_device() if device is None else as_device(device)
+
+
+def _alloc(dev: Device, op: str, shape: tuple[int, ...], d: DType, make: Callable[[], Any]) -> Any:
+    """make() (which allocates a new tensor of shape and dtype d); running out of memory, or a size past what
+    the address space can hold, is an OutOfMemoryError naming the op, shape and bytes (not a raw numpy error)."""
+    try:
+        return make()
+    except (MemoryError, ValueError) as exc:  # OutOfMemoryError is a MemoryError: the message gains the op
+        if isinstance(exc, EmberError) and not isinstance(exc, OutOfMemoryError):
+            raise
+        if isinstance(exc, ValueError) and not any(
+                m in str(exc) for m in ("array is too big", "Maximum allowed size exceeded")):
+            raise
+        n = math.prod(shape)
+        raise OutOfMemoryError(
+            f"{op}: cannot allocate a tensor of shape {tuple(shape)} and dtype {d.name} on {dev} "
+            f"({n} elements, {n * d.itemsize} bytes): {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _finish(t: Tensor, requires_grad: bool) -> Tensor:
@@ -95,8 +114,12 @@ def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
         d = dt.bool_ if isinstance(fill_value, bool) else dt.int64 if isinstance(fill_value, int) else dev.default_dtype
     else:
         d = dt.as_dtype(dtype)
+        if isinstance(fill_value, Tensor):
+            fill_value = fill_value.item()
     check_dtype_supported(dev, d, "full")
-    return _finish(Tensor._make(dev.stack.full(shape, fill_value, d), d, dev), requires_grad)
+    fill_value = dt.convert_scalar(fill_value, d, "full")  # PyTorch refuses values the dtype cannot hold
+    return _finish(Tensor._make(_alloc(dev, "full", shape, d, lambda: dev.stack.full(shape, fill_value, d)), d, dev),
+                   requires_grad)
 
 
 def _filled(name: str, value: Any, size: tuple[Any, ...], dtype: Any, device: Any, requires_grad: bool) -> Tensor:
@@ -104,7 +127,8 @@ def _filled(name: str, value: Any, size: tuple[Any, ...], dtype: Any, device: An
     shape = check_shape_arg(size, name)
     d = _float_dtype(dtype, dev)
     check_dtype_supported(dev, d, name)
-    return _finish(Tensor._make(dev.stack.full(shape, value, d), d, dev), requires_grad)
+    return _finish(Tensor._make(_alloc(dev, name, shape, d, lambda: dev.stack.full(shape, value, d)), d, dev),
+                   requires_grad)
 
 
 def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
@@ -198,9 +222,11 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, dev
         # compute in float64 then cast, so the length is exactly ceil((end-start)/step) like PyTorch
         import numpy as np
 
-        arr = (start + step * np.arange(n, dtype=np.float64)).astype(d.numpy)
-        return _finish(Tensor._make(dev.stack.from_numpy(arr), d, dev), requires_grad)
-    return _finish(Tensor._make(dev.stack.arange(start, end, step, d), d, dev), requires_grad)
+        h = _alloc(dev, "arange", (n,), d, lambda: dev.stack.from_numpy(
+            (start + step * np.arange(n, dtype=np.float64)).astype(d.numpy)))
+        return _finish(Tensor._make(h, d, dev), requires_grad)
+    h = _alloc(dev, "arange", (n,), d, lambda: dev.stack.arange(start, end, step, d))
+    return _finish(Tensor._make(h, d, dev), requires_grad)
 
 
 def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device: Any = None,
@@ -236,7 +262,8 @@ def eye(n: int, m: int | None = None, *, dtype: Any = None, device: Any = None,
             raise ValueRangeError(f"eye: n and m must be non-negative ints, got n={n!r}, m={m!r}")
     dev = _dev(device)
     d = _float_dtype(dtype, dev)
-    return _finish(to_tensor(np.eye(n, m, dtype=d.numpy), d, dev), requires_grad)
+    return _finish(_alloc(dev, "eye", (n, m), d, lambda: to_tensor(np.eye(n, m, dtype=d.numpy), d, dev)),
+                   requires_grad)
 
 
 def _random_float(name: str, size: tuple[Any, ...], dtype: Any, device: Any) -> tuple[tuple[int, ...], DType, Device]:
@@ -252,13 +279,15 @@ def _random_float(name: str, size: tuple[Any, ...], dtype: Any, device: Any) -> 
 def rand(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1) from the device's random stream (``device.seed(n)`` to reproduce)."""
     shape, d, dev = _random_float("rand", size, dtype, device)
-    return _finish(Tensor._make(dev.stack.rand(shape, d), d, dev), requires_grad)
+    return _finish(Tensor._make(_alloc(dev, "rand", shape, d, lambda: dev.stack.rand(shape, d)), d, dev),
+                   requires_grad)
 
 
 def randn(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """Standard normal samples from the device's random stream."""
     shape, d, dev = _random_float("randn", size, dtype, device)
-    return _finish(Tensor._make(dev.stack.randn(shape, d), d, dev), requires_grad)
+    return _finish(Tensor._make(_alloc(dev, "randn", shape, d, lambda: dev.stack.randn(shape, d)), d, dev),
+                   requires_grad)
 
 
 def randint(low: int, high: Any = None, size: Any = None, *, dtype: Any = None, device: Any = None) -> Tensor:
@@ -273,7 +302,7 @@ def randint(low: int, high: Any = None, size: Any = None, *, dtype: Any = None, 
     shape = check_shape_arg(tuple(size), "randint")
     d = dt.int64 if dtype is None else dt.as_dtype(dtype)
     check_dtype_supported(dev, d, "randint")
-    return Tensor._make(dev.stack.randint(low, high, shape, d), d, dev)
+    return Tensor._make(_alloc(dev, "randint", shape, d, lambda: dev.stack.randint(low, high, shape, d)), d, dev)
 
 
 def randperm(n: int, *, dtype: Any = None, device: Any = None) -> Tensor:

@@ -163,6 +163,8 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
 
 def _check_scalar(op: str, v: Any) -> Any:
     if isinstance(v, _SCALAR_TYPES):
+        if type(v) is int and not -(2**63) <= v < 2**64:
+            dt.check_scalar_int(v, op)  # raises: no 64-bit scalar holds it (PyTorch refuses, numpy would wrap)
         return v
     if isinstance(v, np.generic):
         return v.item()
@@ -250,6 +252,19 @@ def write_result(t: Tensor, h: Any, op: str) -> Tensor:
             return t
     stack.assign(t._h, h)
     return t
+
+
+def tracks_grad(stack: Any, *handles: Any) -> bool:
+    """Whether an op on ``handles`` is recorded for gradients: a differentiable stack, grad mode on, and an
+    operand that requires grad (Python scalars and None never do). Ops whose gradient PyTorch defines other than
+    their primitive composition would (clamp, relu at a tie) take a differently composed path then."""
+    if not stack.differentiable:
+        return False
+    from ..autograd import is_grad_enabled
+
+    return is_grad_enabled() and any(
+        h is not None and not isinstance(h, (bool, int, float)) and stack.requires_grad(h) for h in handles
+    )
 
 
 def _bump_version(t: Tensor) -> None:

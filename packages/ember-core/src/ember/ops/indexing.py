@@ -322,30 +322,13 @@ def getitem(x: Tensor, key: Any) -> Tensor:
     return Tensor._make(h, x._dtype, x._device)
 
 
-_INT_RANGE = {d: (int(np.iinfo(d.numpy).min), int(np.iinfo(d.numpy).max)) for d in dt.INT_DTYPES}
-
-
 def _fill_scalar(v: Any, dtype: dt.DType, op: str) -> Any:
-    """A Python scalar converted to dtype's kind, as PyTorch's fill does (float -> int truncates)."""
+    """A Python scalar converted to dtype's kind with PyTorch's range check (float -> int truncates)."""
     if isinstance(v, np.generic):
         v = v.item()
     if not isinstance(v, (bool, int, float)):
         raise DTypeError(f"{op}: value must be a number or a Tensor, got {type(v).__name__}")
-    if dtype.is_bool:
-        return bool(v)
-    if dtype.is_integer:
-        if isinstance(v, float):
-            if v != v or v in (float("inf"), float("-inf")):
-                raise ValueRangeError(f"{op}: cannot convert {v} to integer dtype {dtype.name}")
-            v = int(v)
-        v = int(v)
-        lo, hi = _INT_RANGE[dtype]
-        if not lo <= v <= hi:
-            raise ValueRangeError(
-                f"{op}: value {v} cannot be converted to type {dtype.name} without overflow"
-            )
-        return v
-    return float(v)
+    return dt.convert_scalar(v, dtype, op)
 
 
 def _check_writable(x: Tensor, op: str) -> None:

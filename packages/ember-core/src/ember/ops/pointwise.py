@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .. import dtypes as dt
 from .._bridge import broadcast_shapes2
-from ..errors import DeviceError, DTypeError, ValueRangeError
+from ..dtypes import convert_scalar
+from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ..tensor import Tensor
-from .elementwise import binary, inplace_binary, unary, write_result
+from .elementwise import binary, inplace_binary, tracks_grad, unary, write_result
 
 _UNARY_NAMES = (
     "neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan sinh "
@@ -85,6 +88,7 @@ _BINARY_NAMES.remove("div")
 def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
     """input + alpha * other."""
     if alpha != 1:
+        dt.check_scalar_int(alpha, "add")
         other = binary("mul", other, alpha) if isinstance(other, Tensor) else other * alpha
     return binary("add", input, other)
 
@@ -92,6 +96,7 @@ def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
 def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
     """input - alpha * other."""
     if alpha != 1:
+        dt.check_scalar_int(alpha, "sub")
         other = binary("mul", other, alpha) if isinstance(other, Tensor) else other * alpha
     return binary("sub", input, other)
 
@@ -154,17 +159,85 @@ def positive(input: Tensor) -> Tensor:
 
 
 def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 - PyTorch's names
-    """Limit values to [min, max]; either bound may be a scalar or a tensor; NaN propagates."""
+    """Limit values to [min, max]; either bound may be a scalar or a tensor; NaN (in input or a bound)
+    propagates; the result has the promoted dtype of input and bounds (a bool input with int bounds gives int64).
+
+    Gradients follow PyTorch: input gets it where min <= input <= max (inclusive, never at NaN), a tensor min
+    where input < min < max, a tensor max where input > max or max < min."""
+    if not isinstance(input, Tensor):
+        raise DTypeError(f"clamp: expected a Tensor, got {type(input).__name__}")
     if min is None and max is None:
         raise ValueRangeError("clamp: at least one of 'min' or 'max' must not be None")
-    out = input
-    if min is not None:
-        out = binary("maximum", out, min)
-    if max is not None:
-        out = binary("minimum", out, max)
-    if not isinstance(min, Tensor) and not isinstance(max, Tensor) and out._dtype is not input._dtype:
-        if input._dtype.is_floating_point or not (isinstance(min, float) or isinstance(max, float)):
-            out = out.to(input._dtype)
+    bounds = [b for b in (min, max) if b is not None]
+    for b in bounds:
+        if not isinstance(b, Tensor) and not isinstance(b, (bool, int, float, np.generic)):
+            raise DTypeError(f"clamp: bounds must be numbers or Tensors, got {type(b).__name__} {b!r}")
+        if isinstance(b, Tensor) and b._device is not input._device:
+            raise DeviceError(f"clamp: expected all tensors on the same device, got {input._device} and {b._device}")
+    rdt = dt.result_type(input, *bounds)
+    if rdt is dt.bool_:
+        raise UnsupportedError(
+            f"clamp: not implemented for bool (input {input._dtype.name}, bounds "
+            f"{', '.join(b._dtype.name if isinstance(b, Tensor) else type(b).__name__ for b in bounds)}); "
+            "cast to an integer dtype first"
+        )
+    dev = input._device
+    stack = dev.stack
+    shape = input.shape
+    for b in bounds:
+        if isinstance(b, Tensor):
+            shape = broadcast_shapes2(shape, b.shape, "clamp")
+
+    def operand(v: Any) -> Any:
+        if v is None:
+            return None
+        if isinstance(v, Tensor):
+            return v._h if v._dtype is rdt else stack.cast(v._h, rdt)
+        return convert_scalar(v, rdt, "clamp")  # PyTorch refuses bounds the dtype cannot hold
+
+    hx, lo, hi = operand(input), operand(min), operand(max)
+    if tracks_grad(stack, hx, lo, hi):
+        h = _clamp_tracked(stack, hx, lo, hi)
+    else:
+        h = hx
+        if lo is not None:
+            h = stack.binary("maximum", h, lo)
+        if hi is not None:
+            h = stack.binary("minimum", h, hi)
+    if tuple(h.shape) != shape:
+        h = stack.expand(h, shape)
+    return Tensor._make(h, rdt, dev)
+
+
+def _clamp_tracked(s: Any, x: Any, lo: Any, hi: Any) -> Any:
+    """clamp on a differentiable stack as wheres over masks, so each operand's gradient is PyTorch's (the
+    maximum/minimum composition would split ties in half and pass gradients through NaN)."""
+    def det(v: Any) -> Any:
+        return v if v is None or isinstance(v, (bool, int, float)) else s.detach(v)
+
+    dx, dlo, dhi = det(x), det(lo), det(hi)
+    val = dx
+    if lo is not None:
+        val = s.binary("maximum", val, dlo)
+    if hi is not None:
+        val = s.binary("minimum", val, dhi)  # the values, untracked; the wheres below route the gradients
+    if lo is not None and hi is not None:
+        inside = s.binary("logical_and", s.binary("ge", dx, dlo), s.binary("le", dx, dhi))
+    elif lo is not None:
+        inside = s.binary("ge", dx, dlo)
+    else:
+        inside = s.binary("le", dx, dhi)
+    out = s.where(inside, x, val)
+    if lo is not None and not isinstance(lo, (bool, int, float)) and tracks_grad(s, lo):
+        below = s.binary("lt", dx, dlo)
+        if hi is not None:
+            below = s.binary("logical_and", below, s.binary("lt", dlo, dhi))
+        out = s.where(below, lo, out)
+    if hi is not None and not isinstance(hi, (bool, int, float)) and tracks_grad(s, hi):
+        above = s.binary("gt", dx, dhi)
+        if lo is not None:
+            above = s.binary("logical_or", above, s.binary("lt", dhi, dlo))
+        out = s.where(above, hi, out)
     return out
 
 
@@ -173,6 +246,11 @@ clip = clamp
 
 def clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
     r = clamp(self, min, max)
+    if r._dtype is not self._dtype and not dt.can_cast(r._dtype, self._dtype):
+        raise DTypeError(f"clamp_: result type {r._dtype.name} can't be cast to the desired output type "
+                         f"{self._dtype.name}")
+    if r.shape != self.shape:
+        raise ShapeError(f"clamp_: output with shape {self.shape} doesn't match the broadcast shape {r.shape}")
     return write_result(self, r._h if r._dtype is self._dtype else self._device.stack.cast(r._h, self._dtype),
                         "clamp_")
 
@@ -206,8 +284,8 @@ def where(condition: Tensor, input: Any = None, other: Any = None) -> Any:
     rdt = dt.result_type(*(v for v in (input, other)))
     del cands
     stack = dev.stack
-    ha = input._h if isinstance(input, Tensor) else input
-    hb = other._h if isinstance(other, Tensor) else other
+    ha = input._h if isinstance(input, Tensor) else convert_scalar(input, rdt, "where")
+    hb = other._h if isinstance(other, Tensor) else convert_scalar(other, rdt, "where")
     if isinstance(input, Tensor) and input._dtype is not rdt:
         ha = stack.cast(ha, rdt)
     if isinstance(other, Tensor) and other._dtype is not rdt:

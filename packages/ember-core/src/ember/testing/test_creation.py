@@ -91,8 +91,8 @@ def test_tensor_scalar_is_0d(device):
 def test_tensor_bad_data_raises_typed_errors(device):
     with pytest.raises(ember.ShapeError, match="ragged"):
         ember.tensor([[1, 2], [3]], device=device)
-    with pytest.raises(ember.DTypeError, match="NaN"):
-        ember.tensor([float("nan")], dtype=ember.int32, device=device)
+    with pytest.raises(ember.ValueRangeError, match="nan cannot be converted to type int32 without overflow"):
+        ember.tensor([float("nan")], dtype=ember.int32, device=device)  # torch: the same words, a RuntimeError
     with pytest.raises(ember.DTypeError):
         ember.tensor(["a", "b"], device=device)
     with pytest.raises(ember.DTypeError, match="cannot interpret"):

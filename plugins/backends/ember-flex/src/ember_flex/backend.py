@@ -11,8 +11,10 @@ so does flex, through a warnings filter scoped to this package. That costs nothi
 
 from __future__ import annotations
 
+import functools
+import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ import numpy as np
 from ember import dtypes as dt
 from ember.backend import Backend
 from ember.dtypes import DType
+from ember.errors import OutOfMemoryError
 
 from . import nn_kernels
 
@@ -178,6 +181,47 @@ _INPLACE_OK = frozenset(
 _REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "max": np.maximum.reduce, "min": np.minimum.reduce}
 
 
+def _too_big(exc: BaseException) -> bool:
+    """numpy's refusals of a size past what the address space can hold (raised as ValueError, not MemoryError)."""
+    msg = str(exc)
+    return "array is too big" in msg or "Maximum allowed size exceeded" in msg
+
+
+def _describe(args: Sequence[Any]) -> str:
+    parts = []
+    for a in args:
+        if type(a) is ndarray:
+            parts.append(f"array{a.shape}:{a.dtype}")
+        elif isinstance(a, tuple) and all(type(n) is int for n in a):
+            parts.append(f"shape {a} ({math.prod(a)} elements)")
+        elif isinstance(a, DType):
+            parts.append(f"dtype {a.name} ({a.itemsize} bytes each)")
+    return ", ".join(parts)
+
+
+def _oom(op: str, args: Sequence[Any], exc: BaseException) -> OutOfMemoryError:
+    return OutOfMemoryError(f"{op}: flex (host memory) cannot allocate the result for {_describe(args)}: {exc}")
+
+
+def _alloc_guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """numpy's MemoryError and "array is too big" ValueError become OutOfMemoryError naming the op and sizes.
+    For methods whose result size is not bounded by their inputs' (creation, copies, concatenation...)."""
+    op = fn.__name__
+
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except MemoryError as exc:
+            raise _oom(op, args, exc) from None
+        except ValueError as exc:
+            if _too_big(exc):
+                raise _oom(op, args, exc) from None
+            raise
+
+    return method
+
+
 class FlexBackend(Backend):
     """numpy on the host CPU."""
 
@@ -218,24 +262,31 @@ class FlexBackend(Backend):
     def to_numpy(self, h: ndarray) -> ndarray:
         return h
 
+    @_alloc_guard
     def full(self, shape: tuple[int, ...], value: Any, dtype: DType) -> ndarray:
         return np.full(shape, value, dtype=dtype.numpy)
 
+    @_alloc_guard
     def arange(self, start: Any, stop: Any, step: Any, dtype: DType) -> ndarray:
         return np.arange(start, stop, step, dtype=dtype.numpy)
 
     def cast(self, h: ndarray, dtype: DType) -> ndarray:
         npdt = dtype.numpy
-        if h.dtype.kind == "f" and npdt.kind in "iu":
-            return np.asarray(np.trunc(h).astype(npdt))  # a 0-d input would give a numpy scalar
-        return h.astype(npdt)
+        try:
+            if h.dtype.kind == "f" and npdt.kind in "iu":
+                return np.asarray(np.trunc(h).astype(npdt))  # a 0-d input would give a numpy scalar
+            return h.astype(npdt)
+        except MemoryError as exc:
+            raise _oom("cast", (h, dtype), exc) from None
 
     def dtype_of(self, h: ndarray) -> DType:
         return dt.from_numpy_dtype(h.dtype)
 
+    @_alloc_guard
     def copy(self, h: ndarray) -> ndarray:
         return np.array(h, copy=True, order="C")
 
+    @_alloc_guard
     def contiguous(self, h: ndarray) -> ndarray:
         return np.require(h, requirements="C")
 
@@ -244,11 +295,17 @@ class FlexBackend(Backend):
 
     # -- compute -------------------------------------------------------------------------------------------------
     def unary(self, op: str, h: ndarray) -> ndarray:
-        r = self._unary[op](h)
+        try:  # free when nothing is raised; an expanded (stride-0) input can ask for far more than it holds
+            r = self._unary[op](h)
+        except MemoryError as exc:
+            raise _oom(op, (h,), exc) from None
         return r if type(r) is ndarray else _asarray(r)
 
     def binary(self, op: str, a: Any, b: Any) -> ndarray:
-        r = self._binary[op](a, b)
+        try:
+            r = self._binary[op](a, b)
+        except MemoryError as exc:
+            raise _oom(op, (a, b), exc) from None
         if type(r) is not ndarray:
             r = _asarray(r)
         if type(b) is not ndarray or type(a) is not ndarray:
@@ -265,7 +322,10 @@ class FlexBackend(Backend):
             self.assign(a, self.binary(op, a, b))
 
     def where(self, cond: ndarray, a: Any, b: Any) -> ndarray:
-        r = np.where(cond, a, b)
+        try:
+            r = np.where(cond, a, b)
+        except MemoryError as exc:
+            raise _oom("where", (cond, a, b), exc) from None
         if type(a) is ndarray and r.dtype != a.dtype:
             r = r.astype(a.dtype)
         elif type(b) is ndarray and r.dtype != b.dtype and type(a) is not ndarray:
@@ -286,10 +346,12 @@ class FlexBackend(Backend):
                 return _asarray(np.where(has, r, f(h, axis=dim, keepdims=keepdim))).astype(np.int64)
         return _asarray(f(h, axis=dim, keepdims=keepdim)).astype(np.int64, copy=False)
 
+    @_alloc_guard
     def cumulative(self, op: str, h: ndarray, dim: int) -> ndarray:
         f = np.add.accumulate if op == "sum" else np.multiply.accumulate
         return f(h, axis=dim, dtype=h.dtype)
 
+    @_alloc_guard
     def matmul(self, a: ndarray, b: ndarray) -> ndarray:
         if a.dtype.kind in "biu" or a.dtype.itemsize < 4:
             if a.dtype.kind in "fV" or a.dtype.name == "bfloat16":  # half types: accumulate in float32
@@ -314,7 +376,10 @@ class FlexBackend(Backend):
 
     # -- movement and indexing -------------------------------------------------------------------------------
     def reshape(self, h: ndarray, shape: tuple[int, ...]) -> ndarray:
-        return h.reshape(shape)
+        try:
+            return h.reshape(shape)
+        except MemoryError as exc:  # reshaping an expanded view copies it
+            raise _oom("reshape", (h, shape), exc) from None
 
     def permute(self, h: ndarray, dims: tuple[int, ...]) -> ndarray:
         return h.transpose(dims)
@@ -322,6 +387,7 @@ class FlexBackend(Backend):
     def expand(self, h: ndarray, shape: tuple[int, ...]) -> ndarray:
         return np.broadcast_to(h, shape)
 
+    @_alloc_guard
     def getitem(self, h: ndarray, key: tuple[Any, ...]) -> ndarray:
         r = h[key]
         return r if type(r) is ndarray else _asarray(r)
@@ -329,17 +395,21 @@ class FlexBackend(Backend):
     def setitem(self, h: ndarray, key: tuple[Any, ...], value: Any) -> None:
         h[key] = value
 
+    @_alloc_guard
     def cat(self, hs: Sequence[ndarray], dim: int) -> ndarray:
         return np.concatenate(hs, axis=dim)
 
+    @_alloc_guard
     def flip(self, h: ndarray, dims: tuple[int, ...]) -> ndarray:
         return np.flip(h, dims).copy()
 
+    @_alloc_guard
     def gather(self, h: ndarray, dim: int, index: ndarray) -> ndarray:
         if index.shape[:dim] + index.shape[dim + 1:] != h.shape[:dim] + h.shape[dim + 1:]:
             h = h[tuple(slice(0, n) if d != dim else slice(None) for d, n in enumerate(index.shape))]
         return np.take_along_axis(h, index, axis=dim)
 
+    @_alloc_guard
     def scatter(self, h: ndarray, dim: int, index: ndarray, src: Any, reduce: str | None) -> ndarray:
         out = h.copy()
         if type(src) is ndarray:
@@ -361,9 +431,11 @@ class FlexBackend(Backend):
         grid[dim] = index
         return tuple(grid)
 
+    @_alloc_guard
     def index_select(self, h: ndarray, dim: int, index: ndarray) -> ndarray:
         return np.take(h, index, axis=dim)
 
+    @_alloc_guard
     def masked_fill(self, h: ndarray, mask: ndarray, value: Any) -> ndarray:
         r = np.where(mask, value, h)
         return r.astype(h.dtype, copy=False)
@@ -371,13 +443,15 @@ class FlexBackend(Backend):
     def tril(self, h: ndarray, diagonal: int, upper: bool) -> ndarray:
         return np.triu(h, diagonal) if upper else np.tril(h, diagonal)
 
+    @_alloc_guard
     def einsum(self, equation: str, *hs: ndarray) -> ndarray:
         return _asarray(np.einsum(equation, *hs, optimize=len(hs) > 2))
 
     def softmax(self, h: ndarray, dim: int, log: bool) -> ndarray:
-        m = np.max(h, axis=dim, keepdims=True)
-        m = np.where(np.isfinite(m), m, 0)
-        z = h - m
+        if h.size == 0:  # a zero-length dim has no max; the result is as empty as the input (PyTorch)
+            return np.zeros(h.shape, h.dtype)
+        # as PyTorch: a row whose max is infinite gives inf - inf = NaN throughout (a +inf element, or all -inf)
+        z = h - np.max(h, axis=dim, keepdims=True)
         if log:
             with np.errstate(divide="ignore"):
                 return z - np.log(np.sum(np.exp(z), axis=dim, keepdims=True))
@@ -386,10 +460,12 @@ class FlexBackend(Backend):
         return e
 
     # -- neural-network kernels (im2col + BLAS; see nn_kernels) -------------------------------------------
+    @_alloc_guard
     def conv(self, x: ndarray, w: ndarray, b: ndarray | None, stride: tuple[int, ...],
              padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> ndarray:
         return nn_kernels.conv(x, w, b, stride, padding, dilation, groups)
 
+    @_alloc_guard
     def conv_transpose(self, x: ndarray, w: ndarray, b: ndarray | None, stride: tuple[int, ...],
                        padding: tuple[int, ...], output_padding: tuple[int, ...], dilation: tuple[int, ...],
                        groups: int) -> ndarray:
@@ -411,10 +487,12 @@ class FlexBackend(Backend):
     def adaptive_max_pool(self, x: ndarray, output_size: tuple[int, ...], return_indices: bool) -> Any:
         return nn_kernels.adaptive_max_pool(x, output_size, return_indices)
 
+    @_alloc_guard
     def interpolate(self, x: ndarray, size: tuple[int, ...], mode: str, align_corners: bool | None,
                     scales: tuple[float, ...] | None) -> ndarray:
         return nn_kernels.interpolate(x, size, mode, align_corners, scales)
 
+    @_alloc_guard
     def pad(self, h: ndarray, pads: tuple[tuple[int, int], ...], mode: str, value: Any) -> ndarray:
         return nn_kernels.pad(h, pads, mode, 0 if value is None else value)
 
@@ -422,16 +500,19 @@ class FlexBackend(Backend):
     def seed(self, seed: int) -> None:
         self._rng = np.random.Generator(np.random.PCG64(seed))
 
+    @_alloc_guard
     def rand(self, shape: tuple[int, ...], dtype: DType) -> ndarray:
         if dtype in (dt.float32, dt.float64):
             return self._rng.random(shape, dtype=dtype.numpy)
         return self._rng.random(shape, dtype=np.float32).astype(dtype.numpy)
 
+    @_alloc_guard
     def randn(self, shape: tuple[int, ...], dtype: DType) -> ndarray:
         if dtype in (dt.float32, dt.float64):
             return self._rng.standard_normal(shape, dtype=dtype.numpy)
         return self._rng.standard_normal(shape, dtype=np.float32).astype(dtype.numpy)
 
+    @_alloc_guard
     def randint(self, low: int, high: int, shape: tuple[int, ...], dtype: DType) -> ndarray:
         # numpy draws integer dtypes only: bool and float results (torch allows both) are drawn as int64
         draw = dtype.numpy if dtype.is_integer else np.int64
