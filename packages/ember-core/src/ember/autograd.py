@@ -8,6 +8,7 @@ stack; on a device without autodiff these raise :class:`~ember.errors.AutodiffEr
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -16,10 +17,12 @@ from .errors import AutodiffError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _GradMode:
-    """Process-wide switch read by differentiable stacks on every op (one attribute load)."""
+class _GradMode(threading.local):
+    """The grad-mode switch read by differentiable stacks on every op (one attribute load).
 
-    __slots__ = ("enabled",)
+    Per thread, as in PyTorch: ``no_grad()`` in one thread leaves every other thread recording, and a new thread
+    starts with grad enabled (``threading.local`` runs ``__init__`` in each thread on its first use).
+    """
 
     def __init__(self) -> None:
         self.enabled = True
@@ -29,11 +32,12 @@ GRAD_MODE = _GradMode()
 
 
 def is_grad_enabled() -> bool:
+    """Whether ops in the calling thread record gradient history (per thread; True in a new thread)."""
     return GRAD_MODE.enabled
 
 
 class set_grad_enabled:
-    """Context manager (and decorator) that sets grad mode to ``mode`` for its body."""
+    """Context manager (and decorator) that sets this thread's grad mode to ``mode`` for its body."""
 
     def __init__(self, mode: bool) -> None:
         self.mode = bool(mode)
