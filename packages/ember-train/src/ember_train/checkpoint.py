@@ -178,12 +178,12 @@ def _aside_dir(out_dir: str) -> str:
 
 
 def claim_out_dir(out_dir: str | os.PathLike[str], run_id: str | None, *, overwrite: bool = False,
-                  op: str = "Learner.fit") -> list[str]:
+                  op: str = "Learner.fit", dry_run: bool = False) -> list[str]:
     """Make sure ``out_dir`` holds no checkpoint of a run other than ``run_id`` (None: a fresh run, so any).
 
     Other runs' checkpoints (and, when the folder holds none of ``run_id``'s, their metric logs) raise
     :class:`RunConflictError`, or with ``overwrite=True`` are moved into ``out_dir/replaced-<date>-<time>/`` (never
-    deleted). Returns the paths moved aside.
+    deleted). Returns the paths moved aside (with ``dry_run``: the paths that would be; nothing moves).
     """
     d = os.fspath(out_dir)
     groups = run_files(d)
@@ -203,6 +203,8 @@ def claim_out_dir(out_dir: str | os.PathLike[str], run_id: str | None, *, overwr
     moving = list(foreign)
     if run_id is None or run_id not in groups:  # the logs describe the replaced run, not this one
         moving += [p for p in (os.path.join(d, n) for n in LOG_NAMES) if os.path.isfile(p)]
+    if dry_run:
+        return moving
     aside = _aside_dir(d)
     os.makedirs(aside)
     for p in moving:

@@ -382,6 +382,7 @@ class Learner:
             if self.scheduler is not None and sched_state is not None:
                 self.scheduler.load_state_dict(sched_state)
             self.global_step = state["global_step"]
+            self.history = History(self.best_metric, self.best_mode)
             self.history._load(history)
             self._since_best = state.get("epochs_since_best", 0)
             self.dashboard.message(f"resumed from {path} (epoch {epoch})")
@@ -524,12 +525,16 @@ class Learner:
         self._check_out_dir()
         path = self._resume_path(resume) if resume is not None else None
         run_id, apply = self._prepare_resume(path) if path is not None else (None, None)
-        if self.out_dir is not None:
-            ckpt.claim_out_dir(self.out_dir, run_id, overwrite=overwrite)
-        self._since_best = 0
-        self.history = History(self.best_metric, self.best_mode)
+        if self.out_dir is not None:  # a conflict is refused before anything changes ...
+            ckpt.claim_out_dir(self.out_dir, run_id, overwrite=overwrite, dry_run=True)
+        if apply is None:
+            self._since_best, start = 0, 0
+            self.history = History(self.best_metric, self.best_mode)
+        else:
+            start = apply()  # sets history and counters itself
+        if self.out_dir is not None and overwrite:  # ... and files move aside only once the resume has applied
+            ckpt.claim_out_dir(self.out_dir, run_id, overwrite=True)
         self.run_id = run_id if run_id is not None else ckpt.new_run_id()
-        start = apply() if apply is not None else 0
         self._check_batch(self.train_loader, "train")
         if self.valid_loader is not None:
             self._check_batch(self.valid_loader, "valid")
