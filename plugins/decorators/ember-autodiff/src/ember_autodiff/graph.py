@@ -10,6 +10,7 @@ whose arrays were freed.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -168,6 +169,16 @@ class Saved:
         return self._cache
 
 
+#: Guards the read-add-write of ``Meta.grad``: threads running backward through one model (shared parameters)
+#: must not lose each other's contributions (PyTorch locks its gradient accumulation the same way).
+_ACCUMULATE = threading.Lock()
+
+
+def _accumulate(meta: Meta, g: Any, add: Callable[[Any, Any], Any], copy: Callable[[Any], Any]) -> None:
+    with _ACCUMULATE:
+        meta.grad = copy(g) if meta.grad is None else add(meta.grad, g)
+
+
 def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, accumulate: bool,
              add: Callable[[Any, Any], Any], copy: Callable[[Any], Any],
              inputs: Sequence[Meta] | None = None) -> list[Any] | None:
@@ -193,10 +204,10 @@ def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, ac
         node = meta.node
         if node is None:  # a leaf
             if accumulate:
-                meta.grad = copy(g) if meta.grad is None else add(meta.grad, g)
+                _accumulate(meta, g, add, copy)
             continue
         if accumulate and meta.retains_grad:
-            meta.grad = copy(g) if meta.grad is None else add(meta.grad, g)
+            _accumulate(meta, g, add, copy)
         vjp = node.vjp
         if vjp is None:
             raise AutodiffError(
