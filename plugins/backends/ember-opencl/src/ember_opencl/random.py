@@ -14,6 +14,7 @@ Box-Muller on pairs of uniforms, giving 2 normals per pair.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -119,17 +120,20 @@ class Philox:
         self.rt = rt
         self.key = 0
         self.offset = 0
+        self._lock = threading.Lock()  # threads drawing at once must each get their own call offset
         self.seed(seed)
 
     def seed(self, seed: int) -> None:
         """Restart the stream: key = seed (mod 2**64, so negative seeds work), call offset 0."""
-        self.key = int(seed) & MASK64
-        self.offset = 0
+        with self._lock:
+            self.key = int(seed) & MASK64
+            self.offset = 0
 
     def _launch(self, kind: str, shape: tuple[int, ...], dtype: DType, low: int = 0, span: int = 0) -> CLArray:
         out = empty(self.rt, shape, dtype)
-        offset = self.offset
-        self.offset = (self.offset + 1) & MASK64  # a fresh counter range even for empty draws: simple to reason about
+        with self._lock:
+            key, offset = self.key, self.offset
+            self.offset = (offset + 1) & MASK64  # a fresh counter range even for empty draws: simple to reason about
         n = out.size
         if n == 0:
             return out
@@ -138,7 +142,7 @@ class Philox:
         nblocks = -(-n // per)
         gsize, lsize = self.rt.grid(nblocks)
         kernel(self.rt.queue, gsize, lsize, out.buf, np.int64(out.eoff), np.int64(n), np.int64(nblocks),
-               np.uint32(self.key & 0xFFFFFFFF), np.uint32(self.key >> 32),
+               np.uint32(key & 0xFFFFFFFF), np.uint32(key >> 32),
                np.uint32(offset & 0xFFFFFFFF), np.uint32(offset >> 32), np.int64(low), np.uint64(span))
         return out
 
