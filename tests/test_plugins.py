@@ -616,3 +616,21 @@ def test_hints_written_into_the_sources_name_existing_extras() -> None:
                 continue
             checked += len(_check_hint(path.read_text(encoding="utf-8"), extras))
     assert checked >= 1  # the scan sees the hints that exist (e.g. the autodiff one)
+
+
+def test_a_plugin_asking_for_devices_while_loading_does_not_restart_discovery(
+    plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    body = (
+        "from ember.plugins import manager\n"
+        "SEEN = sorted(manager.registry.ensure_loaded().backends)  # while discovery is importing this module\n"
+    )
+    _module_plugin(tmp_path, monkeypatch, "ember_test_eager_plugin", body)
+    plugins.ensure_loaded()
+    names = [p.name for p in plugins.plugins]
+    assert len(names) == len(set(names)) and "ember_test_eager_plugin" in names and "flex" in names
+    assert not any(p.error for p in plugins.plugins)
+    import ember_test_eager_plugin  # type: ignore[import-not-found]
+
+    # entry points load in name order: autodiff before it, flex after it
+    assert "flex" not in ember_test_eager_plugin.SEEN

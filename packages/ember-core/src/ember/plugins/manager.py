@@ -224,7 +224,9 @@ class PluginRegistry:
     def ensure_loaded(self) -> PluginRegistry:
         if not self._loaded:
             with self._lock:
-                if not self._loaded:
+                # _loading: a plugin asking for a device while it is being imported gets what is loaded so far
+                # instead of starting discovery again inside itself
+                if not self._loaded and not self._loading:
                     self._loading = True
                     try:
                         self._load_entry_points()
