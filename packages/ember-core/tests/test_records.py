@@ -804,3 +804,60 @@ def test_temp_files_of_live_writers_are_kept(tmp_path: Path) -> None:
 def test_lazy_attribute() -> None:
     assert ember.records is records
     assert issubclass(RecordNotFoundError, FileNotFoundError) and issubclass(CorruptRecordError, RecordError)
+
+
+# -- nesting depth -----------------------------------------------------------------------------------------------
+def _nested_file(path: Path, key: str, text: str) -> None:
+    from safetensors.numpy import save_file
+
+    kind = "nested" if key == "ember.structure" else "state_dict"
+    save_file({"w": np.ones(2, np.float32)}, str(path), metadata={"ember.kind": kind, key: text})
+
+
+@pytest.mark.parametrize("depth", [records.MAX_DEPTH + 1, 900, 100_000])
+@pytest.mark.parametrize("key", ["ember.structure", "ember.keys"])
+def test_deeply_nested_metadata_is_corrupt_not_recursion(tmp_path: Path, key: str, depth: int) -> None:
+    path = tmp_path / "deep.safetensors"
+    _nested_file(path, key, "[" * depth + "]" * depth)
+    for fn in (records.load, lambda p: records.load_into(Net(), p)):
+        with pytest.raises(CorruptRecordError) as ei:
+            fn(path)
+        assert str(path) in str(ei.value) and f"nested {depth} levels deep" in str(ei.value)
+        assert key in str(ei.value)
+
+
+def test_tagged_nesting_counts_too(tmp_path: Path) -> None:
+    # tuples and non-string-keyed dicts are stored in tagged forms; their levels count towards the bound
+    inner = "1"
+    for _ in range(40):
+        inner = '{"__tuple__": [' + inner + "]}"
+    path = tmp_path / "t.safetensors"
+    _nested_file(path, "ember.structure", inner)
+    with pytest.raises(CorruptRecordError, match="nested 80 levels deep"):
+        records.load(path)
+
+
+def test_nesting_at_the_bound_loads_and_brackets_in_strings_do_not_count(tmp_path: Path) -> None:
+    depth = records.MAX_DEPTH
+    path = tmp_path / "ok.safetensors"
+    _nested_file(path, "ember.structure", "[" * (depth - 1) + '"]]][[[{{{"' + "]" * (depth - 1))
+    value = records.load(path)
+    for _ in range(depth - 1):
+        value = value[0]
+    assert value == "]]][[[{{{"
+
+
+def test_save_refuses_structures_load_would_refuse(tmp_path: Path) -> None:
+    deep: dict = {}
+    cur = deep
+    for _ in range(records.MAX_DEPTH + 5):
+        cur["a"] = {}
+        cur = cur["a"]
+    with pytest.raises(ValueRangeError, match=f"deeper than {records.MAX_DEPTH} levels"):
+        records.save({"x": deep}, tmp_path / "d.safetensors")
+    tuples: object = 1
+    for _ in range(records.MAX_DEPTH // 2 + 1):  # each tuple is two JSON levels: within the path bound, past JSON's
+        tuples = (tuples,)
+    with pytest.raises(ValueRangeError, match="deeper than"):
+        records.save({"t": tuples}, tmp_path / "d.safetensors")
+    assert not list(tmp_path.iterdir())  # nothing written
