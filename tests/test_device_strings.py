@@ -96,8 +96,10 @@ def test_options_are_literals_or_plain_words(decorators: list[str]) -> None:
 
 
 def test_positional_options_of_a_named_decorator_are_refused(decorators: list[str]) -> None:
-    with pytest.raises(DeviceError, match="options are keyword arguments"):
+    with pytest.raises(DeviceError, match=r"cannot parse device 'flex\+autodiff\(1\)': .*options are keyword"):
         Device.parse("flex+autodiff(1)")
+    with pytest.raises(DeviceError, match=r"'flex\+fusion\(2\)': .*expected one bool"):
+        Device.parse("flex+fusion(2)")
 
 
 # -- automatic decorators: switches and labels (issue 14 item 9) ---------------------------------------------------

@@ -207,7 +207,10 @@ class Device:
             deco = _decorator_spec(name) if not name.startswith("_") else None
             if deco is None:
                 raise DeviceError(f"cannot parse device {spec!r}: {_unknown_decorator(name)}")
-            dev = dev._decorated(name, deco, args, options)
+            try:
+                dev = dev._decorated(name, deco, args, options)
+            except DeviceError as exc:  # e.g. positional options of a named decorator: say which string
+                raise DeviceError(f"cannot parse device {spec!r}: {exc}") from None
         return dev
 
     @classmethod
