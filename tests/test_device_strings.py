@@ -95,6 +95,16 @@ def test_options_are_literals_or_plain_words(decorators: list[str]) -> None:
     assert Device.parse(str(odd)) is odd  # quoted where needed: commas, '+' and ')' inside text survive
 
 
+def test_quotes_escapes_and_unhashable_options(decorators: list[str]) -> None:
+    dev = Device.parse("flex+autodiff(note='it\\'s (a+b)')")
+    assert dev.decorators == (("autodiff", (("note", "it's (a+b)"),)),) and Device.parse(str(dev)) is dev
+    for spec in ("flex+autodiff(x=[1, 2])", "flex+autodiff(x={'a': 1})"):
+        with pytest.raises(DeviceError, match="option values must be hashable"):
+            Device.parse(spec)
+    with pytest.raises(DeviceError, match="must be hashable"):
+        Device.flex().autodiff(x=[1])
+
+
 def test_positional_options_of_a_named_decorator_are_refused(decorators: list[str]) -> None:
     with pytest.raises(DeviceError, match=r"cannot parse device 'flex\+autodiff\(1\)': .*options are keyword"):
         Device.parse("flex+autodiff(1)")

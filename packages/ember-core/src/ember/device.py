@@ -39,10 +39,14 @@ def _spec_error(spec: str, pos: int, what: str) -> DeviceError:
 def _split_top_level(spec: str) -> list[tuple[int, str]]:
     """``spec`` split at the ``+`` signs outside parentheses and quotes, with each part's start offset."""
     parts: list[tuple[int, str]] = []
-    depth, quote, start = 0, "", 0
+    depth, quote, start, escaped = 0, "", 0, False
     for i, ch in enumerate(spec):
         if quote:
-            if ch == quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
                 quote = ""
         elif ch in "'\"":
             quote = ch
@@ -128,7 +132,11 @@ class Device:
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise DeviceError(f"Device({kind!r}): index must be a non-negative int, got {index!r}")
         key = (kind, index, tuple(options), tuple(decorators))
-        dev = _interned.get(key)
+        try:
+            dev = _interned.get(key)
+        except TypeError:  # a list or dict among the options: devices are interned, so options must hash
+            raise DeviceError(f"Device({kind!r}): option values must be hashable (a tuple, not a list or dict), "
+                              f"got options {dict(options)!r} and decorators {decorators!r}") from None
         if dev is None:
             with _lock:
                 dev = _interned.get(key)
