@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="device spec (default: ember.Device.default())")
     parser.add_argument("--out", default="runs/seed_cnn_example")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start afresh even if --out holds another run (its files move to --out/replaced-*)")
     parser.add_argument("--quick", action="store_true", help="tiny run: 1 epoch on 192 images")
     args = parser.parse_args(argv)
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     learner = Learner(model, train, valid, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, scheduler=scheduler,
                       metrics=("loss", "accuracy"), out_dir=args.out, best_metric="valid_accuracy")
     start = time.perf_counter()
-    history = learner.fit(args.epochs, resume="latest" if args.resume else None)
+    history = learner.fit(args.epochs, resume="latest" if args.resume else None, overwrite=args.overwrite)
     acc = history["valid_accuracy"][-1]
     print(f"final validation accuracy {acc:.2%} in {time.perf_counter() - start:.1f} s on {device}; "
           f"checkpoints in {args.out}")
