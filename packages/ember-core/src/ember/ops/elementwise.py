@@ -267,6 +267,28 @@ def tracks_grad(stack: Any, *handles: Any) -> bool:
     )
 
 
+def keep_graph(stack: Any, out: Any, *inputs: Any) -> Any:
+    """``out`` (a handle built without reading ``inputs``: an op whose input or output is empty skips its kernel)
+    tied to the inputs that require grad, so backward reaches them and their gradients are zero tensors of their
+    own shapes -- empty for empty inputs -- as in PyTorch, not missing. Inputs are Tensors, handles or None. The
+    tie adds the sum of an empty slice of each input: exactly 0 whatever the input holds (inf and NaN too)."""
+    if not stack.differentiable:
+        return out
+    dtype = stack.dtype_of(out)
+    if not dtype.is_floating_point:
+        return out
+    for x in inputs:
+        h = x._h if isinstance(x, Tensor) else x
+        if h is None or isinstance(h, (bool, int, float)) or not tracks_grad(stack, h):
+            continue
+        flat = stack.reshape(h, (-1,)) if len(h.shape) != 1 else h
+        z = stack.reduce("sum", stack.getitem(flat, (slice(0, 0),)), (0,), False)
+        if stack.dtype_of(z) is not dtype:
+            z = stack.cast(z, dtype)
+        out = stack.binary("add", out, z)
+    return out
+
+
 def _bump_version(t: Tensor) -> None:
     """Hook for version counters (autodiff's in-place checks); cheap no-op otherwise."""
 

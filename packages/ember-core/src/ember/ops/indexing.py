@@ -28,6 +28,7 @@ from ..errors import (
     ValueRangeError,
 )
 from ..tensor import Tensor
+from .elementwise import keep_graph
 
 Shape = tuple[int, ...]
 
@@ -501,7 +502,7 @@ def gather(input: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False)
     stack = x._device.stack
     _check_index_values(stack, idx._h, xs[d], d, "gather")
     if not all(ixs):
-        return Tensor._make(stack.full(idx.shape, 0, x._dtype), x._dtype, x._device)
+        return Tensor._make(keep_graph(stack, stack.full(idx.shape, 0, x._dtype), x), x._dtype, x._device)
     h = stack.gather(_as1(x._h, stack), d, _as1(idx._h, stack))
     if not idx.ndim:
         h = stack.reshape(h, ())
@@ -569,7 +570,7 @@ def _scatter(x: Tensor, dim: int, index: Any, src: Any, value: Any, reduce: str 
     d, ih, sv = _scatter_args(x, dim, index, src, value, reduce, op)
     stack = x._device.stack
     if not all(ih.shape):
-        return stack.copy(x._h)
+        return keep_graph(stack, stack.copy(x._h), sv)
     h = stack.scatter(_as1(x._h, stack), d, ih, sv, reduce)
     return stack.reshape(h, ()) if not x.ndim else h
 
@@ -653,7 +654,7 @@ def _index_add(x: Tensor, dim: int, index: Any, source: Any, alpha: Any, op: str
     if alpha != 1:
         sh = stack.binary("mul", sh, _fill_scalar(alpha, x._dtype, op))
     if k == 0 or not all(ss):
-        return stack.copy(x._h)
+        return keep_graph(stack, stack.copy(x._h), sh)
     view = tuple(k if i == d else 1 for i in range(len(ss)))
     full_idx = stack.expand(stack.reshape(_as1(ih, stack), view), ss)
     h = stack.scatter(_as1(x._h, stack), d, full_idx, sh, "add")
@@ -774,7 +775,7 @@ def take(input: Tensor, index: Tensor) -> Tensor:
     stack = x._device.stack
     flat = stack.reshape(x._h, (n,))
     if idx.numel() == 0:
-        return Tensor._make(stack.full(idx.shape, 0, x._dtype), x._dtype, x._device)
+        return Tensor._make(keep_graph(stack, stack.full(idx.shape, 0, x._dtype), x), x._dtype, x._device)
     ih = _index_handle(x, idx, n, 0, "take")
     return Tensor._make(stack.getitem(flat, (ih,)), x._dtype, x._device)
 

@@ -21,6 +21,7 @@ from .._bridge import norm_dim, norm_dims, same_device
 from ..backend import view_strides
 from ..errors import DimError, DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
 from ..tensor import Tensor
+from .elementwise import keep_graph
 
 Shape = tuple[int, ...]
 
@@ -651,9 +652,11 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     keep = [(i, v) for i, v in enumerate(ts) if v.shape != (0,)]
     dev = ts[0]._device
     stack = dev.stack
+    # skipped tensors still get (empty) gradients, as in PyTorch
+    skipped = [v for v in ts if v.shape == (0,)] if stack.differentiable else ()
     if not keep:
         d = norm_dim(dim, 1, "cat")
-        return Tensor._make(stack.full((0,), 0, rdt), rdt, dev)
+        return Tensor._make(keep_graph(stack, stack.full((0,), 0, rdt), *skipped), rdt, dev)
     i0, ref = keep[0]
     n = ref.ndim
     d = norm_dim(dim, n, "cat")
@@ -675,8 +678,10 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
                 )
     hs = [v._h if v._dtype is rdt else stack.cast(v._h, rdt) for _, v in keep]
     if len(hs) == 1:
-        return Tensor._make(stack.copy(hs[0]) if hs[0] is keep[0][1]._h else hs[0], rdt, dev)
-    return Tensor._make(stack.cat(hs, d), rdt, dev)
+        h = stack.copy(hs[0]) if hs[0] is keep[0][1]._h else hs[0]
+    else:
+        h = stack.cat(hs, d)
+    return Tensor._make(keep_graph(stack, h, *skipped) if skipped else h, rdt, dev)
 
 
 def concat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:

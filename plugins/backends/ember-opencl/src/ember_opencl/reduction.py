@@ -672,7 +672,8 @@ def _softmax_source(t: CType) -> str:
     common = (f"__global {t.storage}* out, long out_off, __global const {t.storage}* x, long x_off, long rows, "
               f"long L, long sx, long so, int logm, {_outer_params('os', 'ps')}")
     bases = [("base", "x_off", "os"), ("obase", "out_off", "ps")]
-    # the default composition: m = max (NaN propagates), 0 where not finite; exp(x - m) / s or (x - m) - log(s)
+    # m = max (NaN propagates); exp(x - m) / s or (x - m) - log(s). As in PyTorch, a row whose max is infinite
+    # (a +inf element, or all -inf) gives inf - inf = NaN throughout
 
     def write(j0: str, js: str) -> str:
         loop = f"for (long j = {j0}; j < L; j += {js})"
@@ -690,7 +691,6 @@ __kernel void ember_softmax_row({common}, __local {a}* sv) {{
         sv[lid] = m;
         {_group_tree("sv[lid] = ember_comb(sv[lid], sv[lid + s]);")}
         m = sv[0];
-        m = isfinite(m) ? m : ({a})0;
         barrier(CLK_LOCAL_MEM_FENCE);
         {a} acc = ({a})0;
         for (long j = lid; j < L; j += ls) acc += exp({load} - m);
@@ -707,7 +707,6 @@ __kernel void ember_softmax_col({common}) {{
         {_outer_code("row", bases)}
         {a} m = ({a})-INFINITY;
         for (long j = 0; j < L; ++j) m = ember_comb(m, {load});
-        m = isfinite(m) ? m : ({a})0;
         {a} s = ({a})0;
         for (long j = 0; j < L; ++j) s += exp({load} - m);
         {write("0", "1")}
@@ -720,9 +719,7 @@ __kernel void ember_softmax_col({common}) {{
 
 def _softmax_composed(h: CLArray, dim: int, log: bool) -> CLArray:
     """The core default composition (used for few, very long rows)."""
-    m = reduce("max", h, (dim,), True)
-    m = ew.where(ew.unary("isfinite", m), m, 0.0)
-    z = ew.binary("sub", h, m)
+    z = ew.binary("sub", h, reduce("max", h, (dim,), True))  # an infinite max gives a NaN row, as in PyTorch
     if log:
         return ew.binary("sub", z, ew.unary("log", reduce("sum", ew.unary("exp", z), (dim,), True)))
     e = ew.unary("exp", z)

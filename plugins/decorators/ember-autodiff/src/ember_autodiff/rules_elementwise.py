@@ -119,7 +119,7 @@ def _max_min_one_grad(be: Any, op: str, g: Any, x: Any, other: Any) -> Any:
     lost = be.binary("lt" if op == "maximum" else "gt", x, other)
     gx = be.where(lost, 0.0, g)
     tie = be.binary("eq", x, other)
-    if bool(be.to_numpy(be.reduce("max", tie, tuple(range(len(tie.shape))), False))):
+    if math.prod(tie.shape) and bool(be.to_numpy(be.reduce("max", tie, tuple(range(len(tie.shape))), False))):
         gx = be.where(tie, be.binary("mul", g, 0.5), gx)
     return gx
 

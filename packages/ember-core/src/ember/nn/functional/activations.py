@@ -8,7 +8,7 @@ from typing import Any
 from ..._bridge import norm_dim
 from ...dtypes import DType, as_dtype
 from ...errors import DTypeError, ShapeError, ValueRangeError
-from ...ops.elementwise import write_result
+from ...ops.elementwise import tracks_grad, write_result
 from ...tensor import Tensor
 from ._util import check_float, check_tensor, like, vector_norm
 
@@ -30,7 +30,12 @@ def relu(input: Tensor, inplace: bool = False) -> Tensor:
         raise DTypeError("relu: not implemented for bool tensors")
     s = input._device.stack
     zero = 0.0 if input._dtype.is_floating_point else 0
-    return _finish(input, s.binary("maximum", input._h, zero), inplace)
+    h = input._h
+    if tracks_grad(s, h):
+        # PyTorch's gradient is zero at x == 0 (and at NaN); maximum's would split the tie in half
+        d = s.detach(h)
+        return _finish(input, s.where(s.binary("gt", d, zero), h, s.binary("maximum", d, zero)), inplace)
+    return _finish(input, s.binary("maximum", h, zero), inplace)
 
 
 def relu_(input: Tensor) -> Tensor:
@@ -43,7 +48,14 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace
     if min_val > max_val:
         raise ValueRangeError(f"hardtanh: min_val ({min_val}) cannot be greater than max_val ({max_val})")
     s = input._device.stack
-    h = s.binary("minimum", s.binary("maximum", input._h, float(min_val)), float(max_val))
+    lo, hi = float(min_val), float(max_val)
+    if tracks_grad(s, input._h):
+        # PyTorch passes the gradient strictly inside (min_val, max_val): zero at the bounds and at NaN
+        d = s.detach(input._h)
+        inside = s.binary("logical_and", s.binary("gt", d, lo), s.binary("lt", d, hi))
+        val = s.binary("minimum", s.binary("maximum", d, lo), hi)
+        return _finish(input, s.where(inside, input._h, val), inplace)
+    h = s.binary("minimum", s.binary("maximum", input._h, lo), hi)
     return _finish(input, h, inplace)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from ... import dtypes as dt
 from ..._bridge import broadcast_shapes2
 from ...errors import DTypeError, ShapeError, ValueRangeError
+from ...ops.elementwise import keep_graph
 from ...tensor import Tensor
 from ._util import check_float, check_like, check_tensor, like, prod
 
@@ -69,7 +70,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     sc = 1.0 / math.sqrt(E) if scale is None else float(scale)
     out_shape = batch + (L, value.shape[-1])
     if prod(out_shape) == 0 or S == 0:
-        return like(query, s.full(out_shape, 0.0, d))
+        return like(query, keep_graph(s, s.full(out_shape, 0.0, d), query, key, value, attn_mask))
     scores = s.binary("mul", s.matmul(query._h, s.permute(kh, tuple(range(len(kh.shape) - 2)) +
                                                            (len(kh.shape) - 1, len(kh.shape) - 2))), sc)
     keep = None

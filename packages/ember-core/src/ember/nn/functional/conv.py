@@ -12,6 +12,7 @@ from typing import Any
 
 from ... import dtypes as dt
 from ...errors import DTypeError, ShapeError, UnsupportedError, ValueRangeError
+from ...ops.elementwise import keep_graph
 from ...tensor import Tensor
 from ._util import check_float, check_like, check_tensor, int_tuple, is_int, like, prod, wrap
 
@@ -95,7 +96,7 @@ def _convnd(op: str, nd: int, input: Tensor, weight: Tensor, bias: Tensor | None
     out = tuple((p - e) // s + 1 for p, e, s in zip(padded, eff, st))
     s = input._device.stack
     if n == 0 or cout == 0 or prod(out) == 0:
-        h = s.full((n, cout) + out, 0.0, input._dtype)
+        h = keep_graph(s, s.full((n, cout) + out, 0.0, input._dtype), input, weight, bias)
     else:
         h = s.conv(_batch(s, input, unbatched), weight._h, None if bias is None else bias._h, st, pads, dl, g)
     if unbatched:
@@ -160,6 +161,7 @@ def _conv_transposend(op: str, nd: int, input: Tensor, weight: Tensor, bias: Ten
         h = s.full((n, cout) + out, 0.0, input._dtype)
         if bias is not None and prod(sp) == 0 and n:
             h = s.binary("add", h, s.reshape(bias._h, (1, cout) + (1,) * nd))
+        h = keep_graph(s, h, input, weight, bias)
     else:
         h = s.conv_transpose(_batch(s, input, unbatched), weight._h, None if bias is None else bias._h, st, pd,
                              op_, dl, g)
@@ -231,7 +233,7 @@ def _max_poolnd(op: str, nd: int, input: Tensor, kernel_size: Any, stride: Any, 
     s = input._device.stack
     lead = input.shape[:-nd]
     if prod(lead) == 0:
-        v = s.full(lead + out, 0, input._dtype)
+        v = keep_graph(s, s.full(lead + out, 0, input._dtype), input)
         if return_indices:
             return like(input, v), wrap(s.full(lead + out, 0, dt.int64), dt.int64, input._device)
         return like(input, v)
@@ -272,7 +274,7 @@ def _avg_poolnd(op: str, nd: int, input: Tensor, kernel_size: Any, stride: Any, 
     s = input._device.stack
     lead = input.shape[:-nd]
     if prod(lead) == 0:
-        return like(input, s.full(lead + out, 0, input._dtype))
+        return like(input, keep_graph(s, s.full(lead + out, 0, input._dtype), input))
     h = input._h if input._dtype.is_floating_point else s.cast(input._h, dt.float64)
     v = s.avg_pool(h, ks, st, pd, bool(ceil_mode), bool(count_include_pad), divisor_override)
     if not input._dtype.is_floating_point:
@@ -329,7 +331,7 @@ def _adaptive_avg(op: str, nd: int, input: Tensor, output_size: Any) -> Tensor:
     s = input._device.stack
     lead = input.shape[:-nd]
     if prod(lead) == 0 or prod(out) == 0:
-        return like(input, s.full(lead + out, 0.0, input._dtype))
+        return like(input, keep_graph(s, s.full(lead + out, 0.0, input._dtype), input))
     return like(input, s.adaptive_avg_pool(input._h, out))
 
 
@@ -339,7 +341,7 @@ def _adaptive_max(op: str, nd: int, input: Tensor, output_size: Any, return_indi
     s = input._device.stack
     lead = input.shape[:-nd]
     if prod(lead) == 0 or prod(out) == 0:
-        v = like(input, s.full(lead + out, 0.0, input._dtype))
+        v = like(input, keep_graph(s, s.full(lead + out, 0.0, input._dtype), input))
         return (v, wrap(s.full(lead + out, 0, dt.int64), dt.int64, input._device)) if return_indices else v
     r = s.adaptive_max_pool(input._h, out, bool(return_indices))
     if return_indices:
@@ -442,7 +444,7 @@ def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode:
                          f"output {out}")
     s = input._device.stack
     if input.shape[0] * input.shape[1] == 0:
-        return like(input, s.full(input.shape[:2] + out, 0, input._dtype))
+        return like(input, keep_graph(s, s.full(input.shape[:2] + out, 0, input._dtype), input))
     if mode == "area":
         return like(input, s.adaptive_avg_pool(input._h, out))
     return like(input, s.interpolate(input._h, out, mode, align_corners, scales))
@@ -505,6 +507,10 @@ def pad(input: Tensor, pad: Any, mode: str = "constant", value: float | None = N
                                       f"(padding ({lo}, {hi}) at dimension {d} of input shape {shape})")
             if mode == "replicate" and size == 0 and (lo > 0 or hi > 0):
                 raise ShapeError(f"{op}: cannot replicate-pad the empty dimension {d} of input shape {shape}")
+    for d, ((lo, hi), size) in enumerate(zip(pairs, shape)):
+        if size + min(lo, 0) + min(hi, 0) < 0:  # PyTorch crops first: narrow() to a negative length
+            raise ShapeError(f"{op}: negative padding ({lo}, {hi}) crops dimension {d} of size {size} to a negative "
+                             f"output size {size + min(lo, 0) + min(hi, 0)} (input shape {shape}, pad {tuple(pad)})")
     out = tuple(size + lo + hi for size, (lo, hi) in zip(shape, pairs))
     if any(o < 0 for o in out):
         raise ShapeError(f"{op}: the input size {shape} with padding {tuple(pad)} would give negative output "
@@ -512,9 +518,9 @@ def pad(input: Tensor, pad: Any, mode: str = "constant", value: float | None = N
     s = input._device.stack
     fill = 0 if value is None else value
     if prod(out) == 0:
-        return like(input, s.full(out, 0, input._dtype))
+        return like(input, keep_graph(s, s.full(out, 0, input._dtype), input))
     if prod(shape) == 0:
-        return like(input, s.full(out, fill, input._dtype))
+        return like(input, keep_graph(s, s.full(out, fill, input._dtype), input))
     return like(input, s.pad(input._h, tuple(pairs), mode, fill if mode == "constant" else None))
 
 
@@ -546,7 +552,7 @@ def unfold(input: Tensor, kernel_size: Any, dilation: Any = 1, padding: Any = 0,
                          f"dilation {dl}, padding {pd}, stride {st} give block grid {out}")
     K, L = prod(ks), prod(out)
     if n * c == 0:
-        r = s.full((n, c * K, L), 0, input._dtype)
+        r = keep_graph(s, s.full((n, c * K, L), 0, input._dtype), input)
     else:
         if any(pd):
             h = s.pad(h, ((0, 0), (0, 0)) + tuple((p, p) for p in pd), "constant", 0)
@@ -584,6 +590,8 @@ def fold(input: Tensor, output_size: Any, kernel_size: Any, dilation: Any = 1, p
                          f"(input shape {input.shape})")
     full = tuple(S + 2 * p for S, p in zip(osz, pd))
     buf = s.full((n, c) + full, 0, input._dtype)
+    if not n * c:
+        buf = keep_graph(s, buf, input)
     if n * c:
         cols = s.reshape(h, (n, c, K) + out)
         for i, t in enumerate(itertools.product(*(range(k) for k in ks))):

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ShapeError, ValueRangeError
+from ...ops.elementwise import keep_graph
 from ...tensor import Tensor
 from ._util import check_float, check_like, is_int, like, mean, prod, var
 
@@ -46,7 +47,7 @@ def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = Non
         check_like(input, bias, op, "bias", ns)
     s = input._device.stack
     if input.numel() == 0:
-        return like(input, s.copy(input._h))
+        return like(input, keep_graph(s, s.copy(input._h), weight, bias))
     dims = tuple(range(input.ndim - len(ns), input.ndim))
     m, v = var(s, input._h, dims)
     h = s.binary("mul", s.binary("sub", input._h, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
@@ -64,7 +65,7 @@ def rms_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None,
         eps = float(np.finfo(input._dtype.numpy).eps)
     s = input._device.stack
     if input.numel() == 0:
-        return like(input, s.copy(input._h))
+        return like(input, keep_graph(s, s.copy(input._h), weight))
     dims = tuple(range(input.ndim - len(ns), input.ndim))
     ms = mean(s, s.binary("mul", input._h, input._h), dims, True)
     h = s.binary("mul", input._h, s.unary("rsqrt", s.binary("add", ms, float(eps))))
@@ -101,10 +102,14 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     view = (1, c) + (1,) * (input.ndim - 2)
     dims = (0,) + tuple(range(2, input.ndim))
     count = prod(input.shape[d] for d in dims)
+    if training and count == 1:
+        raise ValueRangeError(f"{op}: expected more than 1 value per channel when training, got input "
+                              f"shape {input.shape}")
+    if not training and (running_mean is None or running_var is None):
+        raise ValueRangeError(f"{op}: running_mean and running_var must be given when training=False")
+    if input.numel() == 0:  # PyTorch: an empty result still tied to weight and bias; running stats untouched
+        return like(input, keep_graph(s, s.copy(input._h), weight, bias))
     if training:
-        if count <= 1:
-            raise ValueRangeError(f"{op}: expected more than 1 value per channel when training, got input "
-                                  f"shape {input.shape}")
         m, v = var(s, input._h, dims)
         if running_mean is not None:
             _update_running(s, running_mean, s.reshape(m, (c,)), momentum)
@@ -112,8 +117,6 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
             unbiased = s.binary("mul", s.reshape(v, (c,)), count / (count - 1))
             _update_running(s, running_var, unbiased, momentum)
     else:
-        if running_mean is None or running_var is None:
-            raise ValueRangeError(f"{op}: running_mean and running_var must be given when training=False")
         m = s.reshape(running_mean._h, view)
         v = s.reshape(running_var._h, view)
     h = s.binary("mul", s.binary("sub", input._h, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
@@ -136,7 +139,7 @@ def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bia
     _channel_params(op, input, c, weight=weight, bias=bias)
     s = input._device.stack
     if input.numel() == 0:
-        return like(input, s.copy(input._h))
+        return like(input, keep_graph(s, s.copy(input._h), weight, bias))
     g = s.reshape(input._h, (n, num_groups, input.numel() // n // num_groups))
     m, v = var(s, g, (2,))
     h = s.binary("mul", s.binary("sub", g, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
