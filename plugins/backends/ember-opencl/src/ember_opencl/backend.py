@@ -40,7 +40,9 @@ class OpenCLBackend(Backend):
         if self._rng_state is None:
             from .random import Philox
 
-            self._rng_state = Philox(self.rt, 0)
+            with self.rt.lock:  # threads' first draws must share one stream (two would repeat each other's numbers)
+                if self._rng_state is None:
+                    self._rng_state = Philox(self.rt, 0)
         return self._rng_state
 
     # -- device management ---------------------------------------------------------------------------------------
