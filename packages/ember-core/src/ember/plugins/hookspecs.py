@@ -34,6 +34,10 @@ def register_backends(register: Callable[..., None]) -> None:
       real hardware ("gpu") over "cpu" over "emulated".
     - ``priority``: tie-breaker within a kind; higher wins.
     - ``is_available() -> int``: number of devices present (0 = hardware missing); ``None`` means 1.
+    - ``device_kind(index) -> str``: the kind of one device when devices differ (an OpenCL CPU runtime ranks as
+      "cpu"); ``None`` means every device is of ``kind`` (keyword ``device_kind=None``).
+    - ``install_hint``: what to install when no device is found (a driver, a runtime), shown by
+      ``Device.<name>(i)`` (keyword ``install_hint=""``).
 
     Backend names appear in device strings: lowercase letters, digits, ``_`` and ``-``, starting with a letter.
     """
