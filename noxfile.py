@@ -2,10 +2,17 @@
 
     nox -l                      list sessions
     nox -s lint                 ruff
-    nox -s core_flex            core + one plugin alone: their tests and (backends) the conformance kit
+    nox -s core                 ember-core's own tests (with flex + autodiff, which they run on)
+    nox -s core_flex            core + one plugin alone: the plugin's tests and (backends) the conformance kit
     nox -s all                  every package together, the cross-plugin tests in tests/
     nox -s docs                 the docs examples and the Sphinx build (warnings are errors, no network)
     nox -s bench_smoke          benchmarks/{overhead,autodiff,suite}.py --quick
+    nox -s fuzz                 tests/fuzz with EMBER_FUZZ_EXAMPLES=2000 (the suite runs a few examples per property)
+    nox -s threads              tests/test_threads.py with EMBER_THREAD_SOAK=1 (the suite runs a short variant)
+
+Sessions install from the checkout alone (every first-party package editable; torch==2.13.0 for the tests comes
+from the machine's local wheels), so each one runs from a fresh clone; ``.ci/run`` proves it with ``nox -l`` and
+``core_flex``. Posargs go to the session's main pytest run, e.g. ``nox -s core -- -x -k optim``.
 
 A new plugin adds one line to PLUGINS (and one to the hatch workspace in pyproject.toml); it then gets its own
 ``core_<name>`` session and joins ``all``.
@@ -25,7 +32,8 @@ nox.options.default_venv_backend = "venv"  # plain pip: torch==2.13.0 is install
 nox.options.reuse_venv = "yes"
 
 CORE = "packages/ember-core"
-META = "packages/ember"
+META = "packages/ember"  # requires ember-train, so it is always installed together with TRAIN
+TRAIN = "packages/ember-train[plot]"  # `plot`: the Learner's PNG curves are tested too
 EXAMPLE_BACKEND = "tests/example-backend"  # a third-party-style plugin used by the cross-plugin tests
 DEV_DOCS = ["sphinx", "pydata-sphinx-theme", "myst-parser"]
 
@@ -41,6 +49,10 @@ class Plugin:
     needs: tuple[str, ...] = ()  # other plugins its tests need installed (e.g. a decorator needs a backend)
 
 
+# core's own tests train small models: they need a backend and gradients
+CORE_TEST_NEEDS = ("flex", "autodiff")
+
+
 # One line per first-party plugin.
 PLUGINS: list[Plugin] = [
     Plugin("flex", "plugins/backends/ember-flex", device="flex"),
@@ -53,7 +65,7 @@ PLUGINS: list[Plugin] = [
 
 _BY_NAME = {p.name: p for p in PLUGINS}
 
-nox.options.sessions = ["lint", *(f"core_{p.name}" for p in PLUGINS), "all", "docs"]
+nox.options.sessions = ["lint", "core", *(f"core_{p.name}" for p in PLUGINS), "all", "docs"]
 
 
 def _tests_dir(path: str) -> list[str]:
@@ -83,18 +95,25 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
 
 
+@nox.session(python=PYTHON)
+def core(session: nox.Session) -> None:
+    """ember-core's own tests, with the plugins they run on (flex and autodiff) and nothing else."""
+    session.install(*_editable(f"{CORE}[test]", *(_BY_NAME[n].path for n in CORE_TEST_NEEDS)))
+    session.run("python", "-m", "pytest", *_tests_dir(CORE), *session.posargs, env=STRICT_ENV)
+
+
 def _make_plugin_session(plugin: Plugin) -> None:
     def run(session: nox.Session) -> None:
         needed = [_BY_NAME[n].path for n in plugin.needs]
         session.install(*_editable(f"{CORE}[test]", plugin.path, *needed))
         session.run(
-            "python", "-m", "pytest", *_tests_dir(CORE), *_tests_dir(plugin.path), *session.posargs,
+            "python", "-m", "pytest", *_tests_dir(plugin.path), *session.posargs,
             env=STRICT_ENV,
         )  # fmt: skip
         if plugin.device:
             _conformance(session, plugin.device)
 
-    run.__doc__ = f"ember-core with {plugin.name} alone: their tests" + (
+    run.__doc__ = f"ember-core with {plugin.name} alone: the plugin's tests" + (
         f" and the conformance kit on {plugin.device}." if plugin.device else "."
     )
     nox.session(python=PYTHON, name=f"core_{plugin.name}")(run)
@@ -105,7 +124,8 @@ for _plugin in PLUGINS:
 
 
 def _install_everything(session: nox.Session) -> None:
-    paths = [f"{CORE}[test]", *(p.path for p in PLUGINS), META]
+    # every first-party package from the checkout: pip must never look for an ember-* distribution on an index
+    paths = [f"{CORE}[test]", *(p.path for p in PLUGINS), TRAIN, META]
     if (ROOT / EXAMPLE_BACKEND / "pyproject.toml").is_file():
         paths.append(EXAMPLE_BACKEND)
     session.install(*_editable(*paths))
@@ -140,3 +160,23 @@ def bench_smoke(session: nox.Session) -> None:
     _install_everything(session)
     for name in ("overhead.py", "autodiff.py", "suite.py"):
         session.run("python", str(Path("benchmarks") / name), "--quick")
+
+
+@nox.session(python=PYTHON)
+def fuzz(session: nox.Session) -> None:
+    """The property-based fuzz tests (tests/fuzz) at soak size: 2,000 examples per property."""
+    _install_everything(session)
+    session.run(
+        "python", "-m", "pytest", "-p", "no:cacheprovider", "tests/fuzz", "-q", *session.posargs,
+        env={**STRICT_ENV, "EMBER_FUZZ_EXAMPLES": "2000"},
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def threads(session: nox.Session) -> None:
+    """The thread-safety tests (tests/test_threads.py) in their long soak variant."""
+    _install_everything(session)
+    session.run(
+        "python", "-m", "pytest", "-p", "no:cacheprovider", "tests/test_threads.py", "-q", *session.posargs,
+        env={**STRICT_ENV, "EMBER_THREAD_SOAK": "1"},
+    )  # fmt: skip

@@ -1,18 +1,63 @@
 #!/usr/bin/env bash
-# Create (or refresh) the development environment: .venv at the repository root with every ember package
-# installed editable, the test extras (pytest, hypothesis, torch) and the dev tools (ruff, nox, Sphinx).
-# Idempotent: safe to run again; a second run only re-checks the installs.
+# Create (or refresh) the environment: .venv at the repository root with every ember package installed editable.
+#
+#   scripts/setup.sh demo     what `./scripts/demo.sh` needs: the packages and their runtime dependencies only
+#   scripts/setup.sh [test]   everything for `./scripts/test.sh` and development: the above, plus the test extras
+#                             (pytest, hypothesis, torch as the oracle), the example plugin tests/example-backend,
+#                             the dev tools (ruff, nox, Sphinx) and, as root on a machine without OpenCL, PoCL
+#   --force                   reinstall even when the environment is up to date
+#
+# Up to date means: a stamp in .venv records a hash of this script and of every package's pyproject.toml, per level;
+# when it matches, setup is skipped (a `test` stamp also satisfies `demo`, which it includes). Editable installs
+# pick up source changes by themselves; a changed pyproject.toml (dependencies, entry points) triggers a reinstall.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
+LEVEL=test
+FORCE=0
+for arg in "$@"; do
+    case "$arg" in
+        demo | test) LEVEL="$arg" ;;
+        --force) FORCE=1 ;;
+        *) echo "usage: scripts/setup.sh [demo|test] [--force]" >&2; exit 2 ;;
+    esac
+done
+
 PYTHON="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
+STAMP_DIR="$VENV/.ember-setup"
 
-if [[ ! -x "$VENV/bin/python" ]]; then
-    echo "setup: creating $VENV"
-    "$PYTHON" -m venv "$VENV"
+# Everything that decides what gets installed: this script and the packages' metadata.
+PYPROJECTS=(packages/*/pyproject.toml plugins/*/*/pyproject.toml tests/example-backend/pyproject.toml)
+fingerprint() {
+    "$PYTHON" -c 'import hashlib, sys
+h = hashlib.sha256()
+for name in sys.argv[1:]:
+    h.update(name.encode() + b"\0")
+    with open(name, "rb") as f:
+        h.update(f.read() + b"\0")
+print(h.hexdigest())' scripts/setup.sh "${PYPROJECTS[@]}"
+}
+FINGERPRINT="$(fingerprint)"
+
+up_to_date() {  # up_to_date LEVEL...: true when .venv holds a stamp of any of these levels for this fingerprint
+    [[ -x "$VENV/bin/python" ]] || return 1
+    local level
+    for level in "$@"; do
+        [[ "$(cat "$STAMP_DIR/$level" 2>/dev/null)" == "$FINGERPRINT" ]] && return 0
+    done
+    return 1
+}
+
+if [[ "$FORCE" == 0 ]]; then
+    satisfied_by=("$LEVEL")
+    [[ "$LEVEL" == demo ]] && satisfied_by+=(test)
+    if up_to_date "${satisfied_by[@]}"; then
+        echo "setup ($LEVEL): .venv is up to date"
+        exit 0
+    fi
 fi
 
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
@@ -22,34 +67,52 @@ pip_install() {
     "${PIP[@]}" install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
 
-pip_install --upgrade pip
-
-# An OpenCL platform for ember-opencl's tests and kit run: when the machine has none (no ICD registered), install
-# PoCL, the portable CPU OpenCL runtime, from the system's Debian packages (needs root; skipped otherwise).
-if [[ ! -d /etc/OpenCL/vendors || -z "$(ls -A /etc/OpenCL/vendors 2>/dev/null)" ]]; then
-    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-        echo "setup: no OpenCL platform found; installing PoCL (pocl-opencl-icd)"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocl-opencl-icd ocl-icd-libopencl1 >/dev/null
-    else
-        echo "setup: no OpenCL platform found and cannot install PoCL (not root or no apt-get); OpenCL tests skip"
-    fi
+if [[ ! -x "$VENV/bin/python" ]]; then
+    echo "setup: creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+    pip_install --upgrade pip
 fi
+rm -rf "$STAMP_DIR"  # an interrupted install must not leave a stamp that claims otherwise
 
-# First-party packages, editable. torch==2.13.0 comes with core's `test` extra (plain pip; it is a local file).
-PACKAGES=(
-    -e "packages/ember-core[test]"
+# First-party packages, editable, with their runtime dependencies: what the demo and any user program need.
+# Core's `test` extra adds pytest, xdist, hypothesis and torch==2.13.0 (the tests' oracle; a local wheel).
+if [[ "$LEVEL" == test ]]; then CORE="packages/ember-core[test]"; else CORE="packages/ember-core"; fi
+RUNTIME=(
+    -e "$CORE"
     -e "plugins/backends/ember-flex"
     -e "plugins/decorators/ember-autodiff"
     -e "plugins/backends/ember-opencl"
     -e "plugins/decorators/ember-fusion"
     -e "packages/ember-train[plot]"
     -e "packages/ember"
-    # the third-party example plugin used by the cross-plugin tests and the docs
-    -e "tests/example-backend"
 )
 
-DEV_TOOLS=(ruff nox sphinx pydata-sphinx-theme myst-parser)
+# Tests and development: the third-party example plugin used by the cross-plugin tests and the docs, and the dev
+# tools.
+TESTING=(
+    -e "tests/example-backend"
+    ruff nox sphinx pydata-sphinx-theme myst-parser
+)
 
-pip_install "${PACKAGES[@]}" "${DEV_TOOLS[@]}"
-echo "setup: .venv ready"
+if [[ "$LEVEL" == test ]]; then
+    # An OpenCL platform for ember-opencl's tests and kit run: when the machine has none (no ICD registered),
+    # install PoCL, the portable CPU OpenCL runtime, from the system's Debian packages (needs root; else skipped).
+    if [[ ! -d /etc/OpenCL/vendors || -z "$(ls -A /etc/OpenCL/vendors 2>/dev/null)" ]]; then
+        if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+            echo "setup: no OpenCL platform found; installing PoCL (pocl-opencl-icd)"
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocl-opencl-icd ocl-icd-libopencl1 >/dev/null
+        else
+            echo "setup: no OpenCL platform found and cannot install PoCL (not root or no apt-get); OpenCL tests skip"
+        fi
+    fi
+    echo "setup (test): installing the packages, test extras and dev tools"
+    pip_install "${RUNTIME[@]}" "${TESTING[@]}"
+else
+    echo "setup (demo): installing the packages and their runtime dependencies"
+    pip_install "${RUNTIME[@]}"
+fi
+
+mkdir -p "$STAMP_DIR"
+echo "$FINGERPRINT" > "$STAMP_DIR/$LEVEL"
+echo "setup ($LEVEL): .venv ready"
