@@ -301,6 +301,13 @@ def randint(low: int, high: Any = None, size: Any = None, *, dtype: Any = None, 
     dev = _dev(device)
     shape = check_shape_arg(tuple(size), "randint")
     d = dt.int64 if dtype is None else dt.as_dtype(dtype)
+    if not -(2**63) <= low or not high <= 2**63 - 1:  # PyTorch takes both as int64 arguments
+        raise ValueRangeError(f"randint: low and high must fit int64, got low={low}, high={high}")
+    if not d.is_floating_point:  # PyTorch: both ends of [low, high - 1] must be values of the dtype
+        lo, hi = (0, 1) if d.is_bool else dt.int_range(d)
+        if not lo <= low <= hi or not lo <= high - 1 <= hi:
+            raise ValueRangeError(f"randint: the range [{low}, {high}) is out of bounds for dtype {d.name} "
+                                  f"(values {lo} to {hi})")
     check_dtype_supported(dev, d, "randint")
     return Tensor._make(_alloc(dev, "randint", shape, d, lambda: dev.stack.randint(low, high, shape, d)), d, dev)
 

@@ -255,8 +255,12 @@ def movedim(input: Tensor, source: int | Sequence[int], destination: int | Seque
     """Move the dims in source to the positions in destination, keeping the other dims' order."""
     x = _t(input, "movedim")
     n = x.ndim
-    src = (source,) if _is_int(source) else tuple(source)  # type: ignore[arg-type]
-    dst = (destination,) if _is_int(destination) else tuple(destination)  # type: ignore[arg-type]
+    try:
+        src = (source,) if _is_int(source) else tuple(source)  # type: ignore[arg-type]
+        dst = (destination,) if _is_int(destination) else tuple(destination)  # type: ignore[arg-type]
+    except TypeError:
+        raise DimError(f"movedim: source and destination must be ints or sequences of ints, got "
+                       f"{type(source).__name__} {source!r} and {type(destination).__name__} {destination!r}") from None
     if len(src) != len(dst):
         raise ValueRangeError(
             f"movedim: Invalid source or destination dims: source ({list(src)} dims) should contain the same "

@@ -67,7 +67,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         except ShapeError:
             raise ShapeError(f"{op}: attn_mask of shape {attn_mask.shape} does not broadcast to the attention "
                              f"shape {batch + (L, S)}") from None
-    sc = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    # E == 0: every score is exactly 0 and attention is uniform (PyTorch), whatever the scale
+    sc = (1.0 / math.sqrt(E) if E else 1.0) if scale is None else float(scale)
     out_shape = batch + (L, value.shape[-1])
     if prod(out_shape) == 0 or S == 0:
         return like(query, keep_graph(s, s.full(out_shape, 0.0, d), query, key, value, attn_mask))

@@ -81,8 +81,14 @@ def _convnd(op: str, nd: int, input: Tensor, weight: Tensor, bias: Tensor | None
     xs = ((1,) + input.shape) if unbatched else input.shape
     n, cin, sp = xs[0], xs[1], xs[2:]
     cout = weight.shape[0]
+    if cout == 0:
+        raise ShapeError(f"{op}: expected weight to be at least 1 at dimension 0 (out_channels), got weight of "
+                         f"shape {weight.shape}")
     if cout % g:
         raise ShapeError(f"{op}: out_channels {cout} (weight shape {weight.shape}) is not divisible by groups={g}")
+    if n and cin and 0 in sp:
+        raise ShapeError(f"{op}: only zero batch or zero channel inputs are supported, got input shape "
+                         f"{input.shape} (an empty spatial dimension)")
     if cin != weight.shape[1] * g:
         raise ShapeError(f"{op}: input has {cin} channels but weight expects {weight.shape[1] * g} "
                          f"(weight shape {weight.shape}, groups={g})")
@@ -148,6 +154,11 @@ def _conv_transposend(op: str, nd: int, input: Tensor, weight: Tensor, bias: Ten
                          f"(weight shape {weight.shape}, groups={g})")
     if cin % g:
         raise ShapeError(f"{op}: in_channels {cin} is not divisible by groups={g}")
+    if weight.numel() == 0:
+        raise ShapeError(f"{op}: non-empty weight expected, got weight of shape {weight.shape}")
+    if n and cin and 0 in sp:
+        raise ShapeError(f"{op}: only zero batch or zero channel inputs are supported, got input shape "
+                         f"{input.shape} (an empty spatial dimension)")
     cout = weight.shape[1] * g
     if bias is not None:
         check_like(input, bias, op, "bias", (cout,))
@@ -209,7 +220,11 @@ def _pool_args(op: str, nd: int, input: Tensor, kernel_size: Any, stride: Any, p
     check_tensor(input, op)
     if input._dtype.is_bool:
         raise DTypeError(f"{op}: not implemented for bool tensors")
-    _check_rank(op, input, nd)
+    unbatched = _check_rank(op, input, nd)
+    body = input.shape if unbatched else input.shape[1:]
+    if 0 in body:  # PyTorch pools only a zero batch: channels and spatial sizes must be non-zero
+        raise ShapeError(f"{op}: expected input with non-zero sizes for the non-batch dimensions (an empty batch "
+                         f"is fine), got shape {input.shape}")
     ks = int_tuple(kernel_size, nd, op, "kernel_size", 1)
     st = ks if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0) else \
         int_tuple(stride, nd, op, "stride", 1)
@@ -303,8 +318,11 @@ def avg_pool3d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
 
 
 def _adaptive_size(op: str, nd: int, input: Tensor, output_size: Any) -> tuple[int, ...]:
-    _check_rank(op, input, nd)
+    unbatched = _check_rank(op, input, nd)
     sp = input.shape[-nd:]
+    if 0 in (input.shape if unbatched else input.shape[1:2]):  # channels, as PyTorch (spatial: checked below)
+        raise ShapeError(f"{op}: expected input with non-zero sizes for the non-batch dimensions, got shape "
+                         f"{input.shape}")
     if output_size is None or is_int(output_size):
         raw: tuple[Any, ...] = (output_size,) * nd
     elif isinstance(output_size, (tuple, list)):
