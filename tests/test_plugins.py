@@ -458,6 +458,14 @@ def test_keyboard_interrupt_at_plugin_import_propagates(
     _module_plugin(tmp_path, monkeypatch, "ember_test_interrupted_plugin", "raise KeyboardInterrupt\n")
     with pytest.raises(KeyboardInterrupt):
         plugins.ensure_loaded()
+    # nothing half-registered stays behind: once the plugin is gone, the next lookup loads everything once
+    assert not plugins._loaded and plugins.plugins == [] and plugins.backends == {}
+    with_plugin = manager.metadata.entry_points
+    monkeypatch.setattr(manager.metadata, "entry_points", lambda **kw: [
+        ep for ep in with_plugin(**kw) if ep.name != "ember_test_interrupted_plugin"])
+    assert Device.flex() is Device("flex")
+    names = [p.name for p in plugins.plugins]
+    assert names.count("flex") == 1 and not any(p.error for p in plugins.plugins)
 
 
 def test_system_exit_in_a_hook_or_availability_check_is_caught(plugins: manager.PluginRegistry) -> None:

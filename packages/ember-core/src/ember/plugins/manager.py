@@ -230,14 +230,22 @@ class PluginRegistry:
                     self._loading = True
                     try:
                         self._load_entry_points()
+                    except BaseException:  # Ctrl-C during discovery: forget the half, the next lookup starts over
+                        self._forget()
+                        raise
                     finally:
-                        # loading happens once, even when it fails: a retry would register the good plugins
-                        # twice and blame them instead of the plugin that failed
                         self._loading = False
-                        self._loaded = True
+                    # loading happens once, even when a plugin failed: a retry would register the good plugins
+                    # twice and blame them instead of the plugin that failed
+                    self._loaded = True
         if self._fatal is not None:
             self._raise_fatal()
         return self
+
+    def _forget(self) -> None:
+        self.backends, self.decorators, self.ops = {}, {}, {}
+        self.plugins, self.conflicts = [], []
+        self._fatal, self._pm = None, None
 
     def _raise_fatal(self) -> None:
         fatal = self._fatal
