@@ -179,3 +179,36 @@ def test_cli_help_lists_overwrite(capsys):
         cli.build_parser().parse_args(["--help"])
     assert "--overwrite" in capsys.readouterr().out
     assert cli._settings(cli.build_parser().parse_args(["--overwrite"])).overwrite
+
+
+def test_cli_resume_into_a_folder_with_another_runs_files(tmp_path, capsys):
+    out, other = tmp_path / "R", tmp_path / "S"
+    assert cli.main(_train(out, "--epochs", "1")) == 0
+    assert cli.main(_train(other, "--epochs", "1", "--seed", "1")) == 0
+    shutil.copy(other / "checkpoint-epoch1.safetensors", out / "checkpoint-epoch7.safetensors")
+    capsys.readouterr()
+    assert cli.main(_train(out, "--epochs", "2", "--resume")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    assert f"{out} also holds checkpoints of another run (" in err[0] and "--overwrite" in err[1]
+    assert cli.main(_train(out, "--epochs", "1", "--resume", "--overwrite")) == 0
+    text = capsys.readouterr().out
+    assert f"resumed from {out / 'checkpoint-epoch7.safetensors'} (epoch 1)" in text  # the run written last
+
+
+def test_cli_resume_whose_schedule_does_not_fit_the_checkpoint(tmp_path, capsys):
+    # one quick epoch is too short for OneCycle (no scheduler is saved); 8 epochs add one whose entries
+    # (initial_lr, ...) the checkpoint's optimizer groups lack: a typed refusal before anything is loaded, not a
+    # KeyError mid-training
+    out = tmp_path / "R"
+    assert cli.main(_train(out, "--epochs", "1")) == 0
+    capsys.readouterr()
+    before = _files(out)
+    assert cli.main(_train(out, "--epochs", "8", "--resume")) == 1
+    err = capsys.readouterr().err
+    assert "InvalidCheckpointError" in err and "checkpoint-epoch1.safetensors" in err
+    assert "no scheduler state" in err and "OneCycleLR" in err and "initial_lr" in err
+    before.pop("regression.csv")  # the recipe regenerates its (identical) data file before the Learner resumes
+    after = _files(out)
+    after.pop("regression.csv")
+    assert after == before

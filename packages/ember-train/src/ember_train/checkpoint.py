@@ -206,9 +206,13 @@ def claim_out_dir(out_dir: str | os.PathLike[str], run_id: str | None, *, overwr
     if dry_run:
         return moving
     aside = _aside_dir(d)
-    os.makedirs(aside)
-    for p in moving:
-        os.replace(p, os.path.join(aside, os.path.basename(p)))
+    try:
+        os.makedirs(aside)
+        for p in moving:
+            os.replace(p, os.path.join(aside, os.path.basename(p)))
+    except OSError as e:
+        raise RecordError(f"{op}: cannot move the other run's files in {d!r} aside into {aside!r} "
+                          f"({type(e).__name__}: {e.strerror or e})") from e
     return moving
 
 

@@ -356,14 +356,18 @@ class Learner:
             except (EmberError, TypeError, ValueError, KeyError) as e:
                 raise bad("optimizer", str(e)) from None
         sched_state = state.get("scheduler")
-        if self.scheduler is not None and sched_state is not None:
-            check = getattr(self.scheduler, "check_state_dict", None)
-            if check is not None:
-                groups = opt_state.get("param_groups") if isinstance(opt_state, Mapping) else None
-                try:
-                    check(sched_state, groups)  # tried on the groups the optimizer is about to get
-                except (EmberError, TypeError, ValueError, KeyError) as e:
-                    raise bad("scheduler", str(e)) from None
+        check = getattr(self.scheduler, "check_state_dict", None)
+        if check is not None:
+            groups = opt_state.get("param_groups") if isinstance(opt_state, Mapping) else None
+            # a checkpoint without scheduler state keeps this scheduler as it is: it must still work with the
+            # optimizer groups about to be loaded (a OneCycleLR needs the initial_lr/max_lr/min_lr it wrote there)
+            kept = sched_state is None
+            try:
+                check(self.scheduler.state_dict() if kept else sched_state, groups)
+            except (EmberError, TypeError, ValueError, KeyError) as e:
+                why = ("the checkpoint has no scheduler state and its optimizer groups do not fit this "
+                       f"{type(self.scheduler).__name__}: {e}" if kept else str(e))
+                raise bad("scheduler", why) from None
         loader_state = state.get("train_loader")
         if not hasattr(self.train_loader, "load_state_dict"):
             loader_state = None
