@@ -14,6 +14,9 @@ Every write is atomic: the data goes to a temporary file in the target's directo
 then ``os.replace``'d onto the target and the directory is fsync'ed. A crash or a kill during a save leaves the
 previous file untouched; a temporary file left by a killed process (``.<name>.<pid>.<token>.ember-tmp``) is
 removed by the next save to the same target.
+
+A record's structure may nest at most ``MAX_DEPTH`` levels: ``save`` refuses a deeper one, and ``load`` reports a
+file claiming one as a ``CorruptRecordError`` instead of exhausting the interpreter's stack.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ __all__ = [
     "CorruptRecordError",
     "IncompatibleStateError",
     "MissingDependencyError",
+    "MAX_DEPTH",
 ]
 
 FORMAT_VERSION = "1"
