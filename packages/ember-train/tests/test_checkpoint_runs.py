@@ -14,6 +14,7 @@ import ember
 from ember import nn, records
 from ember_train import checkpoint as ckpt
 from ember_train import cli
+from ember_train.dashboard import make_dashboard
 from ember_train.data import DataLoader, TensorDataset
 from ember_train.learner import Learner
 
@@ -212,3 +213,12 @@ def test_cli_resume_whose_schedule_does_not_fit_the_checkpoint(tmp_path, capsys)
     after = _files(out)
     after.pop("regression.csv")
     assert after == before
+
+
+def test_resume_with_another_seed_says_so(tmp_path, capsys):
+    _learner(tmp_path).fit(1)
+    other = _learner(tmp_path, seed=3)
+    other.dashboard = make_dashboard("plain")
+    capsys.readouterr()
+    other.fit(2, resume="latest")
+    assert "trained with seed 0, this Learner uses seed 3" in capsys.readouterr().out

@@ -390,6 +390,9 @@ class Learner:
             self.history._load(history)
             self._since_best = state.get("epochs_since_best", 0)
             self.dashboard.message(f"resumed from {path} (epoch {epoch})")
+            if state.get("seed", self.seed) != self.seed:  # the seed schedule is the learner's, not the file's
+                self.dashboard.message(f"note: the checkpoint was trained with seed {state['seed']}, this Learner "
+                                       f"uses seed {self.seed}; the resumed run will not repeat the original")
             return epoch
 
         return run_id, apply
