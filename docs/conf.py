@@ -3,7 +3,12 @@
 Built offline with warnings as errors: ``sphinx-build -W -b html docs docs/_build/html``.
 """
 
+import sys
 from importlib import metadata
+from pathlib import Path
+
+# docs/_ext: the ember-distributions directive (the Install page's tables, generated from the pyproject files)
+sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 
 project = "ember"
 author = "The ember developers"
@@ -19,6 +24,7 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
+    "ember_distributions",
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
