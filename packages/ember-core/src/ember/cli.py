@@ -154,7 +154,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         name = "suite"
     print(f"ember bench {name}: {_BENCHMARKS[name]}")
     if name == "suite":
-        print("(`ember bench overhead|autodiff|micro` run single benchmarks)")
+        print(f"(`ember bench {'|'.join(n for n in _BENCHMARKS if n != 'suite')}` run single benchmarks)")
     path = _find_overhead_benchmark() if name == "overhead" else _find_benchmark(name)
     if path is None:
         print(
@@ -182,10 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench = sub.add_parser(
         "bench",
         help="the benchmark suite versus PyTorch (benchmarks/suite.py); "
-        "`ember bench overhead|autodiff|micro|suite` runs one script",
+        f"`ember bench {'|'.join(_BENCHMARKS)}` runs one script",
         description="The full benchmark suite (seed CNN and transformer training and inference, micro-benchmarks, "
         "peak memory) versus PyTorch. Extra arguments (--quick, --json PATH, --only SECTION...) pass through to "
-        "benchmarks/suite.py. `ember bench overhead|autodiff|micro|suite [--quick] [--json PATH]` runs that "
+        f"benchmarks/suite.py. `ember bench {'|'.join(_BENCHMARKS)} [--quick] [--json PATH]` runs that "
         "benchmark script instead.",
     )
     p_bench.set_defaults(func=_cmd_bench)
