@@ -346,8 +346,7 @@ class Backend:
         return self.where(keep, h, 0)
 
     def softmax(self, h: Handle, dim: int, log: bool) -> Handle:
-        m = self.reduce("max", h, (dim,), True)
-        m = self.where(self.unary("isfinite", m), m, 0.0)
+        m = self.reduce("max", h, (dim,), True)  # an infinite max gives a NaN row (inf - inf), as in PyTorch
         z = self.binary("sub", h, m)
         e = self.unary("exp", z)
         s = self.reduce("sum", e, (dim,), True)
