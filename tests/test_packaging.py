@@ -76,3 +76,40 @@ def test_meta_package_has_one_extra_per_plugin_and_all() -> None:
         assert _reqs(extras[extra])[dist].specifier.contains(VERSION)
         assert dist in _reqs(core_extras.get(extra, [])), f"ember-core lacks the [{extra}] extra"
         assert dist in everything, f"ember[all] lacks {dist}"
+
+
+def _distributions_ext():
+    """docs/_ext/ember_distributions.py, the generator of the docs' Install page."""
+    import importlib.util
+    import sys
+
+    path = ROOT / "docs" / "_ext" / "ember_distributions.py"
+    spec = importlib.util.spec_from_file_location("ember_distributions", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_install_page_lists_every_distribution_and_extra() -> None:
+    ext = _distributions_ext()
+    assert "```{ember-distributions}" in (ROOT / "docs" / "install.md").read_text()
+    text = ext.render_markdown(ext.collect(ROOT))
+    for path in ALL:
+        project = _project(path)["project"]
+        assert f"`{project['name']}`" in text
+        for extra in project.get("optional-dependencies", {}):
+            assert f"`{project['name']}[{extra}]`" in text, f"the Install page omits {project['name']}[{extra}]"
+
+
+def test_what_pip_install_ember_pulls_in() -> None:
+    ext = _distributions_ext()
+    dists = ext.collect(ROOT)
+    first, third = ext.pulls_in([Requirement("ember")], dists)
+    # the default install: core, the CPU backend, gradients and training (and ember-train's own dependencies)
+    assert set(first) == {"ember", "ember-core", "ember-flex", "ember-autodiff", "ember-train"}
+    assert {"scikit-learn", "scipy", "pillow", "rich", "numpy"} <= {Requirement(r).name for r in third}
+    # an extra follows through to the plugin's own requirements
+    first, third = ext.pulls_in([Requirement("ember-core[opencl]")], dists)
+    assert "ember-opencl" in first and "pyopencl" in {Requirement(r).name for r in third}
