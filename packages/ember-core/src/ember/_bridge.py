@@ -144,7 +144,7 @@ def infer_dtype(data: Any, device: Device | None = None) -> DType:
     if arr.dtype.kind == "f":
         return device.default_dtype if device is not None else dt.get_default_dtype()
     if arr.dtype.kind in "OUS":
-        _check_leaves(arr, None)  # raises, naming the first leaf that is not a number
+        _check_leaves(arr if arr.dtype.kind == "O" else np.asarray(data, dtype=object), None)  # names a non-number
         kinds = {type(v) for v in arr.ravel()}
         if float in kinds:
             return device.default_dtype if device is not None else dt.get_default_dtype()
@@ -191,7 +191,8 @@ def _python_data_array(data: Any, dtype: DType) -> np.ndarray:
     if kind == "c":
         raise _leaf_error(arr.ravel()[0].item(), dtype)
     if kind in "OUS":
-        _check_leaves(arr, dtype)
+        # numpy turned numbers into strings beside a string ([1, "a"] -> ["1", "a"]): look at the data itself
+        _check_leaves(arr if kind == "O" else np.asarray(data, dtype=object), dtype)
         vals = []
         for v in arr.ravel():
             v = v.item() if isinstance(v, np.generic) else v

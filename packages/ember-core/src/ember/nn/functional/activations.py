@@ -32,9 +32,9 @@ def relu(input: Tensor, inplace: bool = False) -> Tensor:
     zero = 0.0 if input._dtype.is_floating_point else 0
     h = input._h
     if tracks_grad(s, h):
-        # PyTorch's gradient is zero at x == 0 (and at NaN); maximum's would split the tie in half
+        # PyTorch's gradient is zero where x <= 0 (so at x == 0; a NaN passes it); maximum's would halve the tie
         d = s.detach(h)
-        return _finish(input, s.where(s.binary("gt", d, zero), h, s.binary("maximum", d, zero)), inplace)
+        return _finish(input, s.where(s.binary("le", d, zero), s.binary("maximum", d, zero), h), inplace)
     return _finish(input, s.binary("maximum", h, zero), inplace)
 
 
@@ -50,11 +50,11 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace
     s = input._device.stack
     lo, hi = float(min_val), float(max_val)
     if tracks_grad(s, input._h):
-        # PyTorch passes the gradient strictly inside (min_val, max_val): zero at the bounds and at NaN
+        # PyTorch zeroes the gradient where x <= min_val or x >= max_val (the bounds included; a NaN passes it)
         d = s.detach(input._h)
-        inside = s.binary("logical_and", s.binary("gt", d, lo), s.binary("lt", d, hi))
+        outside = s.binary("logical_or", s.binary("le", d, lo), s.binary("ge", d, hi))
         val = s.binary("minimum", s.binary("maximum", d, lo), hi)
-        return _finish(input, s.where(inside, input._h, val), inplace)
+        return _finish(input, s.where(outside, val, input._h), inplace)
     h = s.binary("minimum", s.binary("maximum", input._h, lo), hi)
     return _finish(input, h, inplace)
 

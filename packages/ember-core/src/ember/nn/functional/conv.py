@@ -320,7 +320,8 @@ def avg_pool3d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
 def _adaptive_size(op: str, nd: int, input: Tensor, output_size: Any) -> tuple[int, ...]:
     unbatched = _check_rank(op, input, nd)
     sp = input.shape[-nd:]
-    if 0 in (input.shape if unbatched else input.shape[1:2]):  # channels, as PyTorch (spatial: checked below)
+    # PyTorch refuses zero channels in adaptive max pools and 3-d adaptive average pools (spatial: checked below)
+    if (op.startswith("adaptive_max") or nd == 3) and 0 in (input.shape if unbatched else input.shape[1:2]):
         raise ShapeError(f"{op}: expected input with non-zero sizes for the non-batch dimensions, got shape "
                          f"{input.shape}")
     if output_size is None or is_int(output_size):

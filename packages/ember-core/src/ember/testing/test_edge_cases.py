@@ -1,0 +1,469 @@
+"""Conformance: the edges PyTorch defines and numpy would get wrong, on the device under test.
+
+* value ranges: a Python int operand no 64-bit scalar holds is refused; in-range ints wrap into the tensor's dtype
+  exactly as in torch; ``tensor()`` refuses values its dtype cannot hold and anything that is not a number
+  (strings, None, complex); fill values, bounds and ``where`` scalars are range-checked;
+* empty tensors: softmax-like ops over a zero-length dim, losses, pools, convs and padding behave as torch (a
+  result, or a typed error where torch raises); allocations past memory are ``OutOfMemoryError``;
+* non-finite inputs: softmax of a row whose max is infinite is NaN throughout; clamp's dtype rules;
+* gradients (on the autodiff-decorated device): empty leaves get empty gradients, never None, and clamp / relu /
+  hardtanh pass the gradient at their bounds and NaNs exactly as torch does.
+
+Every expectation is torch's own result on the same input, computed in the test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ember
+from ember import DimError, DTypeError, OutOfMemoryError, ShapeError, UnsupportedError, ValueRangeError
+from ember.nn import functional as EF
+from ember.testing import require_dtype, torch_or_skip
+from ember.testing._helpers import raises
+
+torch = torch_or_skip()
+TF = torch.nn.functional
+
+INF, NAN = float("inf"), float("nan")
+
+
+def _same(out: Any, ref: Any) -> None:
+    """An ember tensor equal to a torch tensor: shape, dtype, values (NaN where torch has NaN)."""
+    got = out.numpy()
+    exp = ref.detach().numpy()
+    assert got.shape == exp.shape, (got.shape, exp.shape)
+    assert got.dtype == exp.dtype, (got.dtype, exp.dtype)
+    np.testing.assert_allclose(got, exp, rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+def _torch_raises(fn: Callable[[], Any]) -> None:
+    with pytest.raises((RuntimeError, ValueError, TypeError, OverflowError, IndexError, NotImplementedError)):
+        fn()
+
+
+def _need(*dtypes: Any) -> None:
+    from ember.device import default_device
+
+    require_dtype(default_device(), *dtypes)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# value ranges
+# ------------------------------------------------------------------------------------------------------------
+_SCALAR_OPS = ["add", "sub", "mul", "floor_divide", "remainder", "eq", "lt", "bitwise_and", "maximum"]
+
+
+@pytest.mark.parametrize("value", [10**20, 2**64, -(2**63) - 1], ids=["1e20", "2**64", "-2**63-1"])
+@pytest.mark.parametrize("op", _SCALAR_OPS)
+def test_python_int_operand_past_64_bits_is_refused(op, value):
+    if op != "maximum":  # torch.maximum takes no scalar at all
+        _torch_raises(lambda: getattr(torch, op)(torch.tensor([1, 2]), value))
+    with raises(ValueRangeError, op, str(value), "64-bit"):
+        getattr(ember, op)(ember.tensor([1, 2]), value)
+
+
+def test_python_int_operand_past_64_bits_is_refused_everywhere():
+    x = ember.tensor([1, 2])
+    for fn, name in [(lambda: x * 10**20, "mul"), (lambda: 10**20 - x, "sub"), (lambda: x.add_(10**20), "add_"),
+                     (lambda: ember.tensor([1.5]) + 2**70, "add"), (lambda: x == 2**70, "eq"),
+                     (lambda: ember.add(x, 1, alpha=2**70), "add"), (lambda: (2**70) ** x, "pow")]:
+        with raises(ValueRangeError, name, "64-bit"):
+            fn()
+    _torch_raises(lambda: torch.tensor([1, 2]) * 10**20)
+    _torch_raises(lambda: torch.tensor([1.5]) + 2**70)
+
+
+@pytest.mark.parametrize("case", [
+    ("uint8", [100, 7], "add", 300), ("uint8", [100, 7], "lt", 300), ("uint8", [100, 7], "eq", 356),
+    ("uint8", [100, 7], "sub", -1), ("int8", [100, -3], "mul", 1000), ("int8", [100, -3], "gt", 1000),
+    ("int64", [1, 3], "mul", 2**63), ("int64", [1, 3], "add", 2**64 - 1), ("int32", [1, 3], "add", 2**40),
+], ids=lambda c: f"{c[0]}-{c[2]}-{c[3]}")
+def test_in_range_int_operand_wraps_as_torch(case):
+    dtype, data, op, value = case
+    _need(getattr(ember, dtype))
+    ref = getattr(torch, op)(torch.tensor(data, dtype=getattr(torch, dtype)), value)
+    _same(getattr(ember, op)(ember.tensor(data, dtype=getattr(ember, dtype)), value), ref)
+
+
+@pytest.mark.parametrize("data,dtype", [
+    ([300, -1], "uint8"), ([-256], "uint8"), ([200], "int8"), ([-129], "int8"), ([2**31], "int32"),
+    ([2**63], "int64"), ([2**70], "int64"), ([300.5], "uint8"), ([-1.0], "uint8"), ([INF], "int32"),
+    ([NAN], "int32"), ([1e19], "int64"), ([[1, 2], [3, 2**70]], "int64"),
+], ids=str)
+def test_tensor_refuses_values_its_dtype_cannot_hold(data, dtype):
+    _need(getattr(ember, dtype))
+    _torch_raises(lambda: torch.tensor(data, dtype=getattr(torch, dtype)))
+    with raises(ValueRangeError, "tensor()", "cannot be converted to type", dtype):
+        ember.tensor(data, dtype=getattr(ember, dtype))
+
+
+def test_tensor_int_past_64_bits_without_dtype_is_refused():
+    _torch_raises(lambda: torch.tensor([2**70]))
+    for data in ([2**70], 2**70, [1, 2**64], [2**63]):
+        with raises(ValueRangeError, "tensor()", "int64"):
+            ember.tensor(data)
+
+
+@pytest.mark.parametrize("data,dtype", [
+    ([-1, 255], "uint8"), ([-255], "uint8"), ([-128, 127], "int8"), ([2**70], "float32"), ([NAN, 0.0], "bool"),
+    ([2, 0], "bool"), ([True, 255], "uint8"), ([-(2**63)], "int64"), ([255.0, 0.5], "uint8"),
+], ids=str)
+def test_tensor_in_range_values_match_torch(data, dtype):
+    _need(getattr(ember, dtype))
+    _same(ember.tensor(data, dtype=getattr(ember, dtype)), torch.tensor(data, dtype=getattr(torch, dtype)))
+
+
+def test_tensor_of_numpy_data_casts_as_numpy_and_torch():
+    _need(ember.uint8)
+    a = np.array([300, -1, 7])
+    _same(ember.tensor(a, dtype=ember.uint8), torch.tensor(a, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("data,dtype,shown", [
+    (["a"], "bool", "'a'"), (["1.5"], "float32", "'1.5'"), ([None, 1], "bool", "None"), ([None, 1], None, "None"),
+    (["a"], None, "'a'"), ("a", None, "'a'"), ([b"a"], None, "b'a'"), ([[1], [None]], "int64", "None"),
+    ([1j], "float32", "1j"), ([1, "a"], "float32", "'a'"), ([object()], "float32", "object"),
+], ids=lambda v: repr(v) if not isinstance(v, list) else str(v))
+def test_tensor_refuses_what_is_not_a_number(data, dtype, shown):
+    tdt = None if dtype is None else getattr(torch, dtype)
+    _torch_raises(lambda: torch.tensor(data, dtype=tdt))
+    with raises(DTypeError, "tensor()", shown):
+        ember.tensor(data, dtype=None if dtype is None else getattr(ember, dtype))
+
+
+@pytest.mark.parametrize("case", [
+    ("full", "uint8", 300), ("full", "int8", -200), ("full", "int8", 128.0), ("full", "int64", 2**63),
+    ("full", "int64", NAN), ("full", "int64", INF), ("fill_", "uint8", 300), ("fill_", "int8", -129),
+    ("fill_", "int64", 2**63), ("clamp_max", "int8", 1000), ("clamp_min", "uint8", -256),
+    ("where", "uint8", 300), ("masked_fill", "uint8", 300), ("masked_fill", "int8", -129),
+], ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+def test_fill_values_and_bounds_are_range_checked(case):
+    op, dtype, value = case
+    _need(getattr(ember, dtype))
+
+    def run(lib: Any) -> Any:
+        d = getattr(lib, dtype)
+        x = lib.ones(2, dtype=d)
+        if op == "full":
+            return lib.full((2,), value, dtype=d)
+        if op == "fill_":
+            return x.fill_(value)
+        if op == "clamp_max":
+            return lib.clamp(x, max=value)
+        if op == "clamp_min":
+            return lib.clamp(x, min=value)
+        if op == "where":
+            return lib.where(lib.tensor([True, False]), x, value)
+        return x.masked_fill(lib.tensor([True, False]), value)
+
+    _torch_raises(lambda: run(torch))
+    with raises(ValueRangeError, "cannot be converted to type", dtype, "without overflow"):
+        run(ember)
+
+
+@pytest.mark.parametrize("case", [
+    ("full", "uint8", -1), ("full", "int64", 1.9), ("full", "bool", 2), ("fill_", "uint8", -255),
+    ("clamp_min", "uint8", -1), ("clamp_max", "int8", 2.5), ("full", "float32", 2**63), ("masked_fill", "uint8", -1),
+], ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+def test_fill_values_and_bounds_in_range_match_torch(case):
+    op, dtype, value = case
+    _need(getattr(ember, dtype))
+
+    def run(lib: Any) -> Any:
+        d = getattr(lib, dtype)
+        x = lib.ones(2, dtype=d) * 3 if dtype != "bool" else lib.ones(2, dtype=d)
+        if op == "full":
+            return lib.full((2,), value, dtype=d)
+        if op == "fill_":
+            return x.fill_(value)
+        if op == "clamp_min":
+            return lib.clamp(x, min=value)
+        if op == "clamp_max":
+            return lib.clamp(x, max=value)
+        return x.masked_fill(lib.tensor([True, False]), value)
+
+    _same(run(ember), run(torch))
+
+
+def test_randint_range_must_fit_the_dtype():
+    _need(ember.int8)
+    with raises(ValueRangeError, "randint", "int8"):
+        ember.randint(-129, 0, (2,), dtype=ember.int8)
+    _torch_raises(lambda: torch.randint(-129, 0, (2,), dtype=torch.int8))
+    with raises(ValueRangeError, "randint", "int64"):
+        ember.randint(0, 2**63, (2,))
+    with raises(ValueRangeError, "randint", "bool"):
+        ember.randint(0, 5, (2,), dtype=ember.bool)
+    _need(ember.uint8)
+    assert ember.randint(0, 256, (64,), dtype=ember.uint8).numpy().max() <= 255
+
+
+# ------------------------------------------------------------------------------------------------------------
+# empty tensors, huge sizes, bad arguments
+# ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,dim", [((2, 0), 1), ((0, 3), 1), ((2, 0, 3), 1), ((0,), 0)], ids=str)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "softmin"])
+def test_softmax_over_empty_dims_is_empty(name, shape, dim):
+    _same(getattr(EF, name)(ember.zeros(*shape), dim=dim), getattr(TF, name)(torch.zeros(*shape), dim=dim))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_of_an_empty_batch(reduction):
+    x, t = ember.zeros(0, 3), ember.zeros(0, dtype=ember.int64)
+    _same(EF.cross_entropy(x, t, reduction=reduction),
+          TF.cross_entropy(torch.zeros(0, 3), torch.zeros(0, dtype=torch.int64), reduction=reduction))
+
+
+def test_batch_norm_and_attention_on_empty_or_zero_width_inputs():
+    _same(EF.batch_norm(ember.zeros(0, 3), None, None, training=True),
+          TF.batch_norm(torch.zeros(0, 3), None, None, training=True))
+    with raises(ValueRangeError, "batch_norm", "more than 1 value per channel"):
+        EF.batch_norm(ember.zeros(1, 3), None, None, training=True)
+    q, v = np.ones((1, 2, 0), np.float32), np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    _same(EF.scaled_dot_product_attention(ember.tensor(q), ember.tensor(q), ember.tensor(v)),
+          TF.scaled_dot_product_attention(torch.tensor(q), torch.tensor(q), torch.tensor(v)))
+
+
+@pytest.mark.parametrize("make,op", [
+    (lambda: ember.ones(2**62, 4), ""), (lambda: ember.zeros(10**13), ""), (lambda: ember.arange(10**15), "arange"),
+    (lambda: ember.rand(10**13), "rand"), (lambda: ember.ones(2).repeat(10**13), ""),
+    (lambda: ember.ones(1).expand(10**13).contiguous(), ""), (lambda: ember.ones(1).expand(10**13) + 1, ""),
+], ids=["ones-2**62", "zeros", "arange", "rand", "repeat", "expand-contiguous", "expand-add"])
+def test_allocations_past_memory_are_out_of_memory_errors(make, op):
+    with raises(OutOfMemoryError, op) as info:
+        make().numpy()  # numpy(): a lazily fused result allocates when it is realized
+    assert "bytes" in str(info.value) or "allocate" in str(info.value)
+
+
+@pytest.mark.parametrize("call,op", [
+    (lambda x: x.squeeze(1.5), "squeeze"), (lambda x: x.flip(0.5), "flip"), (lambda x: x.movedim(0.5, 1), "movedim"),
+    (lambda x: x.sum([0.5]), "sum"), (lambda x: x.unsqueeze(1.5), "unsqueeze"),
+], ids=["squeeze", "flip", "movedim", "sum", "unsqueeze"])
+def test_float_dims_are_typed_errors(call, op):
+    x = ember.ones(1, 2)
+    _torch_raises(lambda: call(torch.ones(1, 2)))
+    with raises(DimError, f"{op}: ", "float"):
+        call(x)
+
+
+@pytest.mark.parametrize("pad", [[2, -2], [-2, 2], [-2, -2], [0, -3]], ids=str)
+def test_pad_cropping_past_the_input_is_refused(pad):
+    _torch_raises(lambda: TF.pad(torch.ones(1, 1), pad) if pad != [0, -3] else TF.pad(torch.ones(1, 2), pad))
+    with raises(ShapeError, "pad", "negative output size"):
+        EF.pad(ember.ones(1, 1) if pad != [0, -3] else ember.ones(1, 2), pad)
+
+
+@pytest.mark.parametrize("pad", [[-1, 0], [-1, -1], [1, -1], [-2, 3]], ids=str)
+def test_pad_negative_crops_match_torch(pad):
+    x = np.arange(3, dtype=np.float32).reshape(1, 3)
+    _same(EF.pad(ember.tensor(x), pad), TF.pad(torch.tensor(x), pad))
+
+
+@pytest.mark.parametrize("call", [
+    lambda F, lib: F.max_pool2d(lib.zeros(1, 1, 0, 4), 2, padding=1),
+    lambda F, lib: F.max_pool2d(lib.zeros(1, 1, 4, 0), 2, padding=1, return_indices=True),
+    lambda F, lib: F.max_pool1d(lib.zeros(1, 1, 0), 2, padding=1),
+    lambda F, lib: F.avg_pool2d(lib.zeros(1, 1, 0, 4), 2, padding=1),
+    lambda F, lib: F.max_pool2d(lib.zeros(1, 0, 4, 4), 2),
+    lambda F, lib: F.adaptive_max_pool2d(lib.zeros(1, 0, 4, 4), 2),
+    lambda F, lib: F.adaptive_avg_pool3d(lib.zeros(1, 0, 4, 4, 4), 2),
+    lambda F, lib: F.conv1d(lib.zeros(1, 1, 0), lib.ones(1, 1, 1), padding=1),
+    lambda F, lib: F.conv2d(lib.zeros(1, 1, 3, 3), lib.ones(0, 1, 2, 2)),
+    lambda F, lib: F.conv_transpose2d(lib.zeros(1, 1, 0, 2), lib.ones(1, 1, 2, 2)),
+], ids=["maxpool-h0", "maxpool-w0-indices", "maxpool1d", "avgpool", "maxpool-c0", "adaptive-max-c0", "adaptive-avg3d-c0", "conv1d-l0",
+        "conv-out0", "convT-h0"])
+def test_pools_and_convs_refuse_empty_non_batch_dims(call):
+    _torch_raises(lambda: call(TF, torch))
+    with raises(ShapeError):
+        call(EF, ember)
+
+
+def test_pools_and_convs_of_an_empty_batch_are_empty():
+    # torch's 1-d and 2-d adaptive average pools take zero channels (its other pools refuse them)
+    _same(EF.adaptive_avg_pool2d(ember.zeros(1, 0, 4, 4), 2), TF.adaptive_avg_pool2d(torch.zeros(1, 0, 4, 4), 2))
+    _same(EF.max_pool2d(ember.zeros(0, 1, 4, 4), 2), TF.max_pool2d(torch.zeros(0, 1, 4, 4), 2))
+    _same(EF.conv2d(ember.zeros(0, 1, 3, 3), ember.ones(2, 1, 2, 2)),
+          TF.conv2d(torch.zeros(0, 1, 3, 3), torch.ones(2, 1, 2, 2)))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# non-finite inputs, clamp's dtypes
+# ------------------------------------------------------------------------------------------------------------
+_ROWS = [[INF, 1.0, 2.0], [-INF, -INF, -INF], [INF, INF, 0.0], [-INF, 1.0, 2.0], [NAN, 1.0, 2.0], [INF, -INF, 3.0],
+         [1e4, -1e4, 0.0], [1.0, 2.0, 3.0]]
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "softmin"])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_softmax_with_infinite_rows_matches_torch(name, dim):
+    x = np.array(_ROWS, np.float32)
+    x = x if dim == 1 else np.ascontiguousarray(x.T)
+    _same(getattr(EF, name)(ember.tensor(x), dim=dim), getattr(TF, name)(torch.tensor(x), dim=dim))
+
+
+@pytest.mark.parametrize("target", [0, 1, 2])
+@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.1}, {"reduction": "none"}], ids=str)
+def test_cross_entropy_with_infinite_logits_matches_torch(target, kw):
+    x = np.array(_ROWS, np.float32)
+    t = np.full(len(_ROWS), target)
+    _same(EF.cross_entropy(ember.tensor(x), ember.tensor(t), **kw), TF.cross_entropy(torch.tensor(x),
+                                                                                     torch.tensor(t), **kw))
+
+
+def test_clamp_of_bool_promotes_as_torch():
+    b = [True, False]
+    for kw in ({"min": 0, "max": 1}, {"min": 0}, {"max": 0.5}):
+        _same(ember.clamp(ember.tensor(b), **kw), torch.clamp(torch.tensor(b), **kw))
+    _same(ember.clamp(ember.tensor(b), min=ember.tensor(0)), torch.clamp(torch.tensor(b), min=torch.tensor(0)))
+    _torch_raises(lambda: torch.clamp(torch.tensor(b), min=True))
+    with raises(UnsupportedError, "clamp", "bool"):
+        ember.clamp(ember.tensor(b), min=True)
+    with raises(UnsupportedError, "clamp", "bool"):
+        ember.clamp(ember.tensor(b), min=ember.tensor(False), max=ember.tensor(True))
+    _torch_raises(lambda: torch.tensor(b).clamp_(min=0))
+    with raises(DTypeError, "clamp_", "int64", "bool"):
+        ember.tensor(b).clamp_(min=0)
+
+
+def test_clamp_values_and_nan_bounds_match_torch():
+    x = np.array([NAN, -1.0, 0.0, 0.5, 1.0, 2.0], np.float32)
+    for lo, hi in ((0.0, 1.0), (NAN, 1.0), (0.0, NAN), (2.0, 1.0), (None, 0.5), (-INF, INF)):
+        _same(ember.clamp(ember.tensor(x), lo, hi), torch.clamp(torch.tensor(x), lo, hi))
+    lo_t = np.array([0.0, NAN, -2.0, 1.0, 0.0, 3.0], np.float32)
+    _same(ember.clamp(ember.tensor(x), min=ember.tensor(lo_t)), torch.clamp(torch.tensor(x), min=torch.tensor(lo_t)))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# gradients (autodiff-decorated device under test)
+# ------------------------------------------------------------------------------------------------------------
+def _autodiff_installed() -> bool:
+    from ember.plugins import registry
+
+    registry.ensure_loaded()
+    return registry.decorator("autodiff") is not None
+
+
+@pytest.fixture
+def ad(device: Any) -> Any:
+    """The device under test with gradient recording, made the default device for the test."""
+    if getattr(device.stack, "differentiable", False):
+        dev = device
+    elif _autodiff_installed():
+        dev = device.autodiff()
+    else:
+        pytest.skip("ember-autodiff is not installed")
+    require_dtype(dev, ember.float64)
+    previous = ember.default_device()
+    ember.set_default_device(dev)
+    try:
+        yield dev
+    finally:
+        ember.set_default_device(previous)
+
+
+def _grads(lib: Any, F: Any, fn: Callable[..., Any], arrays: list[np.ndarray]) -> list[Any]:
+    leaves = [lib.tensor(a, dtype=lib.float64, requires_grad=True) for a in arrays]
+    out = fn(lib, F, *leaves)
+    if isinstance(out, tuple):
+        out = out[0]
+    w = np.random.default_rng(out.numel()).uniform(0.5, 1.5, tuple(out.shape))
+    (out * lib.tensor(w, dtype=lib.float64)).sum().backward()
+    return [leaf.grad for leaf in leaves]
+
+
+def _check_grads(fn: Callable[..., Any], *arrays: Any) -> None:
+    arrays = [np.asarray(a, np.float64) for a in arrays]
+    exp = _grads(torch, TF, fn, arrays)
+    got = _grads(ember, EF, fn, arrays)
+    for g, e in zip(got, exp):
+        assert (g is None) == (e is None), (g, e)
+        if e is not None:
+            _same(g, e)
+
+
+Z = np.zeros
+_EMPTY_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
+    "relu": (lambda lib, F, x: F.relu(x), (Z((2, 0)),)),
+    "clamp": (lambda lib, F, x: x.clamp(0, 1), (Z((0, 3)),)),
+    "clamp_min": (lambda lib, F, x: x.clamp(min=0), (Z((0,)),)),
+    "hardtanh": (lambda lib, F, x: F.hardtanh(x), (Z((2, 0)),)),
+    "softplus": (lambda lib, F, x: F.softplus(x), (Z((0,)),)),
+    "softmax": (lambda lib, F, x: F.softmax(x, 1), (Z((2, 0)),)),
+    "log_softmax": (lambda lib, F, x: F.log_softmax(x, 1), (Z((2, 0)),)),
+    "bce_logits": (lambda lib, F, x: F.binary_cross_entropy_with_logits(x, x.detach()), (Z((0,)),)),
+    "normalize": (lambda lib, F, x: F.normalize(x), (Z((0, 3)),)),
+    "cosine_similarity": (lambda lib, F, a, b: F.cosine_similarity(a, b), (Z((0, 3)), Z((0, 3)))),
+    "cat": (lambda lib, F, a, b: lib.cat([a, b]), (Z((0,)), Z((0,)))),
+    "cat_skipped": (lambda lib, F, a, b: lib.cat([a, b]), (Z((0,)), Z((2, 3)))),
+    "pad": (lambda lib, F, x: F.pad(x, (1, 1)), (Z((0, 3)),)),
+    "pad_reflect": (lambda lib, F, x: F.pad(x, (1, 1), mode="reflect"), (Z((0, 1, 3)),)),
+    "conv2d": (lambda lib, F, x, w: F.conv2d(x, w), (Z((0, 1, 3, 3)), np.ones((2, 1, 2, 2)))),
+    "conv_transpose2d": (lambda lib, F, x, w: F.conv_transpose2d(x, w), (Z((0, 1, 3, 3)), np.ones((1, 1, 2, 2)))),
+    "max_pool2d": (lambda lib, F, x: F.max_pool2d(x, 2), (Z((0, 1, 4, 4)),)),
+    "avg_pool2d": (lambda lib, F, x: F.avg_pool2d(x, 2), (Z((0, 1, 4, 4)),)),
+    "adaptive_avg_pool2d": (lambda lib, F, x: F.adaptive_avg_pool2d(x, 2), (Z((0, 1, 4, 4)),)),
+    "adaptive_max_pool2d": (lambda lib, F, x: F.adaptive_max_pool2d(x, 2), (Z((0, 1, 4, 4)),)),
+    "interpolate": (lambda lib, F, x: F.interpolate(x, scale_factor=2), (Z((0, 1, 4)),)),
+    "unfold": (lambda lib, F, x: F.unfold(x, 1), (Z((0, 1, 2, 2)),)),
+    "sdpa": (lambda lib, F, q: F.scaled_dot_product_attention(q, q, q), (Z((1, 0, 4)),)),
+    "layer_norm_weight": (lambda lib, F, x, w: F.layer_norm(x, (3,), w), (Z((0, 3)), np.ones(3))),
+    "batch_norm": (lambda lib, F, x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+                   (Z((0, 3)), np.ones(3), np.zeros(3))),
+    "group_norm": (lambda lib, F, x, w: F.group_norm(x, 1, w), (Z((0, 2, 3)), np.ones(2))),
+    "gather": (lambda lib, F, x: x.gather(1, lib.zeros(0, 1, dtype=lib.int64)), (Z((0, 3)),)),
+    "scatter_src": (lambda lib, F, x, s: x.scatter(1, lib.zeros(0, 1, dtype=lib.int64), s), (Z((0, 3)), Z((0, 1)))),
+    "linear": (lambda lib, F, x, w, b: F.linear(x, w, b), (Z((0, 2)), np.ones((3, 2)), np.ones(3))),
+    "cross_entropy": (lambda lib, F, x: F.cross_entropy(x, lib.zeros(0, dtype=lib.int64), reduction="sum"),
+                      (Z((0, 3)),)),
+    "mse_loss": (lambda lib, F, a, b: F.mse_loss(a, b, reduction="sum"), (Z((0,)), Z((0,)))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EMPTY_CASES))
+def test_gradients_of_empty_tensors_are_empty_tensors(ad, name):
+    fn, arrays = _EMPTY_CASES[name]
+    _check_grads(fn, *arrays)
+
+
+_BOUNDARY_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
+    "clamp": (lambda lib, F, x: x.clamp(0.0, 1.0), ([-1.0, 0.0, 0.5, 1.0, 2.0, NAN],)),
+    "clamp_min_eq_max": (lambda lib, F, x: x.clamp(1.0, 1.0), ([0.0, 1.0, 2.0],)),
+    "clamp_min_gt_max": (lambda lib, F, x: x.clamp(2.0, 1.0), ([0.0, 1.0, 1.5, 2.0, 3.0],)),
+    "clamp_nan_min": (lambda lib, F, x: x.clamp(min=NAN), ([0.0, 1.0],)),
+    "clamp_nan_max": (lambda lib, F, x: x.clamp(max=NAN), ([0.0, 1.0],)),
+    "clamp_inf_bounds": (lambda lib, F, x: x.clamp(-INF, INF), ([INF, -INF, 0.0],)),
+    "clamp_min": (lambda lib, F, x: x.clamp(min=0.0), ([-1.0, 0.0, 1.0],)),
+    "clamp_max": (lambda lib, F, x: x.clamp(max=0.0), ([-1.0, 0.0, 1.0],)),
+    "clamp_tensor_bounds": (lambda lib, F, x, lo, hi: x.clamp(lo, hi),
+                            ([0.0, 1.0, 2.0, 0.5, 5.0], [0.0, 0.0, 3.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.5, 2.0])),
+    "clamp_tensor_nan_min": (lambda lib, F, x, lo: x.clamp(min=lo), ([0.0, 1.0, 2.0, NAN], [NAN, 1.0, 2.0, 0.0])),
+    "clamp_tensor_nan_max": (lambda lib, F, x, hi: x.clamp(max=hi), ([0.0, 1.0, -1.0], [NAN, 0.0, 0.0])),
+    "clamp_broadcast_bound": (lambda lib, F, x, lo: x.clamp(min=lo), ([[0.0, 1.0], [2.0, -1.0]], [1.0])),
+    "clamp_inplace": (lambda lib, F, x: (x * 1).clamp_(0.0, 1.0), ([-1.0, 0.0, 0.5, 1.0, 2.0],)),
+    "clip": (lambda lib, F, x: lib.clip(x, 0.0, 1.0), ([0.0, 1.0],)),
+    "relu": (lambda lib, F, x: F.relu(x), ([-1.0, 0.0, 1.0, NAN],)),
+    "relu6": (lambda lib, F, x: F.relu6(x), ([0.0, 6.0, 3.0, 7.0],)),
+    "hardtanh": (lambda lib, F, x: F.hardtanh(x), ([-1.0, 0.0, 1.0, 2.0, NAN],)),
+    "maximum_tie": (lambda lib, F, x, y: lib.maximum(x, y), ([1.0, 1.0], [1.0, 0.0])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BOUNDARY_CASES))
+def test_gradients_at_bounds_and_nans_match_torch(ad, name):
+    fn, arrays = _BOUNDARY_CASES[name]
+    _check_grads(fn, *arrays)
+
+
+def test_clamp_gradient_is_untouched_without_grad_mode(ad):
+    x = ember.tensor([0.0, 1.0, 2.0], dtype=ember.float64, requires_grad=True)
+    with ember.no_grad():
+        y = x.clamp(0.5, 1.5)
+    assert not y.requires_grad
+    _same(y, torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64))
+    assert math.isnan(ember.clamp(ember.tensor([NAN]), 0.0, 1.0).item())
