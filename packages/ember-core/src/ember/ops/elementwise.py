@@ -281,7 +281,7 @@ def keep_graph(stack: Any, out: Any, *inputs: Any) -> Any:
         h = x._h if isinstance(x, Tensor) else x
         if h is None or isinstance(h, (bool, int, float)) or not tracks_grad(stack, h):
             continue
-        flat = stack.reshape(h, (-1,)) if len(h.shape) != 1 else h
+        flat = h if len(h.shape) == 1 else stack.reshape(h, (int(np.prod(h.shape, dtype=np.int64)),))
         z = stack.reduce("sum", stack.getitem(flat, (slice(0, 0),)), (0,), False)
         if stack.dtype_of(z) is not dtype:
             z = stack.cast(z, dtype)
