@@ -47,6 +47,7 @@ class Plugin:
     path: str  # directory holding the plugin's pyproject.toml
     device: str | None = None  # device to run the conformance kit on (backends); None: no kit run
     needs: tuple[str, ...] = ()  # other plugins its tests need installed (e.g. a decorator needs a backend)
+    workers: int = 0  # pytest-xdist workers for its tests and kit run (0: none)
 
 
 # core's own tests train small models: they need a backend and gradients
@@ -57,8 +58,10 @@ CORE_TEST_NEEDS = ("flex", "autodiff")
 PLUGINS: list[Plugin] = [
     Plugin("flex", "plugins/backends/ember-flex", device="flex"),
     Plugin("autodiff", "plugins/decorators/ember-autodiff", device="flex+autodiff", needs=("flex",)),
-    # needs an OpenCL platform: scripts/setup.sh installs PoCL (CPU OpenCL) when none is present
-    Plugin("opencl", "plugins/backends/ember-opencl", device="opencl"),
+    # needs an OpenCL platform: scripts/setup.sh installs PoCL (CPU OpenCL) when none is present; its tests check
+    # that a CPU OpenCL runtime is never preferred over flex, so flex is installed beside it
+    # two workers, as in scripts/test.sh: a cold start (empty kernel caches) is bound by single-threaded compiles
+    Plugin("opencl", "plugins/backends/ember-opencl", device="opencl", needs=("flex",), workers=2),
     # an automatic decorator: with it installed, flex is fused, so the kit on "flex" runs through it
     Plugin("fusion", "plugins/decorators/ember-fusion", device="flex", needs=("flex",)),
 ]
@@ -80,9 +83,13 @@ def _editable(*paths: str) -> list[str]:
     return args
 
 
-def _conformance(session: nox.Session, device: str) -> None:
+def _workers(n: int) -> list[str]:
+    return ["-n", str(n)] if n else []
+
+
+def _conformance(session: nox.Session, device: str, workers: int = 0) -> None:
     session.run(
-        "python", "-m", "pytest", "-p", "no:cacheprovider",
+        "python", "-m", "pytest", "-p", "no:cacheprovider", *_workers(workers),
         "--pyargs", "ember.testing", f"--ember-device={device}", "-q",
         env=STRICT_ENV,
     )  # fmt: skip
@@ -107,11 +114,11 @@ def _make_plugin_session(plugin: Plugin) -> None:
         needed = [_BY_NAME[n].path for n in plugin.needs]
         session.install(*_editable(f"{CORE}[test]", plugin.path, *needed))
         session.run(
-            "python", "-m", "pytest", *_tests_dir(plugin.path), *session.posargs,
+            "python", "-m", "pytest", *_workers(plugin.workers), *_tests_dir(plugin.path), *session.posargs,
             env=STRICT_ENV,
         )  # fmt: skip
         if plugin.device:
-            _conformance(session, plugin.device)
+            _conformance(session, plugin.device, plugin.workers)
 
     run.__doc__ = f"ember-core with {plugin.name} alone: the plugin's tests" + (
         f" and the conformance kit on {plugin.device}." if plugin.device else "."
@@ -138,7 +145,7 @@ def all_packages(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *session.posargs, env=STRICT_ENV)  # testpaths from pyproject.toml
     for plugin in PLUGINS:
         if plugin.device:
-            _conformance(session, plugin.device)
+            _conformance(session, plugin.device, plugin.workers)
 
 
 @nox.session(python=PYTHON)
