@@ -142,7 +142,12 @@ def _install_everything(session: nox.Session) -> None:
 def all_packages(session: nox.Session) -> None:
     """Every package installed together: all test suites, tests/, and the conformance kit per backend."""
     _install_everything(session)
-    session.run("python", "-m", "pytest", *session.posargs, env=STRICT_ENV)  # testpaths from pyproject.toml
+    # testpaths from pyproject.toml; the suites that want workers run on their own below
+    parallel = [p for p in PLUGINS if p.workers and _tests_dir(p.path)]
+    ignores = [f"--ignore={_tests_dir(p.path)[0]}" for p in parallel]
+    session.run("python", "-m", "pytest", *ignores, *session.posargs, env=STRICT_ENV)
+    for plugin in parallel:
+        session.run("python", "-m", "pytest", *_workers(plugin.workers), *_tests_dir(plugin.path), env=STRICT_ENV)
     for plugin in PLUGINS:
         if plugin.device:
             _conformance(session, plugin.device, plugin.workers)
