@@ -237,7 +237,8 @@ def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device:
         raise ValueRangeError(f"linspace: number of steps must be a non-negative int, got {steps!r}")
     dev = _dev(device)
     d = _float_dtype(dtype, dev)
-    arr = np.linspace(float(start), float(end), steps, dtype=np.float64)
+    # one step is [start] whatever end is (numpy computes start + 0 * (end - start): NaN for an infinite end)
+    arr = np.linspace(float(start), float(end), steps, dtype=np.float64) if steps != 1 else np.array([float(start)])
     if d.is_integer:
         arr = np.trunc(arr)
     return _finish(to_tensor(arr.astype(d.numpy), d, dev), requires_grad)

@@ -144,7 +144,12 @@ def round(input: Tensor, decimals: int = 0) -> Tensor:  # noqa: A001 - PyTorch's
 
 
 def square(input: Tensor) -> Tensor:
-    return binary("mul", input, input) if input._dtype is not dt.bool_ else binary("logical_and", input, input)
+    """input * input; a bool tensor squares as int64, as in PyTorch (pow(bool, 2))."""
+    if not isinstance(input, Tensor):
+        raise DTypeError(f"square: expected a Tensor, got {type(input).__name__} {input!r}")
+    if input._dtype is dt.bool_:
+        input = input.to(dt.int64)
+    return binary("mul", input, input)
 
 
 def frac(input: Tensor) -> Tensor:
@@ -175,7 +180,8 @@ def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A
         if isinstance(b, Tensor) and b._device is not input._device:
             raise DeviceError(f"clamp: expected all tensors on the same device, got {input._device} and {b._device}")
     rdt = dt.result_type(input, *bounds)
-    if rdt is dt.bool_:
+    # PyTorch's bool kernels: only one bound, a tensor (clamp_min/clamp_max through maximum/minimum)
+    if rdt is dt.bool_ and not (len(bounds) == 1 and isinstance(bounds[0], Tensor)):
         raise UnsupportedError(
             f"clamp: not implemented for bool (input {input._dtype.name}, bounds "
             f"{', '.join(b._dtype.name if isinstance(b, Tensor) else type(b).__name__ for b in bounds)}); "
@@ -300,10 +306,9 @@ def where(condition: Tensor, input: Any = None, other: Any = None) -> Any:
 
 def nan_to_num(input: Tensor, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
     """Replace NaN with nan, +inf with posinf (default: dtype max), -inf with neginf (default: dtype min)."""
-    import numpy as np
-
     if not input._dtype.is_floating_point:
         return input.clone()
+    nan = 0.0 if nan is None else nan  # PyTorch takes None for the default
     info = np.finfo(input._dtype.numpy)
     posinf = float(info.max) if posinf is None else posinf
     neginf = float(info.min) if neginf is None else neginf

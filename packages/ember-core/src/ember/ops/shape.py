@@ -870,8 +870,10 @@ def _unfold(self: Tensor, dimension: int, size: int, step: int) -> Tensor:
         )
     if step <= 0:
         raise ValueRangeError(f"unfold: step is {step} but must be > 0")
-    if x.ndim == 0:
-        return _make(x, _reshape_h(x, (size,)))
+    if x.ndim == 0:  # the one element, or none of it for size 0 (PyTorch)
+        stack = x._device.stack
+        h = _reshape_h(x, (1,))
+        return _make(x, stack.getitem(h, (slice(0, size),)) if size == 0 else h)
     count = (n - size) // step + 1
     stack = x._device.stack
     starts = stack.reshape(stack.binary("mul", stack.arange(0, count, 1, dt.int64), step), (count, 1))

@@ -276,8 +276,8 @@ def test_pad_negative_crops_match_torch(pad):
     lambda F, lib: F.conv1d(lib.zeros(1, 1, 0), lib.ones(1, 1, 1), padding=1),
     lambda F, lib: F.conv2d(lib.zeros(1, 1, 3, 3), lib.ones(0, 1, 2, 2)),
     lambda F, lib: F.conv_transpose2d(lib.zeros(1, 1, 0, 2), lib.ones(1, 1, 2, 2)),
-], ids=["maxpool-h0", "maxpool-w0-indices", "maxpool1d", "avgpool", "maxpool-c0", "adaptive-max-c0", "adaptive-avg3d-c0", "conv1d-l0",
-        "conv-out0", "convT-h0"])
+], ids=["maxpool-h0", "maxpool-w0-indices", "maxpool1d", "avgpool", "maxpool-c0", "adaptive-max-c0",
+        "adaptive-avg3d-c0", "conv1d-l0", "conv-out0", "convT-h0"])
 def test_pools_and_convs_refuse_empty_non_batch_dims(call):
     _torch_raises(lambda: call(TF, torch))
     with raises(ShapeError):
@@ -321,6 +321,10 @@ def test_clamp_of_bool_promotes_as_torch():
     for kw in ({"min": 0, "max": 1}, {"min": 0}, {"max": 0.5}):
         _same(ember.clamp(ember.tensor(b), **kw), torch.clamp(torch.tensor(b), **kw))
     _same(ember.clamp(ember.tensor(b), min=ember.tensor(0)), torch.clamp(torch.tensor(b), min=torch.tensor(0)))
+    # one bool tensor bound runs (torch's maximum/minimum kernels); bool scalars or two bounds do not
+    _same(ember.clamp(ember.tensor(b), min=ember.tensor(True)), torch.clamp(torch.tensor(b), min=torch.tensor(True)))
+    _same(ember.tensor(b).clamp_(max=ember.tensor([False, True])),
+          torch.tensor(b).clamp_(max=torch.tensor([False, True])))
     _torch_raises(lambda: torch.clamp(torch.tensor(b), min=True))
     with raises(UnsupportedError, "clamp", "bool"):
         ember.clamp(ember.tensor(b), min=True)
@@ -467,3 +471,13 @@ def test_clamp_gradient_is_untouched_without_grad_mode(ad):
     assert not y.requires_grad
     _same(y, torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64))
     assert math.isnan(ember.clamp(ember.tensor([NAN]), 0.0, 1.0).item())
+
+
+def test_small_edges_found_beside_the_others():
+    _same(ember.square(ember.tensor([True, False])), torch.square(torch.tensor([True, False])))  # int64
+    with raises(DTypeError, "square", "int"):
+        ember.square(-1)
+    for args in ((0, 0, 1), (0, 1, 1), (0, 0, 3)):  # 0-d unfold: the element, or nothing for size 0
+        _same(ember.tensor(0.5).unfold(*args), torch.tensor(0.5).unfold(*args))
+    _same(ember.nan_to_num(ember.tensor([NAN, 1.0]), nan=None), torch.nan_to_num(torch.tensor([NAN, 1.0]), nan=None))
+    _same(ember.linspace(1000.0, INF, 1), torch.linspace(1000.0, INF, 1))
