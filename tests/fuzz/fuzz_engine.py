@@ -44,7 +44,7 @@ DEVICES = ("flex", "flex+fusion(enabled=False)", "flex+autodiff", "opencl")
 #: examples per op and device; the CI default is small, ``nox -s fuzz`` sets 2000
 EXAMPLES = int(os.environ.get("EMBER_FUZZ_EXAMPLES", "3"))
 #: seconds one ember call may take before it counts as a hang (soft bound, SIGALRM) ...
-SOFT_TIMEOUT = float(os.environ.get("EMBER_FUZZ_TIMEOUT", "20"))
+SOFT_TIMEOUT = float(os.environ.get("EMBER_FUZZ_TIMEOUT", "60"))  # generous: 2 loaded CI cores, kernel builds
 #: ... and before faulthandler dumps every thread's stack and ends the process (a call stuck in C code)
 HARD_TIMEOUT = SOFT_TIMEOUT * 3
 
@@ -196,9 +196,12 @@ def differ(a: Any, b: Any, case: Case, path: str = "out") -> str | None:
         if case.shape_only or (case.loose_indices and da == "int64"):
             return None
         if xa.dtype.kind in "fc":
+            # the tolerance of the result's dtype, or of the least precise float input if that is coarser (a
+            # float64 result of float16 data), or the case's own if coarser still (accumulating ops)
             tol = dict(TOL.get(da, TOL["float32"]))
-            if case.tol:
-                tol.update(case.tol)
+            for extra in (TOL.get(_least_precise(case) or "", {}), case.tol or {}):
+                for k, v in extra.items():
+                    tol[k] = max(tol[k], v)
             fa, fb = xa.astype(np.float64), xb.astype(np.float64)
             ok = np.isclose(fb, fa, equal_nan=True, **tol)
             # same-signed infinities are equal; isclose already says so, NaN positions must match exactly
@@ -232,6 +235,26 @@ def differ(a: Any, b: Any, case: Case, path: str = "out") -> str | None:
     if a != b or type(a) is not type(b) and not (isinstance(a, int) and isinstance(b, int)):
         return f"{path}: torch {a!r} ({type(a).__name__}) vs ember {b!r} ({type(b).__name__})"
     return None
+
+
+def _least_precise(case: Case) -> str | None:
+    """The least precise float dtype among the case's array arguments (None when it has none)."""
+    order = ("float64", "float32", "bfloat16", "float16")
+    found: list[str] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, Arr) and x.data.dtype.name in order:
+            found.append(x.data.dtype.name)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+
+    walk(case.args)
+    walk(case.kwargs)
+    return max(found, key=order.index) if found else None
 
 
 # -- time bound ---------------------------------------------------------------------------------------------------
@@ -277,6 +300,20 @@ class Outcome:
     @property
     def failed(self) -> bool:
         return self.kind in FAILURES
+
+    @property
+    def class_key(self) -> str:
+        """The failure class: ``op | outcome what | torch <exception type or ok> | ember <exception type or ok>``,
+        where *what* says how a ``wrong`` differs (accepts, refuses, dtype, shape, values)."""
+        d = self.detail
+        what = ""
+        if self.kind == "wrong":
+            what = (" accepts" if d.startswith("ember accepts") or "runs where torch" in d else
+                    " refuses" if d.startswith("ember refuses") or "refuses what" in d else
+                    " dtype" if "dtype torch" in d else " shape" if "shape torch" in d else
+                    " values" if "values differ" in d else " other")
+        return (f"{self.op} | {self.kind}{what} | torch {self.torch_side.split(':', 1)[0]} | "
+                f"ember {self.ember_side.split(':', 1)[0]}")
 
     def describe(self) -> str:
         return (f"[{self.kind}] {self.op}{self.case!r} on {self.device}: torch -> {self.torch_side}; "
@@ -429,7 +466,9 @@ def _grad_outcome(op: Any, case: Case, device: str, t_out: Any, t_leaves: list[A
         o.kind, o.detail = "wrong", "ember's backward refuses what torch's computes"
     else:
         t_grads = [normalize(leaf.grad) for leaf in t_leaves]
-        gcase = Case(case.args, case.kwargs, tol=op.grad_tol or {"rtol": 1e-6, "atol": 1e-8})
+        low = _least_precise(case)  # a float64 leaf combined with float16 data: float16's tolerance
+        tol = op.grad_tol or ({"rtol": 1e-6, "atol": 1e-8} if low == "float64" else TOL.get(low or "", None))
+        gcase = Case(case.args, case.kwargs, tol=tol)
         d = differ(t_grads, e_grads, gcase, "grad")
         if d:
             o.kind, o.detail = "wrong", d
