@@ -22,7 +22,7 @@ from ..autograd import no_grad
 from ..dtypes import DType
 from ..errors import DimError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ..tensor import Tensor
-from .elementwise import binary
+from .elementwise import binary, tracks_grad
 
 Shape = tuple[int, ...]
 
@@ -276,6 +276,10 @@ def _max_min(op: str, input: Any, dim: Any, keepdim: bool) -> Any:
     if isinstance(dim, Tensor):  # max(a, b) is maximum(a, b)
         return binary("maximum" if op == "max" else "minimum", x, dim)
     if dim is None:
+        stack = x._device.stack
+        if x._dtype.is_floating_point and x.ndim and tracks_grad(stack, x._h):
+            _nonempty(x, tuple(range(x.ndim)), op, True)
+            return Tensor._make(_full_extreme_tracked(stack, op, x._h), x._dtype, x._device)
         return _extreme(op, x, None, False, op)
     d = norm_dim(dim, x.ndim, op)
     _nonempty(x, (d,) if x.ndim else (), op, False)
@@ -293,6 +297,20 @@ def _max_min(op: str, input: Any, dim: Any, keepdim: bool) -> Any:
         idx = _argreduce("argmax" if op == "max" else "argmin", x, d, keepdim)
     rt = return_types.max if op == "max" else return_types.min
     return rt(Tensor._make(values, x._dtype, x._device), Tensor._make(idx, dt.int64, x._device))
+
+
+def _full_extreme_tracked(stack: Any, op: str, h: Any) -> Any:
+    """``max(x)`` / ``min(x)`` of a tensor that requires grad. PyTorch splits the gradient evenly among the
+    elements equal to the result -- among the NaNs when the result is NaN (amax's rule would give NaN everywhere:
+    no element equals NaN). One host read decides which case holds."""
+    dims = tuple(range(len(h.shape)))
+    d = stack.detach(h)
+    if not math.isnan(float(stack.to_numpy(stack.reduce(op, d, dims, False)))):
+        return stack.reduce(op, h, dims, False)
+    nan = stack.unary("isnan", d)
+    count = stack.reduce("sum", stack.cast(nan, stack.dtype_of(h)), dims, False)
+    # the sum of the NaN elements is NaN (the value); its gradient is 1 at each of them, / count splits it
+    return stack.binary("div", stack.reduce("sum", stack.where(nan, h, 0.0), dims, False), count)
 
 
 def max(input: Tensor, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A001

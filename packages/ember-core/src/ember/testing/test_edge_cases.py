@@ -455,6 +455,11 @@ _BOUNDARY_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "relu6": (lambda lib, F, x: F.relu6(x), ([0.0, 6.0, 3.0, 7.0],)),
     "hardtanh": (lambda lib, F, x: F.hardtanh(x), ([-1.0, 0.0, 1.0, 2.0, NAN],)),
     "maximum_tie": (lambda lib, F, x, y: lib.maximum(x, y), ([1.0, 1.0], [1.0, 0.0])),
+    # max()/min() split the gradient among the NaNs when the result is NaN; amax leaves NaN gradients
+    "max_all_nan": (lambda lib, F, x: x.max(), ([[NAN, NAN, 1.0], [2.0, 3.0, NAN]],)),
+    "min_all_nan": (lambda lib, F, x: x.min(), ([[NAN, 0.0], [2.0, NAN]],)),
+    "max_all_ties": (lambda lib, F, x: x.max(), ([[1.0, 3.0, 3.0], [2.0, 3.0, 0.0]],)),
+    "amax_all_nan": (lambda lib, F, x: x.amax(), ([[NAN, 1.0], [2.0, 3.0]],)),
 }
 
 
