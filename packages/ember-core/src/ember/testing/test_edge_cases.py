@@ -460,6 +460,9 @@ _BOUNDARY_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "min_all_nan": (lambda lib, F, x: x.min(), ([[NAN, 0.0], [2.0, NAN]],)),
     "max_all_ties": (lambda lib, F, x: x.max(), ([[1.0, 3.0, 3.0], [2.0, 3.0, 0.0]],)),
     "amax_all_nan": (lambda lib, F, x: x.amax(), ([[NAN, 1.0], [2.0, 3.0]],)),
+    # prod() with two zeros has a zero gradient even beside inf and NaN; with one zero it is the others' product
+    "prod_two_zeros": (lambda lib, F, x: x.prod(), ([[0.3, -0.8], [-0.5, 0.0], [-0.0, INF], [NAN, 1.7]],)),
+    "prod_one_zero": (lambda lib, F, x: x.prod(), ([[0.3, 0.0, 2.0], [INF, 1.0, 1.0]],)),
 }
 
 

@@ -120,8 +120,15 @@ class ReductionRules(Recorder):
             def vjp(g: Any) -> tuple[Any]:
                 xv = x()
                 gk = keep(g)
-                if _numel(shape) == 0 or not _any(inner, inner.binary("eq", xv, 0.0)):
+                isz = inner.binary("eq", xv, 0.0)
+                if _numel(shape) == 0 or not _any(inner, isz):
                     return (inner.binary("div", inner.binary("mul", gk, keep(y())), xv),)
+                if len(dims) == len(shape) and _numel(shape) > 1:
+                    # prod() of everything: with two zeros or more, PyTorch's gradient is exactly zero (the
+                    # product of the others always holds a zero; an inf or NaN beside it must not make it NaN)
+                    zeros = inner.reduce("sum", inner.cast(isz, dt.int64), dims, False)
+                    if int(inner.to_numpy(zeros)) > 1:
+                        return (inner.full(shape, 0, dtype),)
                 return (inner.binary("mul", gk, _prod_of_others(inner, xv, dims, dtype)),)
         else:
             def vjp(g: Any) -> tuple[Any]:
