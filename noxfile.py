@@ -62,8 +62,9 @@ PLUGINS: list[Plugin] = [
     # that a CPU OpenCL runtime is never preferred over flex, so flex is installed beside it
     # two workers, as in scripts/test.sh: a cold start (empty kernel caches) is bound by single-threaded compiles
     Plugin("opencl", "plugins/backends/ember-opencl", device="opencl", needs=("flex",), workers=2),
-    # an automatic decorator: with it installed, flex is fused, so the kit on "flex" runs through it
-    Plugin("fusion", "plugins/decorators/ember-fusion", device="flex", needs=("flex",)),
+    # an automatic decorator: with it installed, flex is fused, so the kit on "flex" runs through it; its tests
+    # also check fused training steps and device strings under autodiff
+    Plugin("fusion", "plugins/decorators/ember-fusion", device="flex", needs=("flex", "autodiff")),
 ]
 
 _BY_NAME = {p.name: p for p in PLUGINS}
