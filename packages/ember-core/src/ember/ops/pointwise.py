@@ -322,9 +322,29 @@ def lerp(input: Tensor, end: Tensor, weight: Any) -> Tensor:
 
 
 def xlogy(input: Any, other: Any) -> Tensor:
-    r = binary("mul", input, unary("log", other if isinstance(other, Tensor) else input * 0 + other))
-    zero = binary("eq", input, 0)
-    return where(zero, 0.0, r) if isinstance(zero, Tensor) else r
+    """input * log(other), 0 where input == 0 unless other is NaN (PyTorch)."""
+    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+        raise DTypeError(f"xlogy: expected at least one Tensor operand, got {type(input).__name__} and "
+                         f"{type(other).__name__}")
+    if not isinstance(other, Tensor):  # a scalar other: its log is a number (x * 0 + other would carry x's NaNs)
+        other = full_like(input, other, dtype=dt.result_type(input, other))
+    # 0 * log(y) is already 0 for a finite log (and NaN for a NaN y, as in PyTorch); only 0 * +-inf needs help:
+    # there y is replaced by 1, so value and gradients are 0 (no 0 * inf or 0 / 0 in backward) while the gradient
+    # of x stays log(y) at x == 0 elsewhere, as PyTorch's
+    inf_log = unary("isinf", unary("log", other))
+    if not isinstance(input, Tensor):
+        if input != 0:
+            return binary("mul", input, unary("log", other))
+        zero = inf_log
+    else:
+        zero = binary("logical_and", binary("eq", input, 0), inf_log)
+    return binary("mul", input, unary("log", where(zero, 1.0, other)))
+
+
+def full_like(x: Tensor, value: Any, dtype: Any) -> Tensor:
+    from .creation import full_like as _full_like
+
+    return _full_like(x, value, dtype=dtype)
 
 
 def logaddexp(input: Tensor, other: Tensor) -> Tensor:

@@ -463,6 +463,8 @@ _BOUNDARY_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     # prod() with two zeros has a zero gradient even beside inf and NaN; with one zero it is the others' product
     "prod_two_zeros": (lambda lib, F, x: x.prod(), ([[0.3, -0.8], [-0.5, 0.0], [-0.0, INF], [NAN, 1.7]],)),
     "prod_one_zero": (lambda lib, F, x: x.prod(), ([[0.3, 0.0, 2.0], [INF, 1.0, 1.0]],)),
+    "xlogy": (lambda lib, F, x, y: lib.xlogy(x, y), ([0.0, 1.0, NAN, 0.0, 2.0], [3.0, 0.0, 2.0, NAN, 0.5])),
+    "xlogy_scalar": (lambda lib, F, x: lib.xlogy(x, 1e30), ([NAN, 1.0, 0.0],)),
 }
 
 
