@@ -177,3 +177,14 @@ def test_flex_allocation_errors_name_the_op_and_sizes():
     with pytest.raises(OutOfMemoryError, match="eye: .*10000000 elements|eye: cannot allocate"):
         ember.eye(10**7, device=FLEX)
     assert math.prod((3, 4)) == ember.ones(3, 4, device=FLEX).numel()  # ordinary sizes are untouched
+
+
+@pytest.mark.parametrize("device", ["flex", "flex+fusion(enabled=False)", "flex+autodiff"])
+@pytest.mark.parametrize("make", [lambda d: ember.ones(2, device=d).repeat(10**13),
+                                  lambda d: ember.ones(1, device=d).expand(10**13).contiguous(),
+                                  lambda d: ember.ones(1, device=d).expand(10**13) + 1,
+                                  lambda d: ember.ones(1, device=d).expand(10**13).exp()],
+                         ids=["repeat", "contiguous", "add", "exp"])
+def test_flex_ops_past_memory_are_out_of_memory_errors(device, make):
+    with pytest.raises(OutOfMemoryError, match="flex \\(host memory\\) cannot allocate"):
+        make(ember.Device.parse(device)).numpy()

@@ -8,7 +8,7 @@ from typing import Any
 from ..._bridge import norm_dim
 from ...dtypes import DType, as_dtype
 from ...errors import DTypeError, ShapeError, ValueRangeError
-from ...ops.elementwise import tracks_grad, write_result
+from ...ops.elementwise import keep_graph, tracks_grad, write_result
 from ...tensor import Tensor
 from ._util import check_float, check_tensor, like, vector_norm
 
@@ -287,6 +287,8 @@ def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: 
     s = input._device.stack
     if input.ndim == 0:
         return Tensor._make(s.binary("add", s.binary("mul", h, 0.0), 1.0), d, input._device)
+    if 0 in input.shape:  # nothing to normalise; backends need not reduce an empty dim (PyTorch: empty result)
+        return Tensor._make(keep_graph(s, s.full(input.shape, 0.0, d), h), d, input._device)
     return Tensor._make(s.softmax(h, dim, False), d, input._device)
 
 
@@ -297,6 +299,8 @@ def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dty
     s = input._device.stack
     if input.ndim == 0:
         return Tensor._make(s.binary("mul", h, 0.0), d, input._device)
+    if 0 in input.shape:  # nothing to normalise; backends need not reduce an empty dim (PyTorch: empty result)
+        return Tensor._make(keep_graph(s, s.full(input.shape, 0.0, d), h), d, input._device)
     return Tensor._make(s.softmax(h, dim, True), d, input._device)
 
 
@@ -307,6 +311,8 @@ def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: 
     s = input._device.stack
     if input.ndim == 0:
         return Tensor._make(s.binary("add", s.binary("mul", h, 0.0), 1.0), d, input._device)
+    if 0 in input.shape:  # nothing to normalise; backends need not reduce an empty dim (PyTorch: empty result)
+        return Tensor._make(keep_graph(s, s.full(input.shape, 0.0, d), h), d, input._device)
     return Tensor._make(s.softmax(s.unary("neg", h), dim, False), d, input._device)
 
 
