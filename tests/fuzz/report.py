@@ -29,21 +29,6 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 
-def _class_key(o: Any) -> str:
-    def side(s: str) -> str:
-        return s.split(":", 1)[0] if s != "ok" else "ok"
-
-    d = o.detail
-    if o.kind == "wrong":
-        what = ("accepts" if d.startswith("ember accepts") or "runs where torch" in d else
-                "refuses" if d.startswith("ember refuses") or "refuses what" in d else
-                "dtype" if "dtype torch" in d else "shape" if "shape torch" in d else
-                "values" if "values differ" in d else re.sub(r"\d+", "N", d[:40]))
-    else:
-        what = ""
-    return f"{o.op} | {o.kind} {what} | torch {side(o.torch_side)} | ember {side(o.ember_side)}"
-
-
 def worker(device: str, per_op: int, only: list[str] | None) -> dict[str, Any]:
     import fuzz_engine as fe
     import fuzz_ops as fo
@@ -65,7 +50,7 @@ def worker(device: str, per_op: int, only: list[str] | None) -> dict[str, Any]:
         for o in outcomes:
             counts[o.kind] += 1
             if o.failed:
-                key = _class_key(o)
+                key = o.class_key
                 c = classes.setdefault(key, {"count": 0, "example": o.describe()[:600]})
                 c["count"] += 1
     return {"device": device, "counts": dict(counts), "classes": classes, "harness": harness}
