@@ -110,6 +110,8 @@ def rsub(input: Tensor, other: Any, *, alpha: Any = 1) -> Tensor:
 
 def div_(self: Tensor, other: Any, *, rounding_mode: str | None = None) -> Tensor:
     r = div(self, other, rounding_mode=rounding_mode)
+    if r.shape != self.shape:
+        raise ShapeError(f"div_: output with shape {self.shape} doesn't match the broadcast shape {r.shape}")
     if r._dtype is not self._dtype and not dt.can_cast(r._dtype, self._dtype):
         raise DTypeError(f"div_: result type {r._dtype.name} can't be cast to {self._dtype.name}")
     return write_result(self, r._h if r._dtype is self._dtype else self._device.stack.cast(r._h, self._dtype), "div_")
