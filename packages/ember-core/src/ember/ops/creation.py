@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from .. import dtypes as dt
 from .._bridge import check_dtype_supported, check_shape_arg, to_tensor
 from ..device import Device, as_device, default_device
 from ..dtypes import DType
-from ..errors import DTypeError, EmberError, OutOfMemoryError, ValueRangeError
+from ..errors import DTypeError, EmberError, OutOfMemoryError, ShapeError, ValueRangeError
 from ..tensor import Tensor
 
 
@@ -118,13 +119,34 @@ def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
             fill_value = fill_value.item()
     check_dtype_supported(dev, d, "full")
     fill_value = dt.convert_scalar(fill_value, d, "full")  # PyTorch refuses values the dtype cannot hold
+    _check_float_fill(fill_value, d, "full")
     return _finish(Tensor._make(_alloc(dev, "full", shape, d, lambda: dev.stack.full(shape, fill_value, d)), d, dev),
                    requires_grad)
 
 
+def _size_args(size: tuple[Any, ...], name: str) -> tuple[int, ...]:
+    """The *size varargs of zeros/ones/empty/rand/randn: required as in PyTorch (a 0-d tensor is ``zeros(())``)."""
+    if not size:
+        raise ShapeError(f"{name}() missing 1 required positional argument: 'size' (pass () for a 0-d tensor)")
+    return check_shape_arg(size, name)
+
+
+@cache
+def _float_max(d: DType) -> float:
+    import ml_dtypes  # its finfo knows bfloat16 as well as numpy's float types
+
+    return float(ml_dtypes.finfo(d.numpy).max)
+
+
+def _check_float_fill(v: Any, d: DType, op: str) -> None:
+    """PyTorch refuses a finite fill value beyond a float dtype's range (inf and NaN pass)."""
+    if type(v) is float and d.is_floating_point and d.itemsize < 8 and math.isfinite(v) and abs(v) > _float_max(d):
+        raise ValueRangeError(f"{op}: value {v} cannot be converted to type {d.name} without overflow")
+
+
 def _filled(name: str, value: Any, size: tuple[Any, ...], dtype: Any, device: Any, requires_grad: bool) -> Tensor:
     dev = _dev(device)
-    shape = check_shape_arg(size, name)
+    shape = _size_args(size, name)
     d = _float_dtype(dtype, dev)
     check_dtype_supported(dev, d, name)
     return _finish(Tensor._make(_alloc(dev, name, shape, d, lambda: dev.stack.full(shape, value, d)), d, dev),
@@ -169,6 +191,7 @@ def empty_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_gra
 def full_like(x: Tensor, fill_value: Any, *, dtype: Any = None, device: Any = None,
               requires_grad: bool = False) -> Tensor:
     shape, d, dev = _like("full_like", x, dtype, device)
+    _check_float_fill(fill_value, d, "full_like")
     return full(shape, fill_value, dtype=d, device=dev, requires_grad=requires_grad)
 
 
@@ -237,8 +260,19 @@ def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device:
         raise ValueRangeError(f"linspace: number of steps must be a non-negative int, got {steps!r}")
     dev = _dev(device)
     d = _float_dtype(dtype, dev)
-    # one step is [start] whatever end is (numpy computes start + 0 * (end - start): NaN for an infinite end)
-    arr = np.linspace(float(start), float(end), steps, dtype=np.float64) if steps != 1 else np.array([float(start)])
+    for v in (start, end):
+        _check_float_fill(float(v), d, "linspace")
+    # PyTorch's formula: the first half steps up from start, the second half down from end (so an infinite or NaN
+    # bound gives NaN where inf * 0 or inf - inf appears, as in torch); one step is [start] whatever end is
+    if steps == 1:
+        arr = np.array([float(start)])
+    else:
+        lo, hi = float(start), float(end)
+        with np.errstate(all="ignore"):
+            step = (hi - lo) / (steps - 1)
+            idx = np.arange(steps, dtype=np.float64)
+            half = steps // 2
+            arr = np.where(idx < half, lo + step * idx, hi - step * (steps - 1 - idx))
     if d.is_integer:
         arr = np.trunc(arr)
     return _finish(to_tensor(arr.astype(d.numpy), d, dev), requires_grad)
@@ -269,7 +303,7 @@ def eye(n: int, m: int | None = None, *, dtype: Any = None, device: Any = None,
 
 def _random_float(name: str, size: tuple[Any, ...], dtype: Any, device: Any) -> tuple[tuple[int, ...], DType, Device]:
     dev = _dev(device)
-    shape = check_shape_arg(size, name)
+    shape = _size_args(size, name)
     d = _float_dtype(dtype, dev)
     if not d.is_floating_point:
         raise DTypeError(f"{name}: expected a floating dtype, got {d} (use randint for integers)")
