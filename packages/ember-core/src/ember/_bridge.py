@@ -89,7 +89,8 @@ def norm_dims(dims: Any, ndim: int, op: str) -> tuple[int, ...]:
 
 
 def check_shape_arg(shape: Any, op: str) -> Shape:
-    """Accept f(2, 3), f((2, 3)), f([2, 3]) and f(torch.Size); sizes must be non-negative ints."""
+    """Accept f(2, 3), f((2, 3)), f([2, 3]) and f(torch.Size); sizes must be non-negative ints. No sizes at all is
+    the 0-d shape (``zeros()``, ``rand()``): a deliberate extension, PyTorch requires the size argument."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
     out = []

@@ -11,7 +11,7 @@ from .. import dtypes as dt
 from .._bridge import check_dtype_supported, check_shape_arg, to_tensor
 from ..device import Device, as_device, default_device
 from ..dtypes import DType
-from ..errors import DTypeError, EmberError, OutOfMemoryError, ShapeError, ValueRangeError
+from ..errors import DTypeError, EmberError, OutOfMemoryError, ValueRangeError
 from ..tensor import Tensor
 
 
@@ -124,13 +124,6 @@ def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
                    requires_grad)
 
 
-def _size_args(size: tuple[Any, ...], name: str) -> tuple[int, ...]:
-    """The *size varargs of zeros/ones/empty/rand/randn: required as in PyTorch (a 0-d tensor is ``zeros(())``)."""
-    if not size:
-        raise ShapeError(f"{name}() missing 1 required positional argument: 'size' (pass () for a 0-d tensor)")
-    return check_shape_arg(size, name)
-
-
 @cache
 def _float_max(d: DType) -> float:
     import ml_dtypes  # its finfo knows bfloat16 as well as numpy's float types
@@ -146,7 +139,7 @@ def _check_float_fill(v: Any, d: DType, op: str) -> None:
 
 def _filled(name: str, value: Any, size: tuple[Any, ...], dtype: Any, device: Any, requires_grad: bool) -> Tensor:
     dev = _dev(device)
-    shape = _size_args(size, name)
+    shape = check_shape_arg(size, name)
     d = _float_dtype(dtype, dev)
     check_dtype_supported(dev, d, name)
     return _finish(Tensor._make(_alloc(dev, name, shape, d, lambda: dev.stack.full(shape, value, d)), d, dev),
@@ -303,7 +296,7 @@ def eye(n: int, m: int | None = None, *, dtype: Any = None, device: Any = None,
 
 def _random_float(name: str, size: tuple[Any, ...], dtype: Any, device: Any) -> tuple[tuple[int, ...], DType, Device]:
     dev = _dev(device)
-    shape = _size_args(size, name)
+    shape = check_shape_arg(size, name)
     d = _float_dtype(dtype, dev)
     if not d.is_floating_point:
         raise DTypeError(f"{name}: expected a floating dtype, got {d} (use randint for integers)")

@@ -52,7 +52,9 @@ def _as_int(v: Any, op: str, what: str) -> int:
 
 
 def _int_args(args: Sequence[Any], op: str, what: str = "sizes") -> tuple[int, ...]:
-    """Accept f(2, 3), f((2, 3)) and f([2, 3]) for a list of ints (negative values allowed)."""
+    """Accept f(2, 3), f((2, 3)) and f([2, 3]) for a list of ints (negative values allowed). No arguments at all
+    is the empty list, so ``x.reshape()``, ``x.expand()``, ``x.repeat()`` of a 0-d tensor give a 0-d tensor: a
+    deliberate extension (PyTorch requires the argument), the same convention as ``zeros()`` in check_shape_arg."""
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         args = args[0]
     return tuple(_as_int(a, op, what) for a in args)
@@ -286,7 +288,9 @@ def moveaxis(input: Tensor, source: int | Sequence[int], destination: int | Sequ
 # squeeze / unsqueeze
 # ----------------------------------------------------------------------------------------------------
 def squeeze(input: Tensor, dim: int | Sequence[int] | None = None) -> Tensor:
-    """Remove size-1 dims (all of them, or those in dim; dims of other sizes are left alone)."""
+    """Remove size-1 dims (all of them, or those in dim; dims of other sizes are left alone). ``dim=None`` means
+    all dims, like omitting it: a deliberate extension (PyTorch refuses an explicit None) that matches ember's
+    dim=None convention of the reductions."""
     x = _t(input, "squeeze")
     shape = x.shape
     dims = norm_dims(dim, x.ndim, "squeeze")
@@ -478,8 +482,15 @@ def roll(input: Tensor, shifts: int | Sequence[int], dims: int | Sequence[int] |
         flat = reshape(x, -1)
         return reshape(roll(flat, sh, 0), x.shape)
     ds = (dims,) if _is_int(dims) else tuple(dims)  # type: ignore[arg-type]
+    if not sh:
+        raise ValueRangeError("roll: `shifts` required")
     if len(sh) != len(ds):
         raise ValueRangeError(f"roll: shifts and dimensions must align. shifts: {len(sh)}, dims: {len(ds)}")
+    ds = tuple(_as_int(d, "roll", "dims") for d in ds)
+    if x.numel() == 0:  # as in PyTorch, an empty tensor is copied before its dims are checked
+        return _make(x, x._device.stack.copy(x._h))
+    if x.ndim == 0:
+        raise DimError(f"roll: Dimension specified as {ds[0]} but tensor has no dimensions")
     nd = tuple(norm_dim(d, x.ndim, "roll") for d in ds)
     stack = x._device.stack
     h = x._h
