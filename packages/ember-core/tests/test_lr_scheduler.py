@@ -76,7 +76,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,kwargs", CASES, ids=[f"{i}-{n}" for i, (n, _) in enumerate(CASES)])  # stable across processes (xdist)
+# ids stable across processes (xdist)
+@pytest.mark.parametrize("name,kwargs", CASES, ids=[f"{i}-{n}" for i, (n, _) in enumerate(CASES)])
 def test_matches_torch(name: str, kwargs: dict) -> None:
     ev = _compare(name, kwargs)
     assert len({round(v[0], 12) for v in ev}) > 1  # the schedule actually moved
