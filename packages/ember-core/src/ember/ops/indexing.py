@@ -464,6 +464,20 @@ def _int64_index(index: Any, op: str) -> Tensor:
     return index
 
 
+def _scatter_gather_index(index: Any, op: str) -> Tensor | None:
+    """gather/scatter's index: int64 or int32 (widened to int64), as PyTorch. None for an empty index, which
+    PyTorch does not check further (any dtype, any rank): the op then leaves self unchanged."""
+    if not isinstance(index, Tensor):
+        raise DTypeError(f"{op}: index must be a Tensor, got {type(index).__name__}")
+    if index.numel() == 0:
+        return None
+    if index._dtype is dt.int64:
+        return index
+    if index._dtype is dt.int32:
+        return index.to(dt.int64)
+    raise DTypeError(f"{op}: expected dtype int32/int64 for index, got {index._dtype.name}")
+
+
 def _check_index_values(stack: Any, h: Any, size: int, dim: int, op: str) -> None:
     if not all(h.shape):
         return
@@ -481,10 +495,14 @@ def gather(input: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False)
     """out[i][j][k] = input[index[i][j][k]][j][k] (for dim=0); index has input's rank and is no larger
     than input outside dim."""
     x = _t(input, "gather")
-    idx = _int64_index(index, "gather")
-    same_device("gather", x, idx)
+    idx_or_none = _scatter_gather_index(index, "gather")
+    same_device("gather", x, index)
     n = x.ndim
     d = norm_dim(dim, n, "gather")
+    stack = x._device.stack
+    if idx_or_none is None:  # PyTorch: an empty index gives an empty result whatever its dtype and rank
+        return Tensor._make(keep_graph(stack, stack.full(index.shape, 0, x._dtype), x), x._dtype, x._device)
+    idx = idx_or_none
     xs = x.shape or (1,)
     ixs = idx.shape or (1,)
     if len(ixs) != len(xs) and not (x.ndim <= 1 and idx.ndim <= 1):
@@ -499,10 +517,7 @@ def gather(input: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False)
                 "larger "
                 f"than self {_fmt(x.shape)} apart from dimension {d}"
             )
-    stack = x._device.stack
     _check_index_values(stack, idx._h, xs[d], d, "gather")
-    if not all(ixs):
-        return Tensor._make(keep_graph(stack, stack.full(idx.shape, 0, x._dtype), x), x._dtype, x._device)
     h = stack.gather(_as1(x._h, stack), d, _as1(idx._h, stack))
     if not idx.ndim:
         h = stack.reshape(h, ())
@@ -512,8 +527,8 @@ def gather(input: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False)
 def _scatter_args(
     x: Tensor, dim: int, index: Any, src: Any, value: Any, reduce: str | None, op: str
 ) -> tuple[int, Any, Any]:
-    idx = _int64_index(index, op)
-    same_device(op, x, idx)
+    idx_or_none = _scatter_gather_index(index, op)
+    same_device(op, x, index)
     if reduce not in (None, "add", "multiply"):
         raise ValueRangeError(f"{op}: reduce argument must be either 'add' or 'multiply', got {reduce!r}")
     if src is not None and value is not None:
@@ -521,6 +536,21 @@ def _scatter_args(
     if src is None and value is None:
         raise ValueRangeError(f"{op}: missing src (a Tensor) or value (a number)")
     d = norm_dim(dim, x.ndim, op)
+    if idx_or_none is None:
+        # PyTorch returns early on an empty index: only the dim, src's dtype and value's type are checked
+        if isinstance(src, Tensor):
+            same_device(op, x, src)
+            if src._dtype is not x._dtype:
+                raise DTypeError(
+                    f"{op}: expected self.dtype to be equal to src.dtype, got {x._dtype.name} and "
+                    f"{src._dtype.name}"
+                )
+            return d, None, src._h
+        v = src if src is not None else value
+        if not isinstance(v, (Tensor, bool, int, float, np.generic)):
+            raise DTypeError(f"{op}: value must be a number or a Tensor, got {type(v).__name__}")
+        return d, None, None
+    idx = idx_or_none
     xs = x.shape or (1,)
     ixs = idx.shape or (1,)
     if len(ixs) != len(xs) and not (x.ndim <= 1 and idx.ndim <= 1):
@@ -569,8 +599,8 @@ def _scatter(x: Tensor, dim: int, index: Any, src: Any, value: Any, reduce: str 
     x = _t(x, op)
     d, ih, sv = _scatter_args(x, dim, index, src, value, reduce, op)
     stack = x._device.stack
-    if not all(ih.shape):
-        return keep_graph(stack, stack.copy(x._h), sv)
+    if ih is None:  # empty index: self unchanged (a copy, still in src's graph)
+        return keep_graph(stack, stack.copy(x._h), sv) if sv is not None else stack.copy(x._h)
     h = stack.scatter(_as1(x._h, stack), d, ih, sv, reduce)
     return stack.reshape(h, ()) if not x.ndim else h
 
@@ -787,11 +817,11 @@ def take_along_dim(input: Tensor, indices: Tensor, dim: int | None = None) -> Te
     idx = _int64_index(indices, "take_along_dim")
     same_device("take_along_dim", x, idx)
     stack = x._device.stack
-    if dim is None:
-        return take_along_dim(
+    if dim is None:  # the flattened form does not wrap indices (PyTorch gathers directly)
+        return gather(
             Tensor._make(stack.reshape(x._h, (x.numel(),)), x._dtype, x._device),
-            Tensor._make(stack.reshape(idx._h, (idx.numel(),)), idx._dtype, idx._device),
             0,
+            Tensor._make(stack.reshape(idx._h, (idx.numel(),)), idx._dtype, idx._device),
         )
     if x.ndim != idx.ndim:
         raise ShapeError(
@@ -811,6 +841,14 @@ def take_along_dim(input: Tensor, indices: Tensor, dim: int | None = None) -> Te
     ib = Tensor._make(
         stack.expand(idx._h, ishape) if ishape != idx.shape else idx._h, idx._dtype, idx._device
     )
+    n = x.shape[d]
+    if ib.numel():
+        if n == 0:
+            raise IndexOutOfRangeError(
+                f"take_along_dim: cannot take indices {_fmt(idx.shape)} along dimension {d} of size 0 "
+                f"(input shape {_fmt(x.shape)})"
+            )
+        ib = ib % n  # PyTorch wraps the indices of the dim form modulo the dim's size (so -1 is the last)
     return gather(xb, d, ib)
 
 

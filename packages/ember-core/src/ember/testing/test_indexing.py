@@ -418,8 +418,8 @@ def test_gather_edge_cases() -> None:
 
 def test_gather_errors() -> None:
     x = ember.zeros(3, 4)
-    with pytest.raises(DTypeError, match="expected dtype int64 for index, got int32"):
-        ember.gather(x, 0, ember.zeros(2, 2, dtype=ember.int32))
+    with pytest.raises(DTypeError, match="expected dtype int32/int64 for index, got int16"):
+        ember.gather(x, 0, ember.zeros(2, 2, dtype=ember.int16))  # torch 2.13 takes int32 indices too
     with pytest.raises(ShapeError, match="same number of dimensions"):
         ember.gather(x, 0, ember.zeros(2, dtype=ember.int64))
     with pytest.raises(
@@ -478,8 +478,8 @@ def test_scatter_errors() -> None:
         ember.scatter(x, 0, ember.tensor([[3]]), value=1.0)
     with pytest.raises(ValueRangeError, match="missing src"):
         ember.scatter(x, 0, i)
-    with pytest.raises(DTypeError, match="expected dtype int64"):
-        ember.scatter(x, 0, i.to(ember.int32), value=1.0)
+    with pytest.raises(DTypeError, match="expected dtype int32/int64 for index, got int16"):
+        ember.scatter(x, 0, i.to(ember.int16), value=1.0)
     with pytest.raises(ShapeError, match="same number of dimensions"):
         ember.scatter(x, 0, ember.tensor([0]), value=1.0)
 
