@@ -144,14 +144,14 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
             hb = stack.cast(hb, cdt)
     elif isinstance(a, Tensor):
         dev = a._device
-        b = _check_scalar(op, b)
+        b = _check_scalar(op, b, a)
         cdt, rdt = _rule(op, a, b)
         stack = dev._stack or dev.stack
         ha = a._h if a._dtype is cdt else stack.cast(a._h, cdt)
         hb = _scalar_for(b, cdt)
     else:
         dev = b._device
-        a = _check_scalar(op, a)
+        a = _check_scalar(op, a, b)
         cdt, rdt = _rule(op, a, b)
         stack = dev._stack or dev.stack
         ha = _scalar_for(a, cdt)
@@ -161,10 +161,17 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
     return Tensor._make(stack.binary(op, ha, hb), rdt, dev)
 
 
-def _check_scalar(op: str, v: Any) -> Any:
+def _check_scalar(op: str, v: Any, t: Tensor) -> Any:
+    """A Python or numpy scalar operand of ``op`` with tensor ``t``, checked as PyTorch checks it."""
     if isinstance(v, _SCALAR_TYPES):
-        if type(v) is int and not -(2**63) <= v < 2**64:
+        if type(v) is int and not -(2**63) <= v < 2**63:
             dt.check_scalar_int(v, op)  # raises: no 64-bit scalar holds it (PyTorch refuses, numpy would wrap)
+            if t._dtype is dt.bool_:
+                # PyTorch makes an int in [2**63, 2**64) a uint64 scalar, which does not promote with bool
+                raise DTypeError(
+                    f"{op}: Promotion for uint16, uint32, uint64 types is not supported, attempted to promote "
+                    f"bool ({_operand_desc(t)}) and uint64 (Python int {v})"
+                )
         return v
     if isinstance(v, np.generic):
         return v.item()
@@ -181,15 +188,16 @@ def _check_int(op: str, a: Any, b: Any, stack: Any, cdt: DType | None = None) ->
         if cdt is not None and type(b) is int and not _INT_RANGE[cdt][0] <= b <= _INT_RANGE[cdt][1]:
             raise ValueRangeError(f"pow: exponent {b} cannot be converted to {cdt.name} without overflow")
         return
+    if (isinstance(a, Tensor) and not a.numel()) or (isinstance(b, Tensor) and not b.numel()):
+        return  # an empty result divides nothing (PyTorch computes it)
     if isinstance(b, Tensor):
-        if not b.numel():
-            return
         zero = stack.binary("eq", b._h, 0)
         if b.ndim:
             zero = stack.reduce("max", zero, tuple(range(b.ndim)), False)
         hit = bool(stack.to_numpy(zero))
     else:
-        hit = b == 0
+        # the scalar as the kernel sees it: an int wraps to the compute dtype (2**63 is 0 in int16)
+        hit = (b if cdt is None else _scalar_for(b, cdt)) == 0
     if hit:
         raise ValueRangeError(f"{op}: ZeroDivisionError: integer division by zero (divisor {_operand_desc(b)})")
 
@@ -210,7 +218,7 @@ def inplace_binary(op: str, a: Tensor, b: Any) -> Tensor:
                 f"{broadcast_shapes2(a.shape, b.shape, op + '_')}"
             )
     else:
-        b = _check_scalar(op + "_", b)
+        b = _check_scalar(op + "_", b, a)
     cdt, rdt = _rule(op, a, b)
     if cdt.category == 1 and op in _INT_CHECKED:
         _check_int(op, a, b, a._device.stack, cdt)

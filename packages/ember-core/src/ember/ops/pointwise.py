@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -85,20 +86,36 @@ not_equal = _g["ne"]
 _BINARY_NAMES.remove("div")
 
 
+def _scaled(op: str, input: Any, other: Any, alpha: Any) -> Any:
+    """alpha * other for add/sub, with PyTorch's checks of alpha against the result dtype: a bool alpha only for
+    a bool result, a float alpha not for an integral one."""
+    if type(alpha) is int and alpha == 1:  # the common case: no checks, no multiply
+        return other
+    if isinstance(alpha, np.generic):
+        alpha = alpha.item()
+    if not isinstance(alpha, (bool, int, float)):
+        raise DTypeError(f"{op}: alpha must be a Python number, got {type(alpha).__name__} {alpha!r}")
+    rdt = dt.result_type(input, other)
+    if type(alpha) is bool and rdt is not dt.bool_:
+        raise DTypeError(f"{op}: Boolean alpha only supported for Boolean results (alpha={alpha}, result "
+                         f"dtype {rdt.name})")
+    if type(alpha) is float and not rdt.is_floating_point:
+        raise DTypeError(f"{op}: For integral input tensors, argument alpha must not be a floating point number "
+                         f"(alpha={alpha}, result dtype {rdt.name})")
+    if alpha == 1:
+        return other
+    dt.check_scalar_int(alpha, op)
+    return binary("mul", other, alpha) if isinstance(other, Tensor) else other * alpha
+
+
 def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
     """input + alpha * other."""
-    if alpha != 1:
-        dt.check_scalar_int(alpha, "add")
-        other = binary("mul", other, alpha) if isinstance(other, Tensor) else other * alpha
-    return binary("add", input, other)
+    return binary("add", input, _scaled("add", input, other, alpha))
 
 
 def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
     """input - alpha * other."""
-    if alpha != 1:
-        dt.check_scalar_int(alpha, "sub")
-        other = binary("mul", other, alpha) if isinstance(other, Tensor) else other * alpha
-    return binary("sub", input, other)
+    return binary("sub", input, _scaled("sub", input, other, alpha))
 
 
 subtract = sub
@@ -162,6 +179,12 @@ divide = div
 
 
 def positive(input: Tensor) -> Tensor:
+    """input itself (PyTorch's unary ``+``), refused for bool tensors and non-tensors as in PyTorch."""
+    if not isinstance(input, Tensor):
+        raise DTypeError(f"positive: argument 'input' must be a Tensor, got {type(input).__name__} {input!r}")
+    if input._dtype is dt.bool_:
+        raise DTypeError(f"positive: the `+` operator, on a bool tensor (Tensor{tuple(input.shape)}:bool) is not "
+                         "supported; use logical ops on masks")
     return input
 
 
@@ -175,6 +198,17 @@ def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A
         raise DTypeError(f"clamp: expected a Tensor, got {type(input).__name__}")
     if min is None and max is None:
         raise ValueRangeError("clamp: at least one of 'min' or 'max' must not be None")
+    if min is not None and max is not None and isinstance(min, Tensor) is not isinstance(max, Tensor):
+        # PyTorch has (Number?, Number?) and (Tensor?, Tensor?) overloads, no mixed one; a 0-d tensor beside a
+        # number passes as a number there (its value, no gradient), a dimensioned one is refused
+        t = min if isinstance(min, Tensor) else max
+        if t.ndim:
+            raise DTypeError(f"clamp: min and max must both be Tensors or both be numbers, got "
+                             f"{type(min).__name__} and {type(max).__name__} (a Tensor{tuple(t.shape)} bound)")
+        if t is min:
+            min = t.item()  # noqa: A001
+        else:
+            max = t.item()  # noqa: A001
     bounds = [b for b in (min, max) if b is not None]
     for b in bounds:
         if not isinstance(b, Tensor) and not isinstance(b, (bool, int, float, np.generic)):
@@ -320,7 +354,31 @@ def nan_to_num(input: Tensor, nan: float = 0.0, posinf: float | None = None, neg
 
 
 def lerp(input: Tensor, end: Tensor, weight: Any) -> Tensor:
-    return binary("add", input, binary("mul", binary("sub", end, input), weight))
+    """input + weight * (end - input), computed as PyTorch does: from ``end`` backwards where |weight| >= 0.5, so
+    lerp(-inf, 0, 0.5) is -inf, not NaN. end (and a tensor weight) must have input's floating dtype."""
+    if not isinstance(input, Tensor) or not isinstance(end, Tensor):
+        raise DTypeError(f"lerp: input and end must be Tensors, got {type(input).__name__} and "
+                         f"{type(end).__name__}")
+    d = input._dtype
+    if end._dtype is not d:
+        raise DTypeError(f"lerp: expected dtype {d.name} for `end` but got dtype {end._dtype.name}")
+    if isinstance(weight, Tensor):
+        if weight._dtype is not d:
+            raise DTypeError(f"lerp: expected dtype {d.name} for `weight` but got dtype {weight._dtype.name}")
+    elif isinstance(weight, np.generic):
+        weight = weight.item()
+    elif not isinstance(weight, (bool, int, float)):
+        raise DTypeError(f"lerp: weight must be a Tensor or a number, got {type(weight).__name__}")
+    if not d.is_floating_point:
+        raise DTypeError(f"lerp: not implemented for {d.name} (floating point tensors only)")
+    diff = binary("sub", end, input)
+    if not isinstance(weight, Tensor):
+        if -0.5 < weight < 0.5:  # (the module-level abs is ember's)
+            return binary("add", input, binary("mul", diff, weight))
+        return binary("sub", end, binary("mul", diff, 1 - weight))
+    small = binary("lt", unary("abs", weight), 0.5)
+    return where(small, binary("add", input, binary("mul", diff, weight)),
+                 binary("sub", end, binary("mul", diff, binary("sub", 1, weight))))
 
 
 def xlogy(input: Any, other: Any) -> Tensor:
@@ -328,18 +386,40 @@ def xlogy(input: Any, other: Any) -> Tensor:
     if not isinstance(input, Tensor) and not isinstance(other, Tensor):
         raise DTypeError(f"xlogy: expected at least one Tensor operand, got {type(input).__name__} and "
                          f"{type(other).__name__}")
-    if not isinstance(other, Tensor):  # a scalar other: its log is a number (x * 0 + other would carry x's NaNs)
-        other = full_like(input, other, dtype=dt.result_type(input, other))
-    # 0 * log(y) is already 0 for a finite log (and NaN for a NaN y, as in PyTorch); only 0 * +-inf needs help:
-    # there y is replaced by 1, so value and gradients are 0 (no 0 * inf or 0 / 0 in backward) while the gradient
-    # of x stays log(y) at x == 0 elsewhere, as PyTorch's
-    inf_log = unary("isinf", unary("log", other))
+    rdt = dt.result_type(input, other)
+    if not rdt.is_floating_point:
+        rdt = (input if isinstance(input, Tensor) else other)._device.default_dtype
+    # both operands in the result dtype first, so log(uint8) of a float16 xlogy stays float16, as in PyTorch
+    if not isinstance(other, Tensor):
+        # a number other: its log is a number too, of the value in the result dtype (2**63 is inf in float16)
+        if isinstance(other, np.generic):
+            other = other.item()
+        if not isinstance(other, (bool, int, float)):
+            raise DTypeError(f"xlogy: unsupported operand of type {type(other).__name__}")
+        with np.errstate(over="ignore"):  # a value past the dtype's range is inf there, as in PyTorch
+            y = float(np.asarray(other, dtype=rdt.numpy))
+        if y == math.inf or y != y:
+            ly = y
+        else:
+            ly = math.log(y) if y > 0 else -math.inf if y == 0 else math.nan
+        if isinstance(input, Tensor) and input._dtype is not rdt:
+            input = input.to(rdt)
+        prod = binary("mul", input, ly)
+        return prod if math.isfinite(ly) or y != y else where(binary("eq", input, 0), 0.0, prod)
+    if other._dtype is not rdt:
+        other = other.to(rdt)
+    if isinstance(input, Tensor) and input._dtype is not rdt:
+        input = input.to(rdt)
+    # x == 0 gives 0 for every y but NaN (log(y) = -inf, NaN for y < 0, +inf): there y is replaced by 1, so value
+    # and gradients are 0 (no 0 * inf or 0 / 0 in backward) while the gradient of x stays log(y) at x == 0 for a
+    # finite positive y, as PyTorch's
+    bad_log = binary("logical_or", binary("le", other, 0), unary("isposinf", other))
     if not isinstance(input, Tensor):
         if input != 0:
             return binary("mul", input, unary("log", other))
-        zero = inf_log
+        zero = bad_log
     else:
-        zero = binary("logical_and", binary("eq", input, 0), inf_log)
+        zero = binary("logical_and", binary("eq", input, 0), bad_log)
     return binary("mul", input, unary("log", where(zero, 1.0, other)))
 
 
@@ -350,6 +430,14 @@ def full_like(x: Tensor, value: Any, dtype: Any) -> Tensor:
 
 
 def logaddexp(input: Tensor, other: Tensor) -> Tensor:
+    """log(exp(input) + exp(other)), computed stably in the promoted floating dtype (a bool or integer operand is
+    cast first, as PyTorch's kernel sees it)."""
+    rdt = dt.result_type(input, other)
+    if rdt.is_floating_point:
+        if isinstance(input, Tensor) and input._dtype is not rdt:
+            input = input.to(rdt)
+        if isinstance(other, Tensor) and other._dtype is not rdt:
+            other = other.to(rdt)
     m = binary("maximum", input, other)
     m = where(unary("isfinite", m), m, 0.0)
     return binary("add", m, unary("log", binary("add", unary("exp", binary("sub", input, m)),
@@ -357,14 +445,24 @@ def logaddexp(input: Tensor, other: Tensor) -> Tensor:
 
 
 def isclose(input: Tensor, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
+    """|input - other| <= atol + rtol * |other| (or equal); both Tensors of one dtype, as in PyTorch; bool tensors
+    compare for equality."""
+    if not isinstance(input, Tensor) or not isinstance(other, Tensor):
+        raise DTypeError(f"isclose: expected Tensors for input and other, got {type(input).__name__} and "
+                         f"{type(other).__name__}")
+    if other._dtype is not input._dtype:
+        raise DTypeError(f"isclose: {input._dtype.name} did not match {other._dtype.name} (input "
+                         f"Tensor{tuple(input.shape)}, other Tensor{tuple(other.shape)}); cast one first")
+    if input._dtype is dt.bool_:
+        return binary("eq", input, other)
     diff = unary("abs", binary("sub", input, other))
-    tol = binary("add", binary("mul", unary("abs", other) if isinstance(other, Tensor) else abs(other), rtol), atol)
+    tol = binary("add", binary("mul", unary("abs", other), rtol), atol)
     # an infinite difference is never within tolerance (inf vs -inf), only exact equality is
     within = binary("logical_and", unary("isfinite", diff), binary("le", diff, tol))
     close = binary("logical_or", binary("eq", input, other), within)
     if equal_nan:
         both = binary("logical_and", unary("isnan", input),
-                      unary("isnan", other) if isinstance(other, Tensor) else other != other)
+                      unary("isnan", other))
         close = binary("logical_or", close, both)
     return close
 
@@ -395,8 +493,8 @@ TENSOR_METHODS.update(
     absolute=absolute, arcsin=arcsin, arccos=arccos, arctan=arctan, arctan2=arctan2, greater=greater,
     greater_equal=greater_equal, less=less, less_equal=less_equal, not_equal=not_equal, positive=positive,
     rsub=rsub,
-    add_=lambda self, other, *, alpha=1: inplace_binary("add", self, other if alpha == 1 else other * alpha),
-    sub_=lambda self, other, *, alpha=1: inplace_binary("sub", self, other if alpha == 1 else other * alpha),
+    add_=lambda self, other, *, alpha=1: inplace_binary("add", self, _scaled("add_", self, other, alpha)),
+    sub_=lambda self, other, *, alpha=1: inplace_binary("sub", self, _scaled("sub_", self, other, alpha)),
     round_=lambda self: _make_inplace_unary("round")(self),
 )
 TENSOR_METHODS["where"] = lambda self, condition, other: where(condition, self, other)

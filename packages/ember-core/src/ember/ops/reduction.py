@@ -81,6 +81,12 @@ def _dims(x: Tensor, dim: Any, op: str) -> tuple[int, ...]:
     return norm_dims(dim, nd, op)
 
 
+def _check_keepdim(keepdim: Any, op: str) -> None:
+    """PyTorch takes only a bool keepdim (a str or int is a TypeError there, not a truthy value)."""
+    if type(keepdim) is not bool and not isinstance(keepdim, np.bool_):
+        raise DTypeError(f"{op}(): argument 'keepdim' must be bool, not {type(keepdim).__name__}")
+
+
 def _out_shape(shape: Shape, dims: tuple[int, ...], keepdim: bool) -> Shape:
     if keepdim:
         return tuple(1 if i in dims else s for i, s in enumerate(shape))
@@ -235,6 +241,8 @@ def _all_dims(dim: Any) -> bool:
 
 
 def _extreme(op: str, x: Tensor, dim: Any, keepdim: bool, name: str) -> Tensor:
+    _check_keepdim(keepdim, name)
+    keepdim = bool(keepdim)
     dims = _dims(x, dim, name)
     _nonempty(x, dims, name, _all_dims(dim))
     h = _reduce(x._device.stack, op, x._h, dims, keepdim)
@@ -459,6 +467,10 @@ def std_mean(input: Tensor, dim: Any = None, unbiased: bool | None = None, keepd
 def logsumexp(input: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     """log(sum(exp(x))) over dim, computed stably; integer inputs give the default float dtype."""
     x = _check(input, "logsumexp")
+    _check_keepdim(keepdim, "logsumexp")
+    keepdim = bool(keepdim)
+    if dim is None:  # PyTorch has no all-dims default here: dim is a required int or tuple of ints
+        raise DimError("logsumexp(): argument 'dim' must be an int or a tuple of ints, not None")
     dims = _dims(x, dim, "logsumexp")
     stack = x._device.stack
     out = x._dtype if x._dtype.is_floating_point else x._device.default_dtype

@@ -493,3 +493,141 @@ def test_small_edges_found_beside_the_others():
         _same(ember.tensor(0.5).unfold(*args), torch.tensor(0.5).unfold(*args))
     _same(ember.nan_to_num(ember.tensor([NAN, 1.0]), nan=None), torch.nan_to_num(torch.tensor([NAN, 1.0]), nan=None))
     _same(ember.linspace(1000.0, INF, 1), torch.linspace(1000.0, INF, 1))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# fuzz failure classes: pointwise and reduction argument checks (alpha, uint64 scalars, clamp, lerp, xlogy, ...)
+# ------------------------------------------------------------------------------------------------------------
+def test_add_alpha_is_checked_against_the_result_dtype():
+    _torch_raises(lambda: torch.add(torch.tensor([1, 2]), 3, alpha=0.5))
+    with raises(DTypeError, "add", "alpha must not be a floating point", "0.5", "int64"):
+        ember.add(ember.tensor([1, 2]), 3, alpha=0.5)
+    _torch_raises(lambda: torch.add(torch.tensor([1.0]), torch.tensor([1.0]), alpha=True))
+    with raises(DTypeError, "add", "Boolean alpha", "float32"):
+        ember.add(ember.tensor([1.0]), ember.tensor([1.0]), alpha=True)
+    with raises(DTypeError, "sub_", "Boolean alpha"):
+        ember.tensor([1, 2]).sub_(1, alpha=False)
+    _same(ember.add(ember.tensor([True, False]), ember.tensor([False, False]), alpha=True),
+          torch.add(torch.tensor([True, False]), torch.tensor([False, False]), alpha=True))
+    _same(ember.add(ember.tensor([1.0, 2.0]), 1.5, alpha=2.0), torch.add(torch.tensor([1.0, 2.0]), 1.5, alpha=2.0))
+    _same(ember.tensor([1, 2]).add_(3, alpha=2), torch.tensor([1, 2]).add_(3, alpha=2))
+
+
+@pytest.mark.parametrize("op", ["gt", "fmod", "add", "mul", "floor_divide"])
+def test_uint64_python_int_does_not_promote_with_bool(op):
+    _torch_raises(lambda: getattr(torch, op)(torch.tensor([True, False]), 2**63))
+    with raises(DTypeError, op, "Promotion for uint16, uint32, uint64", "bool", str(2**63)):
+        getattr(ember, op)(ember.tensor([True, False]), 2**63)
+    # other dtypes take it, wrapped like torch's: 2**63 is 0 in int16, so comparisons see 0
+    _same(ember.gt(ember.tensor([1, -1], dtype=ember.int16), 2**63),
+          torch.gt(torch.tensor([1, -1], dtype=torch.int16), 2**63))
+
+
+@pytest.mark.parametrize("op", ["floor_divide_", "remainder_", "fmod_"])
+def test_integer_division_by_a_scalar_that_wraps_to_zero_is_refused(op):
+    _torch_raises(lambda: getattr(torch.tensor(3, dtype=torch.int16), op)(2**63))
+    with raises(ValueRangeError, "ZeroDivisionError", str(2**63)):
+        getattr(ember.tensor(3, dtype=ember.int16), op)(2**63)
+
+
+def test_integer_division_of_an_empty_tensor_by_zero_is_computed():
+    ref = torch.tensor([], dtype=torch.int64).remainder_(torch.tensor(False))
+    _same(ember.tensor([], dtype=ember.int64).remainder_(ember.tensor(False)), ref)
+    _same(ember.floor_divide(ember.zeros((2, 0), dtype=ember.int32), 0),
+          torch.floor_divide(torch.zeros((2, 0), dtype=torch.int32), 0))
+
+
+def test_positive_refuses_bool_tensors_and_non_tensors():
+    _torch_raises(lambda: torch.positive(torch.tensor([True])))
+    with raises(DTypeError, "positive", "bool"):
+        ember.positive(ember.tensor([True]))
+    with raises(DTypeError, "positive", "NoneType"):
+        ember.positive(None)
+    x = ember.tensor([1.0, -2.0])
+    assert ember.positive(x) is x
+
+
+def test_clamp_refuses_a_number_and_a_tensor_bound_together():
+    _torch_raises(lambda: torch.clamp(torch.tensor([1.0]), min=0.0, max=torch.tensor([1.0])))
+    with raises(DTypeError, "clamp", "both", "float", "Tensor"):
+        ember.clamp(ember.tensor([1.0]), min=0.0, max=ember.tensor([1.0]))
+    with raises(DTypeError, "clamp", "both"):
+        ember.tensor([1.0, 2.0]).clamp_(ember.tensor([0.5]), 1.5)
+    _same(ember.clamp(ember.tensor([1.0, 3.0]), min=ember.tensor([2.0])),
+          torch.clamp(torch.tensor([1.0, 3.0]), min=torch.tensor([2.0])))
+
+
+def test_lerp_dtypes_and_infinite_ends_follow_torch():
+    _need(ember.float64)
+    _torch_raises(lambda: torch.lerp(torch.ones(2), torch.ones(2, dtype=torch.float64), 0.5))
+    with raises(DTypeError, "lerp", "float32", "`end`", "float64"):
+        ember.lerp(ember.ones(2), ember.ones(2, dtype=ember.float64), 0.5)
+    with raises(DTypeError, "lerp", "`weight`", "float64"):
+        ember.lerp(ember.ones(2), ember.ones(2), ember.tensor(0.5, dtype=ember.float64))
+    _torch_raises(lambda: torch.lerp(torch.ones(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64), 1))
+    with raises(DTypeError, "lerp", "int64"):
+        ember.lerp(ember.ones(2, dtype=ember.int64), ember.ones(2, dtype=ember.int64), 1)
+    start, end = [[-1.5, 1.25, INF, -INF], [0.0, NAN, 2.0, -3.0]], [[0.0], [1.0]]
+    for w in (0.5, 0.25, 1.0, -0.75, 2.0):
+        _same(ember.lerp(ember.tensor(start), ember.tensor(end), w),
+              torch.lerp(torch.tensor(start), torch.tensor(end), w))
+    w = [0.5, 0.3, -0.6, 1.0]
+    _same(ember.lerp(ember.tensor(start), ember.tensor(end), ember.tensor(w)),
+          torch.lerp(torch.tensor(start), torch.tensor(end), torch.tensor(w)))
+
+
+def test_isclose_needs_one_dtype_and_compares_bools():
+    _torch_raises(lambda: torch.isclose(torch.ones(2), torch.ones(2, dtype=torch.int64)))
+    with raises(DTypeError, "isclose", "float32 did not match int64"):
+        ember.isclose(ember.ones(2), ember.ones(2, dtype=ember.int64))
+    with raises(DTypeError, "isclose", "int64 did not match float32"):
+        ember.allclose(ember.ones(2, dtype=ember.int64), ember.ones(2))
+    a, b = [[True, False, True]], [[True], [False]]
+    _same(ember.isclose(ember.tensor(a), ember.tensor(b), equal_nan=True),
+          torch.isclose(torch.tensor(a), torch.tensor(b), equal_nan=True))
+    assert ember.allclose(ember.zeros((0, 2, 1), dtype=ember.bool), ember.tensor([[True], [False]])) \
+        == torch.allclose(torch.zeros((0, 2, 1), dtype=torch.bool), torch.tensor([[True], [False]]))
+    assert not ember.allclose(ember.tensor(a), ember.tensor(b))
+
+
+def test_xlogy_dtype_and_zero_x_follow_torch():
+    x = [[0, 2, 1, 0], [0, 0, 3, 0]]
+    y = [1.5, -0.5, 0.0, INF]
+    _same(ember.xlogy(ember.tensor(x, dtype=ember.uint8), ember.tensor(y)),
+          torch.xlogy(torch.tensor(x, dtype=torch.uint8), torch.tensor(y)))
+    _same(ember.xlogy(ember.tensor(y), ember.tensor(x, dtype=ember.uint8)),
+          torch.xlogy(torch.tensor(y), torch.tensor(x, dtype=torch.uint8)))
+    _same(ember.xlogy(ember.tensor(x), ember.tensor(y)), torch.xlogy(torch.tensor(x), torch.tensor(y)))
+    _same(ember.xlogy(0, ember.tensor(y)), torch.xlogy(0, torch.tensor(y)))
+    _same(ember.xlogy(ember.tensor(x), 2), torch.xlogy(torch.tensor(x), 2))
+
+
+def test_xlogy_with_a_half_tensor_and_a_byte_scalar_stays_half():
+    _need(ember.float16)
+    h = [[1.8, 0.0, -0.5]]
+    _same(ember.xlogy(ember.tensor(h, dtype=ember.float16), ember.tensor(2, dtype=ember.uint8)),
+          torch.xlogy(torch.tensor(h, dtype=torch.float16), torch.tensor(2, dtype=torch.uint8)))
+
+
+def test_logaddexp_casts_a_bool_operand_to_the_float_result():
+    _need(ember.float64)
+    a, b = [[False, True, True]], [-0.0, 1.5, -INF]
+    _same(ember.logaddexp(ember.tensor(a), ember.tensor(b, dtype=ember.float64)),
+          torch.logaddexp(torch.tensor(a), torch.tensor(b, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("op", ["amin", "amax", "logsumexp"])
+def test_reduction_keepdim_must_be_bool(op):
+    _torch_raises(lambda: getattr(torch, op)(torch.ones(2, 3), 1, keepdim="yes"))
+    with raises(DTypeError, op, "keepdim", "must be bool", "str"):
+        getattr(ember, op)(ember.ones(2, 3), 1, keepdim="yes")
+    with raises(DTypeError, op, "keepdim", "int"):
+        getattr(ember.ones(2, 3), op)(1, keepdim=1)
+    _same(getattr(ember, op)(ember.ones(2, 3), 1, keepdim=np.bool_(True)),
+          getattr(torch, op)(torch.ones(2, 3), 1, keepdim=True))
+
+
+def test_logsumexp_needs_a_dim():
+    _torch_raises(lambda: torch.logsumexp(torch.ones(2), dim=None))
+    with raises(DimError, "logsumexp", "dim", "None"):
+        ember.logsumexp(ember.ones(2), dim=None)
