@@ -30,7 +30,8 @@ step "lint"
 
 step "tests"
 # the OpenCL plugin's own tests run with the OpenCL kit below, on two workers
-"$PY" -m pytest --ignore-glob='*/ember-opencl/tests/*'
+# two workers (xdist): the suite is CPU-bound and the machines have two cores
+"$PY" -m pytest -n 2 --ignore-glob='*/ember-opencl/tests/*'
 
 step "conformance kit (flex, fused by ember-fusion)"
 "$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=flex -q
