@@ -101,13 +101,16 @@ def _key_tensor(x: Tensor, obj: Any) -> Tensor:
 class _Plan:
     """A normalised key: the backend key, the result shape in PyTorch's layout, and the layout fix-up."""
 
-    __slots__ = ("key", "shape", "perm", "adv")
+    __slots__ = ("key", "shape", "perm", "adv", "mask")
 
     def __init__(self, key: tuple[Any, ...], shape: Shape, perm: tuple[int, ...] | None, adv: bool) -> None:
         self.key = key
         self.shape = shape
         self.perm = perm
         self.adv = adv
+        # the mask when the key's only tensor index is one bool/uint8 mask: PyTorch's index_put_ then takes
+        # a one-element value through masked_fill_ (any value dtype; a uint8 mask is refused)
+        self.mask: Tensor | None = None
 
 
 def _parse(x: Tensor, key: Any, op: str) -> _Plan:
@@ -116,6 +119,8 @@ def _parse(x: Tensor, key: Any, op: str) -> _Plan:
     items: list[tuple[int, Any]] = []
     ellipsis_at = -1
     consumed = 0
+    n_tensors = 0
+    mask: Tensor | None = None
     for k in key:
         if k is None:
             items.append((_NONE, None))
@@ -156,9 +161,12 @@ def _parse(x: Tensor, key: Any, op: str) -> _Plan:
             elif is_mask:
                 items.append((_MASK, k))
                 consumed += k.ndim
+                n_tensors += 1
+                mask = k
             else:
                 items.append((_IDX, k))
                 consumed += 1
+                n_tensors += 1
     ndim = x.ndim
     if consumed > ndim:
         raise IndexOutOfRangeError(
@@ -169,7 +177,10 @@ def _parse(x: Tensor, key: Any, op: str) -> _Plan:
         items[ellipsis_at:ellipsis_at] = fill
     else:
         items.extend(fill)
-    return _plan(x, items, op)
+    plan = _plan(x, items, op)
+    if n_tensors == 1:
+        plan.mask = mask
+    return plan
 
 
 def _plan(x: Tensor, items: list[tuple[int, Any]], op: str) -> _Plan:
@@ -380,10 +391,32 @@ def _value_handle(x: Tensor, value: Any, target: Shape, op: str) -> tuple[Any, b
     return h, True
 
 
+def _check_put_value(x: Tensor, plan: _Plan, value: Any, accumulate: bool, op: str) -> None:
+    """PyTorch's index_put_ rules on the value: a one-element value with a single-mask key goes through
+    masked_fill_ (which refuses a uint8 mask, and casts the value); otherwise a tensor value of an advanced
+    index must have the destination's dtype (basic indexing copies, which casts)."""
+    if not accumulate and plan.mask is not None and (not isinstance(value, Tensor) or value.numel() == 1):
+        if plan.mask._dtype is not dt.bool_:
+            raise DTypeError(
+                f"{op}: masked_fill_ only supports boolean masks, but got mask with dtype {plan.mask._dtype.name} "
+                "(a one-element value with a single mask index is a masked fill)"
+            )
+        return
+    if plan.adv and isinstance(value, Tensor) and value._dtype is not x._dtype:
+        raise DTypeError(
+            f"{op}: Index put requires the source and destination dtypes match, got {x._dtype.name} for the "
+            f"destination and {value._dtype.name} for the source"
+        )
+
+
 def setitem(x: Tensor, key: Any, value: Any) -> None:
     """``x[key] = value`` in place: value (a number or tensor) is cast to x's dtype and broadcast."""
     plan = _parse(x, key, "index_put")
     _check_writable(x, "index_put")
+    if type(value) is int and not -(1 << 63) <= value < (1 << 63):  # PyTorch unpacks an int value as int64
+        raise ValueRangeError(f"index_put: value {value} overflows a 64-bit integer (PyTorch: Overflow when unpacking)")
+    if plan.adv:
+        _check_put_value(x, plan, value, False, "index_put")
     v, is_handle = _value_handle(x, value, plan.shape, "index_put")
     stack = x._device.stack
     if is_handle and plan.perm is not None:
@@ -413,6 +446,7 @@ def index_put_(input: Tensor, indices: Any, values: Any, accumulate: bool = Fals
             raise DTypeError("index_put_: with accumulate=True indices must be tensors")
     # accumulate: linearise the indices over the leading dims, then index_add along one merged dim
     plan = _parse(x, key, "index_put_")
+    _check_put_value(x, plan, values, True, "index_put_")
     lead = len(key) if all(k._dtype not in (dt.bool_, dt.uint8) for k in key) else None
     if lead is None:
         nz: list[Tensor] = []

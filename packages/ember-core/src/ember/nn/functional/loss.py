@@ -22,10 +22,20 @@ from ._util import (
 )
 
 
-def _pair(op: str, input: Any, target: Any, same_shape: bool = False) -> tuple[Any, Any, Any, dt.DType, Any]:
-    """(stack, input handle, target handle, dtype, device): both floating, promoted to one dtype, broadcast."""
-    check_float(input, op)
-    check_float(target, op, "target")
+def _pair(op: str, input: Any, target: Any, same_shape: bool = False,
+          promote: bool = False) -> tuple[Any, Any, Any, dt.DType, Any]:
+    """(stack, input handle, target handle, dtype, device): promoted to one dtype, broadcast. Both must be
+    floating, or with ``promote`` (mse_loss, cosine_similarity, as torch) their promoted dtype must be."""
+    if promote:
+        check_tensor(input, op)
+        check_tensor(target, op, "target")
+        common = dt.promote_types(input._dtype, target._dtype)
+        if not common.is_floating_point:
+            raise DTypeError(f"{op}: expected the common dtype of the inputs to be floating point, yet common dtype "
+                             f"is {common.name} (dtypes {input._dtype.name} and {target._dtype.name})")
+    else:
+        check_float(input, op)
+        check_float(target, op, "target")
     if target._device is not input._device:
         from ...errors import DeviceError
 
@@ -80,7 +90,7 @@ def mse_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: An
              weight: Tensor | None = None) -> Tensor:
     """(input - target)^2, reduced."""
     check_reduction(reduction, "mse_loss")
-    s, a, b, d, dev = _pair("mse_loss", input, target)
+    s, a, b, d, dev = _pair("mse_loss", input, target, promote=True)
     diff = s.binary("sub", a, b)
     return wrap(_weighted("mse_loss", s, s.binary("mul", diff, diff), weight, d, reduction, True), d, dev)
 
@@ -213,7 +223,7 @@ def kl_div(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any 
 def _class_target(op: str, input: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int) -> None:
     """Validate a class-index target against (N, C, d1...) / (C,) input; raises typed errors."""
     if target._dtype is not dt.int64:
-        raise DTypeError(f"{op}: expected target of dtype int64 (class indices) or the input's floating dtype "
+        raise DTypeError(f"{op}: expected target of dtype int64 (class indices) or a floating dtype "
                          f"(class probabilities), got {target._dtype.name}")
     if target._device is not input._device:
         from ...errors import DeviceError
@@ -247,7 +257,8 @@ def _nll(s: Any, logp: Any, target: Any, weight: Tensor | None, ignore_index: in
     if weight is not None:
         wt = s.reshape(s.index_select(weight._h, 0, s.reshape(safe, (prod(tshape),))), tshape)
         w = s.binary("mul", wt, w)
-    loss = s.unary("neg", s.binary("mul", picked, w))
+    # ignored targets give exactly 0, even where their row's log-probabilities are NaN (inf logits), as torch
+    loss = s.where(valid, s.unary("neg", s.binary("mul", picked, w)), 0.0)
     if reduction == "none":
         return loss, w
     dims = tuple(range(len(tshape)))
@@ -299,24 +310,31 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
     c = input.shape[cdim]
     wview = (1, c) + (1,) * (input.ndim - 2) if input.ndim >= 2 else (c,)
     if target._dtype.is_floating_point:
-        if target._dtype is not input._dtype:
-            raise DTypeError(f"{op}: class-probability target must have the input's dtype {input._dtype.name}, "
-                             f"got {target._dtype.name}")
         if target.shape != input.shape:
             raise ShapeError(f"{op}: class-probability target must have the input's shape {input.shape}, "
                              f"got {target.shape}")
+        if target._device is not input._device:
+            from ...errors import DeviceError
+
+            raise DeviceError(f"{op}: input is on {input._device} but target is on {target._device}")
         if weight is not None:
             check_like(input, weight, op, "weight", (c,))
+        # torch takes log_softmax in the input's dtype, then the product with the target in their promoted dtype
+        # (float16 logits, float32 target -> float32)
+        d = dt.promote_types(input._dtype, target._dtype)
         if input.numel() == 0:
-            return like(input, reduce_loss(s, s.reduce("sum", input._h, (cdim,), False), reduction))
-        t = target._h
+            xh = input._h if input._dtype is d else s.cast(input._h, d)
+            return wrap(reduce_loss(s, s.reduce("sum", xh, (cdim,), False), reduction), d, input._device)
+        t = target._h if target._dtype is d else s.cast(target._h, d)
         if label_smoothing > 0:
             t = s.binary("add", s.binary("mul", t, 1.0 - label_smoothing), label_smoothing / c)
-        prodh = s.binary("mul", s.softmax(input._h, cdim, True), t)
+        logp = s.softmax(input._h, cdim, True)
+        prodh = s.binary("mul", logp if input._dtype is d else s.cast(logp, d), t)
         if weight is not None:
-            prodh = s.binary("mul", prodh, s.reshape(weight._h, wview))
+            wh = weight._h if weight._dtype is d else s.cast(weight._h, d)
+            prodh = s.binary("mul", prodh, s.reshape(wh, wview))
         loss = s.unary("neg", s.reduce("sum", prodh, (cdim,), False))
-        return like(input, reduce_loss(s, loss, reduction))
+        return wrap(reduce_loss(s, loss, reduction), d, input._device)
     _class_target(op, input, target, weight, ignore_index)
     x, t, unb = _batched(s, input, target)
     logp = s.softmax(x, 1, True)
@@ -326,7 +344,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
             if weight is not None else logp
         smooth = s.unary("neg", s.reduce("sum", lw, (1,), False))
         valid = s.binary("ne", t, int(ignore_index))
-        smooth = s.binary("mul", smooth, s.cast(valid, input._dtype))
+        smooth = s.where(valid, smooth, 0.0)
         if reduction != "none":
             dims = tuple(range(len(smooth.shape)))
             smooth = s.reduce("sum", smooth, dims, False)
@@ -346,7 +364,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
     """sum(x1 * x2) / (max(||x1||, eps) * max(||x2||, eps)) along dim (inputs broadcast)."""
     op = "cosine_similarity"
-    s, a, b, d, dev = _pair(op, x1, x2)
+    s, a, b, d, dev = _pair(op, x1, x2, promote=True)
     nd = len(a.shape)
     dd = norm_dim(dim, nd, op)
     if nd == 0:
