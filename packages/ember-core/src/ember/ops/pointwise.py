@@ -199,16 +199,16 @@ def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A
     if min is None and max is None:
         raise ValueRangeError("clamp: at least one of 'min' or 'max' must not be None")
     if min is not None and max is not None and isinstance(min, Tensor) is not isinstance(max, Tensor):
-        # PyTorch has (Number?, Number?) and (Tensor?, Tensor?) overloads, no mixed one; a 0-d tensor beside a
-        # number passes as a number there (its value, no gradient), a dimensioned one is refused
+        # PyTorch has (Number?, Number?) and (Tensor?, Tensor?) overloads: a 0-d tensor beside a number passes
+        # as a number there (its value, promoting as a number, no gradient), as here. A dimensioned tensor beside
+        # a number, which PyTorch refuses, is an ember extension (numpy's clip takes it): the number bound acts as
+        # a scalar operand of the same op
         t = min if isinstance(min, Tensor) else max
-        if t.ndim:
-            raise DTypeError(f"clamp: min and max must both be Tensors or both be numbers, got "
-                             f"{type(min).__name__} and {type(max).__name__} (a Tensor{tuple(t.shape)} bound)")
-        if t is min:
-            min = t.item()  # noqa: A001
-        else:
-            max = t.item()  # noqa: A001
+        if not t.ndim:
+            if t is min:
+                min = t.item()  # noqa: A001
+            else:
+                max = t.item()  # noqa: A001
     bounds = [b for b in (min, max) if b is not None]
     for b in bounds:
         if not isinstance(b, Tensor) and not isinstance(b, (bool, int, float, np.generic)):

@@ -547,14 +547,19 @@ def test_positive_refuses_bool_tensors_and_non_tensors():
     assert ember.positive(x) is x
 
 
-def test_clamp_refuses_a_number_and_a_tensor_bound_together():
-    _torch_raises(lambda: torch.clamp(torch.tensor([1.0]), min=0.0, max=torch.tensor([1.0])))
-    with raises(DTypeError, "clamp", "both", "float", "Tensor"):
-        ember.clamp(ember.tensor([1.0]), min=0.0, max=ember.tensor([1.0]))
-    with raises(DTypeError, "clamp", "both"):
-        ember.tensor([1.0, 2.0]).clamp_(ember.tensor([0.5]), 1.5)
-    _same(ember.clamp(ember.tensor([1.0, 3.0]), min=ember.tensor([2.0])),
-          torch.clamp(torch.tensor([1.0, 3.0]), min=torch.tensor([2.0])))
+def test_clamp_with_a_number_and_a_0d_tensor_bound_takes_the_tensor_as_a_number():
+    # torch's Number overload takes the 0-d tensor's value: the result promotes as with two numbers
+    x, lo = [1, 5, 9], 2
+    for hi, hd in ((7.5, "float16"), (6, "int64"), (4.0, "float64")):
+        _need(getattr(ember, hd))
+        _same(ember.clamp(ember.tensor(x), lo, ember.tensor(hi, dtype=getattr(ember, hd))),
+              torch.clamp(torch.tensor(x), lo, torch.tensor(hi, dtype=getattr(torch, hd))))
+        _same(ember.tensor(x).clamp(min=ember.tensor(hi, dtype=getattr(ember, hd)), max=9),
+              torch.tensor(x).clamp(min=torch.tensor(hi, dtype=getattr(torch, hd)), max=9))
+    # a dimensioned tensor beside a number is an ember extension (torch refuses it): the number is a scalar bound
+    _torch_raises(lambda: torch.clamp(torch.tensor([1.0, 3.0]), min=0.0, max=torch.tensor([2.0, 2.5])))
+    _same(ember.clamp(ember.tensor([-1.0, 3.0]), min=0.0, max=ember.tensor([2.0, 2.5])),
+          torch.clamp(torch.tensor([-1.0, 3.0]), min=torch.tensor(0.0), max=torch.tensor([2.0, 2.5])))
 
 
 def test_lerp_dtypes_and_infinite_ends_follow_torch():
