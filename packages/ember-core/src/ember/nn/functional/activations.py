@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ... import dtypes as dt
 from ..._bridge import norm_dim
 from ...dtypes import DType, as_dtype
 from ...errors import DTypeError, ShapeError, ValueRangeError
@@ -44,10 +45,12 @@ def relu_(input: Tensor) -> Tensor:
 
 def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
     """Clamp to [min_val, max_val]."""
-    check_float(input, "hardtanh")
+    check_tensor(input, "hardtanh")
     if min_val > max_val:
         raise ValueRangeError(f"hardtanh: min_val ({min_val}) cannot be greater than max_val ({max_val})")
     s = input._device.stack
+    if not input._dtype.is_floating_point:
+        return _hardtanh_int(input, min_val, max_val, inplace)
     lo, hi = float(min_val), float(max_val)
     if tracks_grad(s, input._h):
         # PyTorch zeroes the gradient where x <= min_val or x >= max_val (the bounds included; a NaN passes it)
@@ -55,6 +58,21 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace
         outside = s.binary("logical_or", s.binary("le", d, lo), s.binary("ge", d, hi))
         val = s.binary("minimum", s.binary("maximum", d, lo), hi)
         return _finish(input, s.where(outside, val, input._h), inplace)
+    h = s.binary("minimum", s.binary("maximum", input._h, lo), hi)
+    return _finish(input, h, inplace)
+
+
+def _hardtanh_int(input: Tensor, min_val: float, max_val: float, inplace: bool) -> Tensor:
+    """torch's hardtanh of an integer tensor: a clamp in the input's dtype, the bounds truncated toward zero;
+    bool input and negative bounds for an unsigned dtype are refused."""
+    d = input._dtype
+    if d.is_bool:
+        raise DTypeError("hardtanh: Bool inputs not supported for hardtanh")
+    if not d.is_signed and (min_val < 0 or max_val < 0):
+        raise ValueRangeError(f"hardtanh: cannot do hardtanh on an unsigned type ({d.name}) with negative limits "
+                              f"(min_val={min_val}, max_val={max_val})")
+    s = input._device.stack
+    lo, hi = dt.convert_scalar(min_val, d, "hardtanh"), dt.convert_scalar(max_val, d, "hardtanh")  # range-checked
     h = s.binary("minimum", s.binary("maximum", input._h, lo), hi)
     return _finish(input, h, inplace)
 
@@ -275,7 +293,7 @@ def _softmax_input(op: str, input: Tensor, dtype: Any) -> tuple[Any, DType]:
         if not d.is_floating_point:
             raise DTypeError(f"{op}: dtype must be a floating point dtype, got {d.name}")
         return (input._h if input._dtype is d else s.cast(input._h, d)), d
-    if not input._dtype.is_floating_point:
+    if not input._dtype.is_floating_point and input.numel():  # torch returns an empty input as is, any dtype
         raise DTypeError(f"{op}: not implemented for dtype {input._dtype.name} (pass dtype= or a float tensor)")
     return input._h, input._dtype
 

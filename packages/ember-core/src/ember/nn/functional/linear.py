@@ -162,7 +162,7 @@ def _dropout(op: str, input: Tensor, p: float, training: bool, inplace: bool, ma
         return input
     s = input._device.stack
     if p == 1.0:
-        h = s.binary("mul", input._h, 0.0)
+        h = s.binary("mul", input._h, 0.0) if input._dtype.is_floating_point else s.full(input.shape, 0, input._dtype)
     else:
         # keep with probability 1 - p, scale kept values by 1 / (1 - p); one draw from the device stream
         keep = s.binary("lt", s.rand(mask_shape, input._dtype), 1.0 - p)
@@ -176,7 +176,12 @@ def _dropout(op: str, input: Tensor, p: float, training: bool, inplace: bool, ma
 
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """Zero each element with probability p and scale the rest by 1 / (1 - p) (identity when not training)."""
-    check_float(input, "dropout")
+    check_tensor(input, "dropout")
+    if not input._dtype.is_floating_point and training and p not in (0.0, 1.0) and input.numel():
+        # torch accepts integer and bool input where no scaling happens (p of 0 or 1, eval mode, empty input);
+        # a 1 / (1 - p) scale has a float result, which it refuses to write back into the input's dtype
+        raise DTypeError(f"dropout: result type float32 can't be cast to the desired output type "
+                         f"{input._dtype.name} (p={p} scales by 1 / (1 - p); pass a floating point tensor)")
     return _dropout("dropout", input, p, training, inplace, input.shape)
 
 

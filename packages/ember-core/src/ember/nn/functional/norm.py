@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import dtypes as dt
 from ...errors import ShapeError, ValueRangeError
 from ...ops.elementwise import keep_graph
 from ...tensor import Tensor
@@ -41,17 +42,24 @@ def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = Non
     op = "layer_norm"
     check_float(input, op)
     ns = _normalized_shape(op, input, normalized_shape)
+    # torch's mixed-dtype form: float16/bfloat16 input with float32 weight and bias, computed in float32
+    params = [t for t in (weight, bias) if t is not None]
+    mixed = (input._dtype in (dt.float16, dt.bfloat16) and bool(params)
+             and all(isinstance(t, Tensor) and t._dtype is dt.float32 for t in params))
+    ref = Tensor._make(input._h, dt.float32, input._device) if mixed else input  # dtype reference for the checks
     if weight is not None:
-        check_like(input, weight, op, "weight", ns)
+        check_like(ref, weight, op, "weight", ns)
     if bias is not None:
-        check_like(input, bias, op, "bias", ns)
+        check_like(ref, bias, op, "bias", ns)
     s = input._device.stack
     if input.numel() == 0:
         return like(input, keep_graph(s, s.copy(input._h), weight, bias))
     dims = tuple(range(input.ndim - len(ns), input.ndim))
-    m, v = var(s, input._h, dims)
-    h = s.binary("mul", s.binary("sub", input._h, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
-    return like(input, _affine(s, h, weight, bias, ns))
+    x = s.cast(input._h, dt.float32) if mixed else input._h
+    m, v = var(s, x, dims)
+    h = _affine(s, s.binary("mul", s.binary("sub", x, m), s.unary("rsqrt", s.binary("add", v, float(eps)))),
+                weight, bias, ns)
+    return like(input, s.cast(h, input._dtype) if mixed else h)
 
 
 def rms_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
