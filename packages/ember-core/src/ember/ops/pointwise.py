@@ -362,6 +362,8 @@ def lerp(input: Tensor, end: Tensor, weight: Any) -> Tensor:
     d = input._dtype
     if end._dtype is not d:
         raise DTypeError(f"lerp: expected dtype {d.name} for `end` but got dtype {end._dtype.name}")
+    if isinstance(weight, Tensor) and weight._dtype is not d and not weight.ndim:
+        weight = weight.item()  # PyTorch's Scalar overload takes a 0-d weight of another dtype as its value
     if isinstance(weight, Tensor):
         if weight._dtype is not d:
             raise DTypeError(f"lerp: expected dtype {d.name} for `weight` but got dtype {weight._dtype.name}")
@@ -396,6 +398,7 @@ def xlogy(input: Any, other: Any) -> Tensor:
             other = other.item()
         if not isinstance(other, (bool, int, float)):
             raise DTypeError(f"xlogy: unsupported operand of type {type(other).__name__}")
+        dt.check_scalar_int(other, "xlogy")
         with np.errstate(over="ignore"):  # a value past the dtype's range is inf there, as in PyTorch
             y = float(np.asarray(other, dtype=rdt.numpy))
         if y == math.inf or y != y:

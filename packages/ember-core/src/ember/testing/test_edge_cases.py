@@ -568,7 +568,7 @@ def test_lerp_dtypes_and_infinite_ends_follow_torch():
     with raises(DTypeError, "lerp", "float32", "`end`", "float64"):
         ember.lerp(ember.ones(2), ember.ones(2, dtype=ember.float64), 0.5)
     with raises(DTypeError, "lerp", "`weight`", "float64"):
-        ember.lerp(ember.ones(2), ember.ones(2), ember.tensor(0.5, dtype=ember.float64))
+        ember.lerp(ember.ones(2), ember.ones(2), ember.tensor([0.5], dtype=ember.float64))
     _torch_raises(lambda: torch.lerp(torch.ones(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64), 1))
     with raises(DTypeError, "lerp", "int64"):
         ember.lerp(ember.ones(2, dtype=ember.int64), ember.ones(2, dtype=ember.int64), 1)
@@ -576,6 +576,8 @@ def test_lerp_dtypes_and_infinite_ends_follow_torch():
     for w in (0.5, 0.25, 1.0, -0.75, 2.0):
         _same(ember.lerp(ember.tensor(start), ember.tensor(end), w),
               torch.lerp(torch.tensor(start), torch.tensor(end), w))
+    _same(ember.lerp(ember.tensor(start), ember.tensor(end), ember.tensor(0.75, dtype=ember.float64)),
+          torch.lerp(torch.tensor(start), torch.tensor(end), torch.tensor(0.75, dtype=torch.float64)))  # a number
     w = [0.5, 0.3, -0.6, 1.0]
     _same(ember.lerp(ember.tensor(start), ember.tensor(end), ember.tensor(w)),
           torch.lerp(torch.tensor(start), torch.tensor(end), torch.tensor(w)))
@@ -605,11 +607,18 @@ def test_xlogy_dtype_and_zero_x_follow_torch():
     _same(ember.xlogy(ember.tensor(x), ember.tensor(y)), torch.xlogy(torch.tensor(x), torch.tensor(y)))
     _same(ember.xlogy(0, ember.tensor(y)), torch.xlogy(0, torch.tensor(y)))
     _same(ember.xlogy(ember.tensor(x), 2), torch.xlogy(torch.tensor(x), 2))
+    _same(ember.xlogy(ember.tensor(x), 2**63), torch.xlogy(torch.tensor(x), 2**63))
+    _torch_raises(lambda: torch.xlogy(torch.tensor(x), 10**20))
+    with raises(ValueRangeError, "xlogy", str(10**20), "64-bit"):
+        ember.xlogy(ember.tensor(x), 10**20)
 
 
 def test_xlogy_with_a_half_tensor_and_a_byte_scalar_stays_half():
     _need(ember.float16)
     h = [[1.8, 0.0, -0.5]]
+    for y in (2**63, 1e30, 70000.0, 60000.0, -1.0, 0.0):  # y past float16's range is inf there, as in torch
+        _same(ember.xlogy(ember.tensor(h, dtype=ember.float16), y),
+              torch.xlogy(torch.tensor(h, dtype=torch.float16), y))
     _same(ember.xlogy(ember.tensor(h, dtype=ember.float16), ember.tensor(2, dtype=ember.uint8)),
           torch.xlogy(torch.tensor(h, dtype=torch.float16), torch.tensor(2, dtype=torch.uint8)))
 
