@@ -8,7 +8,7 @@ from .. import dtypes as dt
 from .._bridge import check_dtype_supported, transfer
 from ..device import Device, as_device
 from ..dtypes import DType
-from ..errors import DTypeError
+from ..errors import DTypeError, ShapeError
 from ..tensor import Tensor
 
 
@@ -77,10 +77,18 @@ def copy_(self: Tensor, src: Any) -> Tensor:
 
 def fill_(self: Tensor, value: Any) -> Tensor:
     if isinstance(value, Tensor):
-        value = value.item()
-    from ..dtypes import convert_scalar
+        if value.ndim != 0:
+            raise ShapeError(f"fill_: fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} "
+                             f"dimensions (shape {list(value.shape)})")
+        # a tensor value is cast as copy_ casts (300 wraps into uint8, -0.5 gives 0), not range-checked, as torch
+        v = _cast(value, self._dtype).item() if value._dtype is not self._dtype else value.item()
+    else:
+        from ..dtypes import convert_scalar
+        from .creation import _check_float_fill
 
-    self._device.stack.assign(self._h, convert_scalar(value, self._dtype, "fill_"))  # PyTorch's range check
+        v = convert_scalar(value, self._dtype, "fill_")  # PyTorch's range check of a Python scalar
+        _check_float_fill(v, self._dtype, "fill_")
+    self._device.stack.assign(self._h, v)
     return self
 
 
