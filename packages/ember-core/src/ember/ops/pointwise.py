@@ -363,7 +363,11 @@ def lerp(input: Tensor, end: Tensor, weight: Any) -> Tensor:
     if end._dtype is not d:
         raise DTypeError(f"lerp: expected dtype {d.name} for `end` but got dtype {end._dtype.name}")
     if isinstance(weight, Tensor) and weight._dtype is not d and not weight.ndim:
-        weight = weight.item()  # PyTorch's Scalar overload takes a 0-d weight of another dtype as its value
+        # a 0-d weight of another dtype promotes as a 0-d operand (it decides only when all three are 0-d)
+        rd = dt.result_type(input, end, weight)
+        if rd is not d:
+            input, end, d = input.to(rd), end.to(rd), rd
+        weight = weight.to(d)
     if isinstance(weight, Tensor):
         if weight._dtype is not d:
             raise DTypeError(f"lerp: expected dtype {d.name} for `weight` but got dtype {weight._dtype.name}")
@@ -378,9 +382,11 @@ def lerp(input: Tensor, end: Tensor, weight: Any) -> Tensor:
         if -0.5 < weight < 0.5:  # (the module-level abs is ember's)
             return binary("add", input, binary("mul", diff, weight))
         return binary("sub", end, binary("mul", diff, 1 - weight))
+    # PyTorch's two branches as one expression, base + coef * diff with (base, coef) = (input, w) or (end, w - 1):
+    # the wheres select before the multiply, so a masked-out branch adds no 0 * inf NaN to the gradients
     small = binary("lt", unary("abs", weight), 0.5)
-    return where(small, binary("add", input, binary("mul", diff, weight)),
-                 binary("sub", end, binary("mul", diff, binary("sub", 1, weight))))
+    coef = where(small, weight, binary("sub", weight, 1))
+    return binary("add", where(small, input, end), binary("mul", coef, diff))
 
 
 def xlogy(input: Any, other: Any) -> Tensor:

@@ -577,7 +577,10 @@ def test_lerp_dtypes_and_infinite_ends_follow_torch():
         _same(ember.lerp(ember.tensor(start), ember.tensor(end), w),
               torch.lerp(torch.tensor(start), torch.tensor(end), w))
     _same(ember.lerp(ember.tensor(start), ember.tensor(end), ember.tensor(0.75, dtype=ember.float64)),
-          torch.lerp(torch.tensor(start), torch.tensor(end), torch.tensor(0.75, dtype=torch.float64)))  # a number
+          torch.lerp(torch.tensor(start), torch.tensor(end), torch.tensor(0.75, dtype=torch.float64)))
+    # three 0-d operands promote together: a float64 weight makes the result float64
+    _same(ember.lerp(ember.tensor(1.0), ember.tensor(2.0), ember.tensor(0.3, dtype=ember.float64)),
+          torch.lerp(torch.tensor(1.0), torch.tensor(2.0), torch.tensor(0.3, dtype=torch.float64)))
     w = [0.5, 0.3, -0.6, 1.0]
     _same(ember.lerp(ember.tensor(start), ember.tensor(end), ember.tensor(w)),
           torch.lerp(torch.tensor(start), torch.tensor(end), torch.tensor(w)))
@@ -645,3 +648,14 @@ def test_logsumexp_needs_a_dim():
     _torch_raises(lambda: torch.logsumexp(torch.ones(2), dim=None))
     with raises(DimError, "logsumexp", "dim", "None"):
         ember.logsumexp(ember.ones(2), dim=None)
+
+
+@pytest.mark.parametrize("weight", ["tensor", "number"])
+def test_lerp_gradients_at_infinite_ends_match_torch(ad, weight):
+    start, end = [-INF, 0.5, 1.0, INF, NAN, -2.0], [-0.122, INF, 3.0, 1.0, 0.0, -2.0]
+    if weight == "number":
+        for w in (0.766, 0.25):
+            _check_grads(lambda lib, F, a, b, w=w: lib.lerp(a, b, w), start, end)
+    else:
+        _check_grads(lambda lib, F, a, b, w: lib.lerp(a, b, w), start, end, [0.766, 0.3, -0.7, 0.5, 0.2, 1.5])
+        _check_grads(lambda lib, F, a, b, w: lib.lerp(a, b, w), start, end, 0.766)  # 0-d weight
