@@ -298,13 +298,19 @@ def _softmax_input(op: str, input: Tensor, dtype: Any) -> tuple[Any, DType]:
     return input._h, input._dtype
 
 
+def _softmax_0d(s: Any, h: Any, log: bool) -> Any:
+    """(log-)softmax of a 0-d handle as that of a 1-element vector, so its value (NaN for a non-finite input) and
+    its gradient (g - exp(y) * g: NaN there too) are torch's."""
+    return s.reshape(s.softmax(s.reshape(h, (1,)), 0, log), ())
+
+
 def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
     """exp(x) / sum(exp(x)) along dim; dtype casts the input first."""
     h, d = _softmax_input("softmax", input, dtype)
     dim = _softmax_dim("softmax", input.ndim, dim)
     s = input._device.stack
     if input.ndim == 0:
-        return Tensor._make(s.binary("add", s.binary("mul", h, 0.0), 1.0), d, input._device)
+        return Tensor._make(_softmax_0d(s, h, False), d, input._device)
     if 0 in input.shape:  # nothing to normalise; backends need not reduce an empty dim (PyTorch: empty result)
         return Tensor._make(keep_graph(s, s.full(input.shape, 0.0, d), h), d, input._device)
     return Tensor._make(s.softmax(h, dim, False), d, input._device)
@@ -316,7 +322,7 @@ def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dty
     dim = _softmax_dim("log_softmax", input.ndim, dim)
     s = input._device.stack
     if input.ndim == 0:
-        return Tensor._make(s.binary("mul", h, 0.0), d, input._device)
+        return Tensor._make(_softmax_0d(s, h, True), d, input._device)
     if 0 in input.shape:  # nothing to normalise; backends need not reduce an empty dim (PyTorch: empty result)
         return Tensor._make(keep_graph(s, s.full(input.shape, 0.0, d), h), d, input._device)
     return Tensor._make(s.softmax(h, dim, True), d, input._device)
@@ -328,7 +334,7 @@ def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: 
     dim = _softmax_dim("softmin", input.ndim, dim)
     s = input._device.stack
     if input.ndim == 0:
-        return Tensor._make(s.binary("add", s.binary("mul", h, 0.0), 1.0), d, input._device)
+        return Tensor._make(_softmax_0d(s, s.unary("neg", h), False), d, input._device)
     if 0 in input.shape:  # nothing to normalise; backends need not reduce an empty dim (PyTorch: empty result)
         return Tensor._make(keep_graph(s, s.full(input.shape, 0.0, d), h), d, input._device)
     return Tensor._make(s.softmax(s.unary("neg", h), dim, False), d, input._device)
