@@ -659,3 +659,221 @@ def test_lerp_gradients_at_infinite_ends_match_torch(ad, weight):
     else:
         _check_grads(lambda lib, F, a, b, w: lib.lerp(a, b, w), start, end, [0.766, 0.3, -0.7, 0.5, 0.2, 1.5])
         _check_grads(lambda lib, F, a, b, w: lib.lerp(a, b, w), start, end, 0.766)  # 0-d weight
+
+
+# ------------------------------------------------------------------------------------------------------------
+# fuzz failure classes: creation, shape, indexing and nn.functional (overflowing fills, roll, scatter, index_put,
+# take_along_dim, fill_, mixed-dtype losses and norms, integer activations, 0-d softmax gradients)
+# ------------------------------------------------------------------------------------------------------------
+def test_float_fill_values_past_the_dtype_range_are_refused():
+    _need(ember.float16)
+    _torch_raises(lambda: torch.full_like(torch.zeros(0, dtype=torch.float16), 1e30))
+    with raises(ValueRangeError, "full_like", "1e+30", "float16", "overflow"):
+        ember.full_like(ember.zeros(0, dtype=ember.float16), 1e30)
+    with raises(ValueRangeError, "full", "float32", "overflow"):
+        ember.full((2,), 1e300, dtype=ember.float32)
+    with raises(ValueRangeError, "linspace", "float16", "overflow"):
+        ember.linspace(3.0, 1e30, 5, dtype=ember.float16)
+    with raises(ValueRangeError, "fill_", "float16", "overflow"):
+        ember.zeros(2, dtype=ember.float16).fill_(1e30)
+    # infinities are not overflow
+    _same(ember.full_like(ember.zeros(2, dtype=ember.float16), INF),
+          torch.full_like(torch.zeros(2, dtype=torch.float16), INF))
+    _same(ember.full((2,), 65504.0, dtype=ember.float16), torch.full((2,), 65504.0, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("start,end,steps", [(1000.0, INF, 4), (1000.0, INF, 2), (-INF, INF, 3), (1.0, NAN, 3),
+                                             (0.0, 1.0, 7), (-3.0, 5.0, 6), (2.0, -2.0, 5)])
+def test_linspace_uses_torchs_two_sided_formula(start, end, steps):
+    _same(ember.linspace(start, end, steps), torch.linspace(start, end, steps))
+    _same(ember.linspace(0, 10, 5, dtype=ember.int64), torch.linspace(0, 10, 5, dtype=torch.int64))
+
+
+def test_roll_dims_of_0d_and_empty_tensors_follow_torch():
+    _torch_raises(lambda: torch.roll(torch.tensor(1.0), (0,), (0,)))
+    with raises(DimError, "roll", "Dimension specified as 0 but tensor has no dimensions"):
+        ember.roll(ember.tensor(1.0), (0,), (0,))
+    _same(ember.roll(ember.tensor(1.0), 1), torch.roll(torch.tensor(1.0), 1))
+    # torch copies an empty tensor before it looks at the dims (-5 is out of range for 4 dims)
+    _same(ember.roll(ember.zeros(0, 1, 3, 3), (-2, 0, -3), (1, -5, -5)),
+          torch.roll(torch.zeros(0, 1, 3, 3), (-2, 0, -3), (1, -5, -5)))
+    with raises(ValueRangeError, "roll", "shifts and dimensions must align"):
+        ember.roll(ember.zeros(0, 2), (1, 2), (0,))
+    with raises(ValueRangeError, "roll", "`shifts` required"):
+        ember.roll(ember.zeros(2, 2), (), ())
+    with raises(DTypeError, "roll", "dims"):
+        ember.roll(ember.zeros(0, 2), 1, "a")
+
+
+def test_scatter_and_gather_with_an_empty_index_skip_its_checks():
+    x, tx = ember.ones(2, 3), torch.ones(2, 3)
+    # any dtype and rank of an empty index: self is returned unchanged, as torch
+    _same(ember.scatter(x, 0, ember.zeros(2, 0, 1, dtype=ember.int64), 0.5),
+          torch.scatter(tx, 0, torch.zeros(2, 0, 1, dtype=torch.int64), 0.5))
+    _same(ember.scatter(x, -1, ember.zeros(0, 1), ember.zeros(0, 1)),
+          torch.scatter(tx, -1, torch.zeros(0, 1), torch.zeros(0, 1)))
+    y, ty = ember.tensor([[-4], [-3]]), torch.tensor([[-4], [-3]])
+    y.scatter_(-1, ember.zeros(1, 0), False)
+    ty.scatter_(-1, torch.zeros(1, 0), False)
+    _same(y, ty)
+    _same(ember.gather(x, 1, ember.zeros(2, 0, 1)), torch.gather(tx, 1, torch.zeros(2, 0, 1)))
+    # still checked: the dim and src's dtype
+    _torch_raises(lambda: torch.scatter(tx, 5, torch.zeros(0, dtype=torch.int64), 1.0))
+    with raises(DimError, "scatter", "dimension out of range"):
+        ember.scatter(x, 5, ember.zeros(0, dtype=ember.int64), 1.0)
+    with raises(DTypeError, "scatter", "self.dtype", "src.dtype", "int64"):
+        ember.scatter(x, 0, ember.zeros(0, dtype=ember.int64), ember.zeros(0, dtype=ember.int64))
+
+
+def test_scatter_and_gather_take_int32_indices():
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    i = np.array([[1, 0, 1]], np.int32)
+    _same(ember.gather(ember.tensor(a), 0, ember.tensor(i)), torch.gather(torch.tensor(a), 0, torch.tensor(i)))
+    x, tx = ember.tensor(a), torch.tensor(a)
+    x.scatter_(0, ember.tensor(i), 9.0)
+    tx.scatter_(0, torch.tensor(i), 9.0)
+    _same(x, tx)
+    _torch_raises(lambda: torch.gather(torch.tensor(a), 0, torch.tensor(i.astype(np.int16))))
+    with raises(DTypeError, "gather", "int32/int64", "int16"):
+        ember.gather(ember.tensor(a), 0, ember.tensor(i.astype(np.int16)))
+
+
+def test_take_along_dim_wraps_indices_modulo_the_dim_size():
+    y = np.array([[[4]], [[3]]], np.int32)
+    z = np.arange(12).reshape(3, 4)
+    for i in (-1, -2, -3, 2, 5):
+        idx = np.array([[[i]]])
+        _same(ember.take_along_dim(ember.tensor(y), ember.tensor(idx), -3),
+              torch.take_along_dim(torch.tensor(y), torch.tensor(idx), -3))
+    idx = np.array([[5], [-5], [-9]])
+    _same(ember.take_along_dim(ember.tensor(z), ember.tensor(idx), 1),
+          torch.take_along_dim(torch.tensor(z), torch.tensor(idx), 1))
+    # the flattened form does not wrap
+    _torch_raises(lambda: torch.take_along_dim(torch.tensor(z), torch.tensor([-1])))
+    with raises(ember.IndexOutOfRangeError, "index -1 is out of bounds"):
+        ember.take_along_dim(ember.tensor(z), ember.tensor([-1]))
+    with raises(ember.IndexOutOfRangeError, "take_along_dim", "size 0"):
+        ember.take_along_dim(ember.zeros(3, 0), ember.ones(3, 1, dtype=ember.int64), 1)
+
+
+def test_index_put_value_dtype_rules_follow_torch():
+    def both(fn: Callable[[Any], Any]) -> None:
+        x, tx = ember.zeros(3, 2), torch.zeros(3, 2)
+        fn(x)
+        fn(tx)
+        _same(x, tx)
+
+    def put(key: Callable[[Any], Any], value: Callable[[Any], Any]) -> Callable[[Any], None]:
+        def f(x: Any) -> None:
+            lib = torch if isinstance(x, torch.Tensor) else ember
+            x[key(lib)] = value(lib)
+        return f
+
+    int64_rows = put(lambda lib: lib.tensor([0, 2]), lambda lib: lib.ones(2, dtype=lib.int64))
+    _torch_raises(lambda: int64_rows(torch.zeros(3, 2)))
+    with raises(DTypeError, "index_put", "dtypes match", "float32", "int64"):
+        int64_rows(ember.zeros(3, 2))
+    with raises(DTypeError, "index_put_", "dtypes match"):
+        ember.zeros(3).index_put_((ember.tensor([0, 1]),), ember.tensor(5, dtype=ember.int64), accumulate=True)
+    # basic indexing copies (casts); a one-element value with a single bool mask is a masked fill (casts)
+    both(put(lambda lib: slice(0, 2), lambda lib: lib.ones(2, dtype=lib.int64)))
+    both(put(lambda lib: lib.tensor(1), lambda lib: lib.ones(2, dtype=lib.int64)))
+    both(put(lambda lib: lib.tensor([True, False, True]), lambda lib: lib.tensor([7], dtype=lib.int64)))
+    both(put(lambda lib: lib.tensor([0, 2]), lambda lib: 7))
+    # ... but masked_fill_ refuses a uint8 mask, scalar value or not
+    _torch_raises(lambda: torch.zeros(3).index_put_((torch.tensor([1, 0, 1], dtype=torch.uint8),), torch.tensor(5.0)))
+    with raises(DTypeError, "masked_fill_ only supports boolean masks", "uint8"):
+        ember.zeros(3).index_put_((ember.tensor([1, 0, 1], dtype=ember.uint8),), ember.tensor(5.0))
+    x = ember.zeros(3)
+    x.index_put_((ember.tensor([1, 0, 1], dtype=ember.uint8),), ember.tensor([5.0, 6.0]))
+    assert x.tolist() == [5.0, 0.0, 6.0]
+    with raises(ValueRangeError, "index_put", "9223372036854775808"):
+        ember.zeros(3)[0:1] = 1 << 63
+
+
+def test_fill_with_a_tensor_value_needs_0d_and_casts_without_range_check():
+    _torch_raises(lambda: torch.tensor(True).fill_(torch.tensor([3], dtype=torch.int8)))
+    with raises(ShapeError, "fill_", "0-dimension value tensor", "1 dimensions"):
+        ember.tensor(True).fill_(ember.tensor([3], dtype=ember.int8))
+    for value, dtype in ((-0.5, "uint8"), (-1.5, "uint8"), (300, "uint8"), (300.0, "int8"), (0.5, "bool")):
+        x, tx = ember.zeros(2, dtype=getattr(ember, dtype)), torch.zeros(2, dtype=getattr(torch, dtype))
+        x.fill_(ember.tensor(value))
+        tx.fill_(torch.tensor(value))
+        _same(x, tx)
+    with raises(ValueRangeError, "fill_", "uint8", "overflow"):  # a Python number is range-checked
+        ember.zeros(2, dtype=ember.uint8).fill_(-0.5)
+
+
+def test_losses_and_distances_promote_their_inputs_as_torch():
+    _need(ember.float16, ember.float64)
+    b = np.array([[True, False, True]])
+    f = np.array([[1.0, 2.0, 3.0]], np.float32)
+    _same(EF.cosine_similarity(ember.tensor(b), ember.tensor(-0.5, dtype=ember.float16)),
+          TF.cosine_similarity(torch.tensor(b), torch.tensor(-0.5, dtype=torch.float16)))
+    _same(EF.mse_loss(ember.tensor(b), ember.tensor(f, dtype=ember.float64)),
+          TF.mse_loss(torch.tensor(b), torch.tensor(f, dtype=torch.float64)))
+    _same(EF.mse_loss(ember.tensor([[1, 2, 3]]), ember.tensor(f), reduction="none"),
+          TF.mse_loss(torch.tensor([[1, 2, 3]]), torch.tensor(f), reduction="none"))
+    _torch_raises(lambda: TF.mse_loss(torch.tensor([1, 2]), torch.tensor([1, 2])))
+    with raises(DTypeError, "mse_loss", "floating point", "int64"):
+        EF.mse_loss(ember.tensor([1, 2]), ember.tensor([1, 2]))
+    with raises(DTypeError, "cosine_similarity", "floating point", "bool"):
+        EF.cosine_similarity(ember.tensor(b), ember.tensor(b))
+    p = np.array([[0.2, 0.3, 0.5]])
+    _same(EF.cross_entropy(ember.tensor(f), ember.tensor(p)), TF.cross_entropy(torch.tensor(f), torch.tensor(p)))
+    _same(EF.cross_entropy(ember.tensor(f, dtype=ember.float16), ember.tensor(p, dtype=ember.float32)),
+          TF.cross_entropy(torch.tensor(f, dtype=torch.float16), torch.tensor(p, dtype=torch.float32)))
+
+
+def test_cross_entropy_ignores_targets_on_nan_rows():
+    _need(ember.float64)
+    x = np.array([[-0.741, -0.141, -0.0, -0.112], [2.56, -0.431, -INF, 0.253], [-INF, INF, 0.617, -0.306]])
+    t = np.array([2, 1, 0])
+    for kw in ({}, {"reduction": "none"}, {"reduction": "sum"}, {"label_smoothing": 0.1, "reduction": "none"}):
+        _same(EF.cross_entropy(ember.tensor(x), ember.tensor(t), ignore_index=0, **kw),
+              TF.cross_entropy(torch.tensor(x), torch.tensor(t), ignore_index=0, **kw))
+
+
+def test_integer_input_of_hardtanh_dropout_and_softmax_follows_torch():
+    for dtype, lo, hi in (("int64", -1.0, 0.5), ("int8", -1.5, 2.5), ("uint8", 0.0, 2.0)):
+        a = np.array([4, 0, 3, 1]).astype(dtype)
+        _same(EF.hardtanh(ember.tensor(a), lo, hi), TF.hardtanh(torch.tensor(a), lo, hi))
+    with raises(ValueRangeError, "hardtanh", "unsigned", "negative"):
+        EF.hardtanh(ember.tensor([4, 0], dtype=ember.uint8), -1.0, 2.0)
+    with raises(DTypeError, "hardtanh", "Bool"):
+        EF.hardtanh(ember.tensor([True]), -1.0, 2.0)
+    with raises(ValueRangeError, "hardtanh", "int8", "overflow"):
+        EF.hardtanh(ember.tensor([1], dtype=ember.int8), -1000.0, 1000.0)
+    i = np.array([[1, 2, 3]])
+    for p, training in ((0.0, True), (1.0, True), (0.5, False)):
+        _same(EF.dropout(ember.tensor(i), p, training), TF.dropout(torch.tensor(i), p, training))
+    _same(EF.dropout(ember.tensor([True, False]), 1.0), TF.dropout(torch.tensor([True, False]), 1.0))
+    _torch_raises(lambda: TF.dropout(torch.tensor(i), 0.5))
+    with raises(DTypeError, "dropout", "int64"):
+        EF.dropout(ember.tensor(i), 0.5)
+    for fn in ("softmax", "log_softmax"):
+        _same(getattr(EF, fn)(ember.zeros(4, 0, 2, dtype=ember.int8), 0),
+              getattr(TF, fn)(torch.zeros(4, 0, 2, dtype=torch.int8), 0))
+        with raises(DTypeError, fn, "int8"):
+            getattr(EF, fn)(ember.zeros(2, 2, dtype=ember.int8), 1)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_layer_norm_takes_float32_parameters_with_half_input(dtype):
+    _need(getattr(ember, dtype))
+    a = np.array([[1.0, 2.0, 3.5], [0.25, -1.0, 2.0]], np.float32)
+    w, b = np.array([1.1, 0.9, 1.0], np.float32), np.array([0.1, 0.0, -0.2], np.float32)
+    got = EF.layer_norm(ember.tensor(a, dtype=getattr(ember, dtype)), [3], ember.tensor(w), ember.tensor(b))
+    exp = TF.layer_norm(torch.tensor(a, dtype=getattr(torch, dtype)), [3], torch.tensor(w), torch.tensor(b))
+    assert got.dtype is getattr(ember, dtype)
+    np.testing.assert_allclose(got.float().numpy(), exp.float().numpy(), atol=1e-2)
+    # mixing is float32 parameters only, both of them
+    with raises(DTypeError, "layer_norm", "bias"):
+        EF.layer_norm(ember.tensor(a, dtype=getattr(ember, dtype)), [3], ember.tensor(w, dtype=getattr(ember, dtype)),
+                      ember.tensor(b))
+
+
+def test_softmax_of_a_non_finite_0d_tensor_has_torchs_nan_gradient(ad):
+    for fn in ("softmax", "log_softmax", "softmin"):
+        for v in (0.5, NAN, INF, -INF):
+            _check_grads(lambda lib, F, x, fn=fn: getattr(F, fn)(x, 0), v)
