@@ -110,12 +110,16 @@ def _scaled(op: str, input: Any, other: Any, alpha: Any) -> Any:
 
 def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
     """input + alpha * other."""
-    return binary("add", input, _scaled("add", input, other, alpha))
+    if type(alpha) is not int or alpha != 1:  # the common alpha=1 costs no call
+        other = _scaled("add", input, other, alpha)
+    return binary("add", input, other)
 
 
 def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
     """input - alpha * other."""
-    return binary("sub", input, _scaled("sub", input, other, alpha))
+    if type(alpha) is not int or alpha != 1:  # the common alpha=1 costs no call
+        other = _scaled("sub", input, other, alpha)
+    return binary("sub", input, other)
 
 
 subtract = sub
