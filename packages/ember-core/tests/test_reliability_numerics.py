@@ -188,3 +188,37 @@ def test_flex_allocation_errors_name_the_op_and_sizes():
 def test_flex_ops_past_memory_are_out_of_memory_errors(device, make):
     with pytest.raises(OutOfMemoryError, match="flex \\(host memory\\) cannot allocate"):
         make(ember.Device.parse(device)).numpy()
+
+
+def test_add_with_the_default_alpha_skips_the_alpha_checks(monkeypatch):
+    """alpha=1 (an int) is the hot path: no result-dtype computation, no extra call; other alphas are checked."""
+    from ember.ops import pointwise
+
+    def boom(*args: Any) -> None:
+        raise AssertionError("_scaled called for alpha=1")
+
+    a = ember.tensor([1, 2], device=PLAIN)
+    monkeypatch.setattr(pointwise, "_scaled", boom)
+    assert ember.add(a, a).tolist() == [2, 4] and ember.sub(a, 1, alpha=1).tolist() == [0, 1]
+    monkeypatch.undo()
+    with pytest.raises(DTypeError, match="Boolean alpha only supported for Boolean results"):
+        ember.add(a, a, alpha=True)  # True == 1, yet torch refuses it for an int64 result
+    t = torch.tensor([1, 2])
+    assert ember.add(a, a, alpha=np.int64(3)).tolist() == torch.add(t, t, alpha=3).tolist() == [4, 8]
+
+
+def test_integer_division_checks_the_scalar_as_the_kernel_sees_it():
+    """A Python int operand wraps to the compute dtype (torch's c10 conversion): 2**63 and 2**16 are 0 in int16, so
+    division by them is division by zero; in int64 2**63 is -2**63, a valid divisor."""
+    from ember.ops.elementwise import _check_int
+
+    x16 = ember.tensor([3], dtype=ember.int16, device=PLAIN)
+    for v in (2**63, 2**16, 0):
+        with pytest.raises(ValueRangeError, match=f"floor_divide: ZeroDivisionError.*int {v}"):
+            _check_int("floor_divide", x16, v, PLAIN.stack, dt.int16)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            torch.tensor([3], dtype=torch.int16).floor_divide(v)
+    _check_int("floor_divide", x16, 2**16 + 1, PLAIN.stack, dt.int16)  # 1 in int16
+    x64 = ember.tensor([3], device=PLAIN)
+    assert ember.floor_divide(x64, 2**63).tolist() == torch.tensor([3]).floor_divide(2**63).tolist() == [-1]
+    _check_int("remainder", ember.tensor([], dtype=ember.int16, device=PLAIN), 0, PLAIN.stack, dt.int16)  # empty
