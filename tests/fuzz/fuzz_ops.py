@@ -1621,7 +1621,18 @@ def _no_complex(case: Case, torch_error: BaseException | None, ember_error: Base
     return None
 
 
+def _clip_style_bounds(case: Case, torch_error: BaseException | None,
+                       ember_error: BaseException | None) -> str | None:
+    # torch's clamp has a Number and a Tensor overload and refuses one bound of each kind; ember broadcasts a
+    # tensor bound beside a number like numpy's clip (documented in ember.ops.pointwise.clamp)
+    if ember_error is None and isinstance(torch_error, TypeError) and "invalid combination" in str(torch_error):
+        return "a tensor bound beside a number works as numpy's clip (ember extension)"
+    return None
+
+
 ALLOWED: dict[str, Callable[[Case, BaseException | None, BaseException | None], str | None]] = {
+    "clamp": _clip_style_bounds,
+    "clamp_": _clip_style_bounds,
     "tensor": _no_complex,
 }
 for _n in [*BINARY, *BINARY_ALIASES, *(n + "_" for n in INPLACE_BINARY)]:
