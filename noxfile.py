@@ -178,9 +178,10 @@ def bench_smoke(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def fuzz(session: nox.Session) -> None:
-    """The fuzz tests (tests/fuzz) at soak size: 70 cases per op and device (~20,000 per device) (EMBER_FUZZ_EXAMPLES overrides)."""
+    """The fuzz tests (tests/fuzz) at soak size: 70 cases per op and device, ~20,000 per device (EMBER_FUZZ_EXAMPLES
+    overrides)."""
     _install_everything(session)
-    # about two hours on two CPU cores at 2,000; `-- -k flex-add` narrows it
+    # a few minutes per device on two CPU cores; `-- -k flex-add` narrows it
     examples = os.environ.get("EMBER_FUZZ_EXAMPLES", "70")
     session.run(
         "python", "-m", "pytest", "-p", "no:cacheprovider", "tests/fuzz", "-q", *session.posargs,
