@@ -358,8 +358,9 @@ def nan_to_num(input: Tensor, nan: float = 0.0, posinf: float | None = None, neg
 
 
 def lerp(input: Tensor, end: Tensor, weight: Any) -> Tensor:
-    """input + weight * (end - input), computed as PyTorch does: from ``end`` backwards where |weight| >= 0.5, so
-    lerp(-inf, 0, 0.5) is -inf, not NaN. end (and a tensor weight) must have input's floating dtype."""
+    """``input + weight * (end - input)``, computed as PyTorch does: from ``end`` backwards where
+    ``abs(weight) >= 0.5``, so ``lerp(-inf, 0, 0.5)`` is -inf, not NaN. ``end`` (and a tensor weight) must have
+    input's floating dtype."""
     if not isinstance(input, Tensor) or not isinstance(end, Tensor):
         raise DTypeError(f"lerp: input and end must be Tensors, got {type(input).__name__} and "
                          f"{type(end).__name__}")
@@ -458,8 +459,8 @@ def logaddexp(input: Tensor, other: Tensor) -> Tensor:
 
 
 def isclose(input: Tensor, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
-    """|input - other| <= atol + rtol * |other| (or equal); both Tensors of one dtype, as in PyTorch; bool tensors
-    compare for equality."""
+    """``abs(input - other) <= atol + rtol * abs(other)`` (or equal); both Tensors of one dtype, as in PyTorch;
+    bool tensors compare for equality."""
     if not isinstance(input, Tensor) or not isinstance(other, Tensor):
         raise DTypeError(f"isclose: expected Tensors for input and other, got {type(input).__name__} and "
                          f"{type(other).__name__}")
