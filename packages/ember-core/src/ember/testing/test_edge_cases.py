@@ -879,3 +879,11 @@ def test_softmax_of_a_non_finite_0d_tensor_has_torchs_nan_gradient(ad):
     for fn in ("softmax", "log_softmax", "softmin"):
         for v in (0.5, NAN, INF, -INF):
             _check_grads(lambda lib, F, x, fn=fn: getattr(F, fn)(x, 0), v)
+
+
+@pytest.mark.parametrize("other", ["0-d zero", "zero rows", "finite"])
+def test_cosine_similarity_gradient_at_a_zero_vector_matches_torch(ad, other):
+    a = [[-1.424, 0.194], [-2.108, -0.745], [-0.089, -0.491], [0.123, 0.157]]
+    b = {"0-d zero": 0.0, "zero rows": np.zeros((4, 2)), "finite": [[0.0, 2.0]]}[other]
+    for dim in (-2, -1):  # torch clamps the norms to eps out of the gradient's sight
+        _check_grads(lambda lib, F, x, y, dim=dim: F.cosine_similarity(x, y, dim=dim), a, b)

@@ -7,6 +7,7 @@ from typing import Any
 from ... import dtypes as dt
 from ..._bridge import broadcast_shapes2, norm_dim
 from ...errors import DTypeError, IndexOutOfRangeError, ShapeError, ValueRangeError
+from ...ops.elementwise import tracks_grad
 from ...tensor import Tensor
 from ._util import (
     check_float,
@@ -361,6 +362,15 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
 # ----------------------------------------------------------------------------------------------------------
 # distances
 # ----------------------------------------------------------------------------------------------------------
+def _clamped_norm_for_grad(s: Any, h: Any, dim: int, eps: float) -> Any:
+    """torch's cosine_similarity norm: its value clamped to eps, but the clamp is invisible to the gradient (torch
+    clamps in place without grad), and the norm's gradient at a zero vector is 0 (not sqrt's 0 * inf)."""
+    ss = s.reduce("sum", s.binary("mul", h, h), (dim,), True)
+    pos = s.binary("gt", ss, 0.0)
+    n = s.where(pos, s.unary("sqrt", s.where(pos, ss, 1.0)), 0.0)
+    return s.binary("add", n, s.detach(s.binary("sub", s.binary("maximum", n, eps), n)))
+
+
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
     """sum(x1 * x2) / (max(||x1||, eps) * max(||x2||, eps)) along dim (inputs broadcast)."""
     op = "cosine_similarity"
@@ -369,8 +379,11 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
     dd = norm_dim(dim, nd, op)
     if nd == 0:
         raise ShapeError(f"{op}: inputs must have at least 1 dim, got shapes {x1.shape} and {x2.shape}")
-    n1 = s.binary("maximum", vector_norm(s, a, 2.0, (dd,), True), float(eps))
-    n2 = s.binary("maximum", vector_norm(s, b, 2.0, (dd,), True), float(eps))
+    if tracks_grad(s, a) or tracks_grad(s, b):
+        n1, n2 = _clamped_norm_for_grad(s, a, dd, float(eps)), _clamped_norm_for_grad(s, b, dd, float(eps))
+    else:
+        n1 = s.binary("maximum", vector_norm(s, a, 2.0, (dd,), True), float(eps))
+        n2 = s.binary("maximum", vector_norm(s, b, 2.0, (dd,), True), float(eps))
     r = s.reduce("sum", s.binary("mul", s.binary("div", a, n1), s.binary("div", b, n2)), (dd,), False)
     return wrap(r, d, dev)
 
