@@ -34,17 +34,17 @@ step "tests"
 "$PY" -m pytest -n 2 --ignore-glob='*/ember-opencl/tests/*'
 
 step "conformance kit (flex, fused by ember-fusion)"
-"$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=flex -q
+"$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing --ember-device=flex -q
 
 step "nox: sessions listed, and core_flex (ember-core + ember-flex alone: flex's tests, the kit on unfused flex)"
 .venv/bin/nox -l
 .venv/bin/nox -s core_flex
 
 step "conformance kit (toy: the third-party example backend, required primitives only)"
-"$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=toy -q
+"$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing --ember-device=toy -q
 
 step "conformance kit (flex+autodiff: the autodiff decorator over flex)"
-"$PY" -m pytest -p no:cacheprovider --pyargs ember.testing --ember-device=flex+autodiff -q
+"$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing --ember-device=flex+autodiff -q
 
 step "OpenCL: plugin tests and conformance kit (generated OpenCL kernels, on whatever OpenCL device 0 is here)"
 if "$PY" -c "import sys, ember_opencl.runtime as r; sys.exit(0 if r.list_devices() else 1)"; then
