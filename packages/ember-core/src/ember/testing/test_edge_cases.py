@@ -836,6 +836,17 @@ def test_cross_entropy_ignores_targets_on_nan_rows():
               TF.cross_entropy(torch.tensor(x), torch.tensor(t), ignore_index=0, **kw))
 
 
+def test_cross_entropy_probability_target_promotes_the_weight_as_torch():
+    _need(ember.float64)
+    x = np.array([[-1.131, 1.864, -0.977, 0.48], [0.208, 0.445, -1.086, 0.28]], dtype=np.float32)
+    p = np.array([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]], dtype=np.float32)
+    for w in (np.array([0.97, 1.385, 1.209, 1.552]), np.array([1, 2, 3, 4])):  # float64 and int64 weights
+        _same(EF.cross_entropy(ember.tensor(x), ember.tensor(p), weight=ember.tensor(w)),
+              TF.cross_entropy(torch.tensor(x), torch.tensor(p), weight=torch.tensor(w)))
+    with raises(ShapeError, "cross_entropy", "weight", "(4,)"):
+        EF.cross_entropy(ember.tensor(x), ember.tensor(p), weight=ember.ones(3))
+
+
 def test_integer_input_of_hardtanh_dropout_and_softmax_follows_torch():
     for dtype, lo, hi in (("int64", -1.0, 0.5), ("int8", -1.5, 2.5), ("uint8", 0.0, 2.0)):
         a = np.array([4, 0, 3, 1]).astype(dtype)

@@ -6,7 +6,7 @@ from typing import Any
 
 from ... import dtypes as dt
 from ..._bridge import broadcast_shapes2, norm_dim
-from ...errors import DTypeError, IndexOutOfRangeError, ShapeError, ValueRangeError
+from ...errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError, ValueRangeError
 from ...ops.elementwise import tracks_grad
 from ...tensor import Tensor
 from ._util import (
@@ -315,14 +315,17 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
             raise ShapeError(f"{op}: class-probability target must have the input's shape {input.shape}, "
                              f"got {target.shape}")
         if target._device is not input._device:
-            from ...errors import DeviceError
-
             raise DeviceError(f"{op}: input is on {input._device} but target is on {target._device}")
-        if weight is not None:
-            check_like(input, weight, op, "weight", (c,))
-        # torch takes log_softmax in the input's dtype, then the product with the target in their promoted dtype
-        # (float16 logits, float32 target -> float32)
+        # torch takes log_softmax in the input's dtype, then the product with the target (and the weight) in their
+        # promoted dtype (float16 logits, float32 target -> float32; a float64 weight -> float64)
         d = dt.promote_types(input._dtype, target._dtype)
+        if weight is not None:
+            check_tensor(weight, op, "weight")
+            if weight._device is not input._device:
+                raise DeviceError(f"{op}: expected 'weight' on device {input._device}, got {weight._device}")
+            if weight.shape != (c,):
+                raise ShapeError(f"{op}: expected 'weight' of shape {(c,)}, got shape {weight.shape}")
+            d = dt.promote_types(d, weight._dtype)
         if input.numel() == 0:
             xh = input._h if input._dtype is d else s.cast(input._h, d)
             return wrap(reduce_loss(s, s.reduce("sum", xh, (cdim,), False), reduction), d, input._device)
