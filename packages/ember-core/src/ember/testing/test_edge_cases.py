@@ -22,7 +22,15 @@ import numpy as np
 import pytest
 
 import ember
-from ember import DimError, DTypeError, OutOfMemoryError, ShapeError, UnsupportedError, ValueRangeError
+from ember import (
+    DimError,
+    DTypeError,
+    IndexOutOfRangeError,
+    OutOfMemoryError,
+    ShapeError,
+    UnsupportedError,
+    ValueRangeError,
+)
 from ember.nn import functional as EF
 from ember.testing import require_dtype, torch_or_skip
 from ember.testing._helpers import raises
@@ -845,6 +853,32 @@ def test_cross_entropy_probability_target_promotes_the_weight_as_torch():
               TF.cross_entropy(torch.tensor(x), torch.tensor(p), weight=torch.tensor(w)))
     with raises(ShapeError, "cross_entropy", "weight", "(4,)"):
         EF.cross_entropy(ember.tensor(x), ember.tensor(p), weight=ember.ones(3))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_class_targets_as_uint8_and_zero_classes_match_torch(reduction):
+    x = np.array([[-1.131, 1.864, -0.977], [0.208, 0.445, -1.086]], dtype=np.float32)
+    t8 = np.array([1, 2], dtype=np.uint8)  # torch takes int64 or uint8 class indices
+    _same(EF.cross_entropy(ember.tensor(x), ember.tensor(t8), reduction=reduction),
+          TF.cross_entropy(torch.tensor(x), torch.tensor(t8), reduction=reduction))
+    _same(EF.nll_loss(ember.tensor(x), ember.tensor(t8), reduction=reduction),
+          TF.nll_loss(torch.tensor(x), torch.tensor(t8), reduction=reduction))
+    with raises(DTypeError, "cross_entropy", "int32"):
+        EF.cross_entropy(ember.tensor(x), ember.tensor(t8.astype(np.int32)))
+    # zero classes: only ignored targets are allowed, and 'mean' is 0 / 0
+    empty, ignored = np.ones((3, 0), np.float32), np.zeros(3, np.int64)
+    _same(EF.cross_entropy(ember.tensor(empty), ember.tensor(ignored), ignore_index=0, reduction=reduction),
+          TF.cross_entropy(torch.tensor(empty), torch.tensor(ignored), ignore_index=0, reduction=reduction))
+    _same(EF.cross_entropy(ember.tensor(empty), ember.tensor(ignored), ignore_index=0, label_smoothing=0.1,
+                           reduction=reduction),
+          TF.cross_entropy(torch.tensor(empty), torch.tensor(ignored), ignore_index=0, label_smoothing=0.1,
+                           reduction=reduction))  # NaN: the smoothing term divides by 0 classes
+    with raises(IndexOutOfRangeError, "cross_entropy", "0 classes"):
+        EF.cross_entropy(ember.tensor(empty), ember.tensor(ignored), reduction=reduction)
+    probs = np.ones((1, 0), np.float32)
+    got = EF.cross_entropy(ember.tensor(probs), ember.tensor(probs), reduction=reduction).numpy()
+    exp = TF.cross_entropy(torch.tensor(probs), torch.tensor(probs), reduction=reduction).numpy()
+    np.testing.assert_array_equal(got, exp)  # NaN for 'mean' (torch divides by numel / C), zeros otherwise
 
 
 def test_integer_input_of_hardtanh_dropout_and_softmax_follows_torch():

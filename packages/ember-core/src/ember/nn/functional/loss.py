@@ -7,7 +7,7 @@ from typing import Any
 from ... import dtypes as dt
 from ..._bridge import broadcast_shapes2, norm_dim
 from ...errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError, ValueRangeError
-from ...ops.elementwise import tracks_grad
+from ...ops.elementwise import keep_graph, tracks_grad
 from ...tensor import Tensor
 from ._util import (
     check_float,
@@ -221,15 +221,16 @@ def kl_div(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any 
 # ----------------------------------------------------------------------------------------------------------
 # classification losses
 # ----------------------------------------------------------------------------------------------------------
-def _class_target(op: str, input: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int) -> None:
-    """Validate a class-index target against (N, C, d1...) / (C,) input; raises typed errors."""
-    if target._dtype is not dt.int64:
-        raise DTypeError(f"{op}: expected target of dtype int64 (class indices) or a floating dtype "
+def _class_target(op: str, input: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int) -> Tensor:
+    """Validate a class-index target against (N, C, d1...) / (C,) input (typed errors); returns it as int64
+    (torch takes int64 or uint8 class indices)."""
+    if target._dtype is not dt.int64 and target._dtype is not dt.uint8:
+        raise DTypeError(f"{op}: expected target of dtype int64 or uint8 (class indices) or a floating dtype "
                          f"(class probabilities), got {target._dtype.name}")
     if target._device is not input._device:
-        from ...errors import DeviceError
-
         raise DeviceError(f"{op}: input is on {input._device} but target is on {target._device}")
+    if target._dtype is dt.uint8:  # compared with a negative ignore_index below
+        target = wrap(input._device.stack.cast(target._h, dt.int64), dt.int64, input._device)
     c = input.shape[1] if input.ndim >= 2 else input.shape[0]
     expected = (input.shape[0],) + input.shape[2:] if input.ndim >= 2 else ()
     if target.shape != expected:
@@ -240,10 +241,17 @@ def _class_target(op: str, input: Tensor, target: Tensor, weight: Tensor | None,
     if target.numel():
         s = input._device.stack
         valid = s.binary("ne", target._h, int(ignore_index))
-        lo, hi = host_minmax(s, s.where(valid, target._h, 0))
-        bad = hi if hi >= c else lo if lo < 0 else None
-        if bad is not None:
-            raise IndexOutOfRangeError(f"{op}: target {bad} is out of bounds for {c} classes")
+        if c == 0:  # no class is in bounds: only ignored targets are allowed
+            dims = tuple(range(target.ndim))
+            if bool(s.to_numpy(s.reduce("max", valid, dims, False) if dims else valid)):
+                raise IndexOutOfRangeError(f"{op}: target is out of bounds for 0 classes "
+                                           f"(every target must be ignore_index={ignore_index})")
+        else:
+            lo, hi = host_minmax(s, s.where(valid, target._h, 0))
+            bad = hi if hi >= c else lo if lo < 0 else None
+            if bad is not None:
+                raise IndexOutOfRangeError(f"{op}: target {bad} is out of bounds for {c} classes")
+    return target
 
 
 def _nll(s: Any, logp: Any, target: Any, weight: Tensor | None, ignore_index: int, reduction: str,
@@ -252,9 +260,14 @@ def _nll(s: Any, logp: Any, target: Any, weight: Tensor | None, ignore_index: in
     valid = s.binary("ne", target, int(ignore_index))
     safe = s.where(valid, target, 0)
     tshape = tuple(target.shape)
+    w = s.cast(valid, d)
+    if logp.shape[1] == 0:  # no classes: every target is ignore_index (checked), nothing to pick; 'mean' is 0/0
+        zeros = s.full(tshape, 0.0, d)
+        out = zeros if reduction == "none" else reduce_loss(s, zeros, "sum") if reduction == "sum" \
+            else s.full((), float("nan"), d)
+        return keep_graph(s, out, logp), w
     idx = s.reshape(safe, (tshape[0], 1) + tshape[1:])
     picked = s.reshape(s.gather(logp, 1, idx), tshape)
-    w = s.cast(valid, d)
     if weight is not None:
         wt = s.reshape(s.index_select(weight._h, 0, s.reshape(safe, (prod(tshape),))), tshape)
         w = s.binary("mul", wt, w)
@@ -284,7 +297,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
     check_tensor(target, op, "target")
     if input.ndim == 0:
         raise ShapeError(f"{op}: expected input with 1 or more dims (C,) or (N, C, *), got shape {input.shape}")
-    _class_target(op, input, target, weight, ignore_index)
+    target = _class_target(op, input, target, weight, ignore_index)
     s = input._device.stack
     x, t, unb = _batched(s, input, target)
     loss, _ = _nll(s, x, t, weight, ignore_index, reduction, input._dtype)
@@ -327,6 +340,8 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
                 raise ShapeError(f"{op}: expected 'weight' of shape {(c,)}, got shape {weight.shape}")
             d = dt.promote_types(d, weight._dtype)
         if input.numel() == 0:
+            if c == 0 and reduction == "mean":  # torch divides by numel / C: 0 / 0
+                return wrap(keep_graph(s, s.full((), float("nan"), d), input), d, input._device)
             xh = input._h if input._dtype is d else s.cast(input._h, d)
             return wrap(reduce_loss(s, s.reduce("sum", xh, (cdim,), False), reduction), d, input._device)
         t = target._h if target._dtype is d else s.cast(target._h, d)
@@ -339,9 +354,9 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
             prodh = s.binary("mul", prodh, s.reshape(wh, wview))
         loss = s.unary("neg", s.reduce("sum", prodh, (cdim,), False))
         return wrap(reduce_loss(s, loss, reduction), d, input._device)
-    _class_target(op, input, target, weight, ignore_index)
+    target = _class_target(op, input, target, weight, ignore_index)
     x, t, unb = _batched(s, input, target)
-    logp = s.softmax(x, 1, True)
+    logp = s.softmax(x, 1, True) if c else x  # no classes: nothing to normalise (a backend may not reduce empty)
     loss, w = _nll(s, logp, t, weight, ignore_index, reduction, input._dtype)
     if label_smoothing > 0:
         lw = s.binary("mul", logp, s.reshape(weight._h, (1, c) + (1,) * (len(x.shape) - 2))) \
@@ -356,7 +371,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
                 # torch normalises by the summed weight of the non-ignored targets (their count without weight)
                 smooth = s.binary("div", smooth, s.reduce("sum", w, dims, False))
         loss = s.binary("add", s.binary("mul", loss, 1.0 - label_smoothing),
-                        s.binary("mul", smooth, label_smoothing / c))
+                        s.binary("mul", smooth, label_smoothing / c if c else float("nan")))  # torch: 0 classes, NaN
     if unb and reduction == "none":
         loss = s.reshape(loss, ())
     return like(input, loss)
