@@ -438,7 +438,8 @@ def test_embedding_forward_backward_padding():
 def test_embedding_default_init_and_max_norm():
     e = L.Embedding(400, 50)
     w = e.weight.numpy()
-    assert abs(w.mean()) < 0.01 and w.std() == pytest.approx(1.0, rel=0.02)
+    # N(0, 1) over 20,000 draws: the mean's standard error is 0.007, so 0.03 is over 4 sigma (0.01 failed ~16 %)
+    assert abs(w.mean()) < 0.03 and w.std() == pytest.approx(1.0, rel=0.03)
     em, tm = build(L.Embedding, tnn.Embedding, 6, 3, max_norm=1.0)
     load_from_torch(em, tm)
     idx = np.array([0, 2, 2, 5])

@@ -853,6 +853,11 @@ def test_cross_entropy_probability_target_promotes_the_weight_as_torch():
               TF.cross_entropy(torch.tensor(x), torch.tensor(p), weight=torch.tensor(w)))
     with raises(ShapeError, "cross_entropy", "weight", "(4,)"):
         EF.cross_entropy(ember.tensor(x), ember.tensor(p), weight=ember.ones(3))
+    _same(EF.cross_entropy(ember.tensor(x), ember.tensor(p), ignore_index=-1),  # a negative one is unused, as torch
+          TF.cross_entropy(torch.tensor(x), torch.tensor(p), ignore_index=-1))
+    _torch_raises(lambda: TF.cross_entropy(torch.tensor(x), torch.tensor(p), ignore_index=0))
+    with raises(UnsupportedError, "cross_entropy", "ignore_index", "probability"):
+        EF.cross_entropy(ember.tensor(x), ember.tensor(p), ignore_index=0)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

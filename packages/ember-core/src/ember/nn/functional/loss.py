@@ -6,7 +6,7 @@ from typing import Any
 
 from ... import dtypes as dt
 from ..._bridge import broadcast_shapes2, norm_dim
-from ...errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError, ValueRangeError
+from ...errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
 from ...ops.elementwise import keep_graph, tracks_grad
 from ...tensor import Tensor
 from ._util import (
@@ -329,6 +329,9 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
                              f"got {target.shape}")
         if target._device is not input._device:
             raise DeviceError(f"{op}: input is on {input._device} but target is on {target._device}")
+        if ignore_index >= 0:  # torch: a negative ignore_index (the default -100) is simply unused here
+            raise UnsupportedError(f"{op}: ignore_index is not supported for class-probability (floating point) "
+                                   f"targets, got ignore_index={ignore_index}")
         # torch takes log_softmax in the input's dtype, then the product with the target (and the weight) in their
         # promoted dtype (float16 logits, float32 target -> float32; a float64 weight -> float64)
         d = dt.promote_types(input._dtype, target._dtype)
