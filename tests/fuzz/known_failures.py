@@ -5,4 +5,11 @@ still shows. Delete an entry once its defect is fixed (the list was written from
 """
 
 KNOWN: dict[str, str] = {
+    # found by `nox -s fuzz` (70 cases per op) after the CI-sized suite was clean
+    "median | wrong refuses | torch ok | ember ShapeError":
+        "ember/ops/reduction.py: median of an empty integer tensor along a dim torch reduces (torch returns empty)",
+    "clamp | wrong accepts | torch RuntimeError | ember ok":
+        "ember/ops/pointwise.py: a Python float bound past float16's range beside a 0-d tensor bound (torch: overflow)",
+    "logaddexp.grad | wrong accepts | torch RuntimeError | ember ok":
+        "torch's backward fails on a bool operand that does not require grad; ember computes it (allow-list candidate)",
 }

@@ -695,6 +695,7 @@ def vector_norm(x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False,
                 dtype: Any = None) -> Tensor:
     """The ord-norm of x over dim (None: all elements): ord 2, 1, inf, -inf, 0 (non-zero count) or any p."""
     t = _check(x, "linalg.vector_norm")
+    _check_keepdim(keepdim, "linalg.vector_norm")
     if isinstance(ord, bool) or not isinstance(ord, (int, builtins.float)):
         raise DTypeError(f"linalg.vector_norm: ord must be a number, got {type(ord).__name__} {ord!r}")
     if not t._dtype.is_floating_point:

@@ -652,6 +652,15 @@ def test_reduction_keepdim_must_be_bool(op):
           getattr(torch, op)(torch.ones(2, 3), 1, keepdim=True))
 
 
+def test_norm_keepdim_must_be_bool():
+    _torch_raises(lambda: torch.ones(4).norm(p=-1, dim=-1, keepdim="yes"))
+    with raises(DTypeError, "vector_norm", "keepdim", "must be bool", "str"):  # was a raw TypeError unfused
+        ember.ones(4).norm(p=-1, dim=-1, keepdim="yes")
+    with raises(DTypeError, "vector_norm", "keepdim", "int"):
+        ember.linalg.vector_norm(ember.ones(4), 2, 0, 1)
+    _same(ember.ones(2, 3).norm(p=1, dim=1, keepdim=True), torch.ones(2, 3).norm(p=1, dim=1, keepdim=True))
+
+
 def test_logsumexp_needs_a_dim():
     _torch_raises(lambda: torch.logsumexp(torch.ones(2), dim=None))
     with raises(DimError, "logsumexp", "dim", "None"):
