@@ -171,32 +171,40 @@ class FusionBackend(Backend):
             targets = [n for n in nodes if n.value is None]
             if not targets:
                 return
-            stats = self._pending.counts
-            pending = pending_subgraph(targets)
-            if len(pending) == 1 and into is None:
-                # one op on values in memory: nothing to fuse, so skip the planning and call the backend's op
-                n = pending[0]
-                n.realize_as(self._run_one(n))
-                stats.realizations += 1
-                stats.single_ops += 1
-                return
-            graph = Graph(pending, {id(n) for n in targets})
-            key = graph.key
-            try:  # one hash of the key on a hit: lookup and least-recently-used bookkeeping together
-                self._plans.move_to_end(key)
-                plan = self._plans[key]
-            except KeyError:
-                plan = None
-            if plan is None:
-                plan = build_plan(graph, self._compile)
-                self._plans[key] = plan
-                if len(self._plans) > PLAN_CACHE_SIZE:
-                    self._plans.popitem(last=False)
-                stats.plan_misses += 1
-            else:
-                stats.plan_hits += 1
+            try:
+                self._realize_targets(targets, into)
+            except Exception:
+                self._pending.forget(targets)  # e.g. an OutOfMemoryError: later flushes must not retry them
+                raise
+
+    def _realize_targets(self, targets: list[Node], into: dict[int, Any] | None) -> None:
+        """Compute the pending ``targets`` (not in memory yet) as one plan; the caller holds the lock."""
+        stats = self._pending.counts
+        pending = pending_subgraph(targets)
+        if len(pending) == 1 and into is None:
+            # one op on values in memory: nothing to fuse, so skip the planning and call the backend's op
+            n = pending[0]
+            n.realize_as(self._run_one(n))
             stats.realizations += 1
-            stats.kernels_run += run_plan(plan, graph, self.inner, into)
+            stats.single_ops += 1
+            return
+        graph = Graph(pending, {id(n) for n in targets})
+        key = graph.key
+        try:  # one hash of the key on a hit: lookup and least-recently-used bookkeeping together
+            self._plans.move_to_end(key)
+            plan = self._plans[key]
+        except KeyError:
+            plan = None
+        if plan is None:
+            plan = build_plan(graph, self._compile)
+            self._plans[key] = plan
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+            stats.plan_misses += 1
+        else:
+            stats.plan_hits += 1
+        stats.realizations += 1
+        stats.kernels_run += run_plan(plan, graph, self.inner, into)
 
     def _run_one(self, n: Node) -> Any:
         """A pending node whose inputs are all in memory, computed by the inner backend's own method."""

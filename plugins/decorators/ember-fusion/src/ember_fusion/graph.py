@@ -88,6 +88,12 @@ class PendingSet(threading.local):
         self.handles.append(weakref.ref(h))
         self.recorded += 1
 
+    def forget(self, nodes: Iterable[Node]) -> None:
+        """Stop tracking ``nodes`` (their realization failed): a later flush of this thread must not run them
+        again and fail unrelated ops; reading one of them directly still realizes it (and raises again)."""
+        ids = {id(n) for n in nodes}
+        self.handles = [r for r in self.handles if (h := r()) is not None and id(h.node) not in ids]
+
     def take(self) -> list[Node]:
         """The pending nodes still reachable through a live handle; forgets all of them."""
         nodes = []
