@@ -558,6 +558,14 @@ def gather(input: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False)
     return Tensor._make(h, x._dtype, x._device)
 
 
+def _check_src(op: str, x: Tensor, src: Tensor) -> None:
+    """scatter's src must be on x's device with x's dtype."""
+    same_device(op, x, src)
+    if src._dtype is not x._dtype:
+        raise DTypeError(f"{op}: expected self.dtype to be equal to src.dtype, got {x._dtype.name} and "
+                         f"{src._dtype.name}")
+
+
 def _scatter_args(
     x: Tensor, dim: int, index: Any, src: Any, value: Any, reduce: str | None, op: str
 ) -> tuple[int, Any, Any]:
@@ -573,12 +581,7 @@ def _scatter_args(
     if idx_or_none is None:
         # PyTorch returns early on an empty index: only the dim, src's dtype and value's type are checked
         if isinstance(src, Tensor):
-            same_device(op, x, src)
-            if src._dtype is not x._dtype:
-                raise DTypeError(
-                    f"{op}: expected self.dtype to be equal to src.dtype, got {x._dtype.name} and "
-                    f"{src._dtype.name}"
-                )
+            _check_src(op, x, src)
             return d, None, src._h
         v = src if src is not None else value
         if not isinstance(v, (Tensor, bool, int, float, np.generic)):
@@ -594,12 +597,7 @@ def _scatter_args(
         )
     stack = x._device.stack
     if isinstance(src, Tensor):
-        same_device(op, x, src)
-        if src._dtype is not x._dtype:
-            raise DTypeError(
-                f"{op}: expected self.dtype to be equal to src.dtype, got {x._dtype.name} and "
-                f"{src._dtype.name}"
-            )
+        _check_src(op, x, src)
         ss = src.shape or (1,)
         if len(ss) != len(ixs) and not (src.ndim <= 1 and idx.ndim <= 1):
             raise ShapeError(
