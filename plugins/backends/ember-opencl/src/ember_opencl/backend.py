@@ -17,6 +17,7 @@ import numpy as np
 from ember import dtypes as dt
 from ember.backend import Backend
 from ember.dtypes import DType
+from ember.errors import DTypeError, ShapeError
 
 from . import array as arr
 from . import elementwise as ew
@@ -84,6 +85,32 @@ class OpenCLBackend(Backend):
 
     def dtype_of(self, h: CLArray) -> DType:
         return h.dtype
+
+    # -- for extension kernels (ember.backend_extension): allocation and compilation without importing this plugin
+    def empty(self, shape: Sequence[int], dtype: DType) -> CLArray:
+        """A new contiguous, uninitialised array of ``shape`` and ``dtype`` from this device's memory pool.
+
+        For extension kernels that write every element of their output themselves (a fill, as ``full`` does, would
+        be a wasted pass). Raises ``DTypeError`` for a dtype this device does not support (float64 without
+        cl_khr_fp64) and ``ShapeError`` for a negative dim.
+        """
+        shape = tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise ShapeError(f"OpenCLBackend.empty: negative dimension in shape {shape}")
+        if dtype not in self.supported_dtypes:
+            raise DTypeError(f"OpenCLBackend.empty: {dtype.name} is not supported on {self.describe()}")
+        return arr.empty(self.rt, shape, dtype)
+
+    def compile_kernel(self, source: str, name: str) -> Any:
+        """The :class:`pyopencl.Kernel` ``name`` of the OpenCL C program ``source``, built for this device.
+
+        Built with the device's build options and cached like the backend's own kernels (in memory per thread, and
+        as a binary on disk), so calling it on every launch costs one dict lookup. A program that uses ``double``
+        must enable ``cl_khr_fp64`` itself. Launch it on ``self.rt.queue`` with buffers ``h.buf`` and element
+        offsets ``h.eoff`` of :class:`~ember_opencl.array.CLArray` handles. A build failure raises
+        :class:`~ember_opencl.errors.KernelBuildError` with the compiler's log.
+        """
+        return self.rt.kernel(source, name)
 
     def assign(self, dst: CLArray, src: Any) -> None:
         ew.assign(dst, src)
