@@ -4,6 +4,9 @@ A :class:`Device` names a backend kind, an index, backend options, and a chain o
 (``Device.flex().autodiff()``). Devices are interned -- equal devices are the same object -- and each resolves
 *once* to its *stack*: the backend instance wrapped by its decorators. The per-op path reads ``device._stack``
 and never touches the plugin machinery.
+
+The *host device* (:meth:`Device.host`) is whichever installed backend declares that its memory is the host's
+(``register(..., host=True)``); core finds it by that capability and never by a backend's name.
 """
 
 from __future__ import annotations
@@ -152,9 +155,18 @@ class Device:
         return (Device, (self.kind, self.index, self.options, self.decorators))
 
     # -- constructors ------------------------------------------------------------------------------------------
+    # Named constructors are spellings of Device(kind, index): each works once a plugin registers that kind, and
+    # core's behaviour never depends on which kind is which (the host device is found by capability).
+    @classmethod
+    def host(cls) -> Device:
+        """The host device: the installed backend registered with ``host=True`` (its handles live in host memory,
+        so numpy arrays are adopted and read back without copies); the highest priority one when several are.
+        ``.cpu()``, ``ember.from_numpy`` and ``ember.load`` use it, and the device string ``"cpu"`` names it."""
+        return host_device()
+
     @classmethod
     def flex(cls) -> Device:
-        """The portable CPU backend (numpy and its BLAS)."""
+        """The ``flex`` backend (ember-flex: numpy and its BLAS), when installed."""
         return cls("flex", 0)._checked()
 
     @classmethod
@@ -186,6 +198,8 @@ class Device:
         """``"flex"``, ``"cuda:1"``, ``"opencl:0"``; decorators with ``+``: ``"flex+autodiff"``, with options
         in parentheses: ``"flex+autodiff(checkpointing=balanced)"`` (what ``str(device)`` prints). Only installed
         decorators may be named; an automatic one also takes its on/off switch: ``"flex+fusion(False)"``.
+        ``"cpu"`` (as PyTorch spells it) is the host device, :meth:`Device.host`, unless an installed backend is
+        itself named ``cpu``: ``"cpu+autodiff"`` is ``Device.host().autodiff()``.
         Anything else is a :class:`DeviceError` naming the string and the position of the problem."""
         if not isinstance(spec, str):
             raise DeviceError(f"Device.parse: expected a device string, got {type(spec).__name__}: {spec!r}")
@@ -194,11 +208,18 @@ class Device:
         kind, colon, idx = base.partition(":")
         if not _KIND.fullmatch(kind.strip()):
             what = "missing backend name" if not kind.strip() else f"{kind.strip()!r} is not a backend name"
-            raise _spec_error(spec, start + len(kind) - len(kind.lstrip()), f"{what} (e.g. 'flex' or 'cuda:1')")
+            raise _spec_error(spec, start + len(kind) - len(kind.lstrip()), f"{what} (e.g. 'cpu' or 'cuda:1')")
         idx = idx.strip()
         if colon and not idx.isdigit():  # the message the docs show for "cuda:x"
             raise DeviceError(f"cannot parse device {spec!r}: index {idx!r} is not an int")
-        dev = cls(kind.strip().lower(), int(idx) if colon else 0)._checked()
+        kind, index = kind.strip().lower(), int(idx) if colon else 0
+        if kind == _CPU_ALIAS and not _has_backend(kind):
+            dev = host_device()
+            if index != dev.index:
+                raise DeviceError(f"cannot parse device {spec!r}: 'cpu' is the host device {dev} and has only "
+                                  f"index {dev.index}")
+        else:
+            dev = cls(kind, index)._checked()
         for start, part in parts[1:]:
             text = part.strip()
             pos = start + len(part) - len(part.lstrip())
@@ -239,11 +260,9 @@ class Device:
             if best is None or score > best[0]:
                 best = (score, spec_.name)
         if best is None:
-            from .plugins.manager import install_hint
+            from .plugins.manager import missing_backend_hint
 
-            raise PluginError(
-                "no ember backend is installed or available; for the CPU backend 'flex': " + install_hint("flex")
-            )
+            raise PluginError(f"no ember backend is installed or available; {missing_backend_hint()}")
         return cls(best[1], 0)
 
     def _checked(self) -> Device:
@@ -440,7 +459,7 @@ class Device:
         return s
 
     def __repr__(self) -> str:
-        if self.kind in ("flex",) and not self.options:
+        if self.kind == "flex" and not self.options:  # the one named constructor without an index
             r = f"Device.{self.kind}()"
         elif not self.options:
             r = f"Device.{self.kind}({self.index})"
@@ -458,6 +477,50 @@ def _label_value(value: Any) -> str:
         plain = _NAME.fullmatch(value) and value not in ("True", "False", "None")
         return value if plain else repr(value)
     return repr(value)
+
+
+#: the device string PyTorch users write for host memory; Device.parse maps it to the host device
+_CPU_ALIAS = "cpu"
+
+
+def _has_backend(name: str) -> bool:
+    from .plugins.manager import registry
+
+    return name in registry.ensure_loaded().backends
+
+
+def host_device() -> Device:
+    """The host device (see :meth:`Device.host`): among the installed backends registered with ``host=True`` and
+    with a device present, the highest ``priority`` (then a real CPU before an emulated one, then name order).
+    None installed is a :class:`DeviceError` that lists the installed backends and says what to install."""
+    from .plugins.manager import missing_backend_hint, registry
+
+    registry.ensure_loaded()
+    rank = {"cpu": 1, "emulated": 0}
+    best: tuple[tuple[int, int], str] | None = None
+    # name order and a strict ">": on a full tie the alphabetically first backend wins, whatever the load order
+    for spec in sorted(registry.backends.values(), key=lambda s: s.name):
+        if not spec.host or spec.device_count() < 1:
+            continue
+        score = (spec.priority, rank.get(spec.kind_of(0), -1))
+        if best is None or score > best[0]:
+            best = (score, spec.name)
+    if best is None:
+        installed = ", ".join(sorted(registry.backends)) or "none"
+        raise DeviceError("no host device: no installed backend is registered with host=True (a backend whose "
+                          "memory is the host's, which .cpu(), from_numpy and load need; installed backends: "
+                          f"{installed}); {missing_backend_hint(host=True)}")
+    return Device(best[1], 0)
+
+
+def is_host(device: Device) -> bool:
+    """Whether ``device`` is the host device itself (no decorators); never raises (``repr`` asks it)."""
+    if device.decorators:
+        return False
+    try:
+        return device is host_device()
+    except Exception:  # no host backend installed, or plugins failed: then no device is the host
+        return False
 
 
 def _automatic_decorators() -> list[Any]:

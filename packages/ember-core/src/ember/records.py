@@ -571,7 +571,7 @@ def load_into(module: Any, path: str | os.PathLike[str], *, strict: bool = True,
         raise DTypeError(f"{op}: strict must be a bool, got {type(strict).__name__}")
     d = _save_dtype(dtype, op)
     p = _fspath(path, op)
-    state = load(p, device=Device.flex())  # host first; copy_ moves each value to its parameter's device
+    state = load(p, device=Device.host())  # host first; copy_ moves each value to its parameter's device
     if not _is_flat(state):
         raise RecordError(f"{op}: {p!r} holds nested state (an optimizer's?), not a module state dict; "
                           "use records.load(path)")

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .device import Device
+from .device import Device, is_host
 from .dtypes import DType
 from .errors import DTypeError, ShapeError
 
@@ -180,7 +180,7 @@ class Tensor:
 
     # -- conversion -----------------------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
-        """The data as a numpy array (shares memory on host backends such as flex)."""
+        """The data as a numpy array (shares memory on host backends: those registered with ``host=True``)."""
         return self._device.stack.to_numpy(self._h)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -255,7 +255,7 @@ class Tensor:
             extras.append(f"dtype={self._dtype}")
         if self.numel() == 0:
             extras.append(f"size={self.shape}")
-        if self._device.kind != "flex" or self._device.decorators:
+        if not is_host(self._device):  # as PyTorch, which names every device but the CPU
             extras.append(f"device={self._device}")
         if self.requires_grad:
             extras.append("requires_grad=True")

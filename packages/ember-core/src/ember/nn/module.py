@@ -382,7 +382,10 @@ class Module:
         return self.to(dtype="bfloat16")
 
     def cpu(self) -> Module:
-        return self.to("flex")
+        """Move parameters and buffers to the host device (``Device.host()``), as ``Tensor.cpu``."""
+        from ..device import Device
+
+        return self.to(Device.host())
 
     def state_dict(self, prefix: str = "", keep_vars: bool = False) -> OrderedDict[str, Tensor]:
         """Parameters and persistent buffers by dotted path (detached unless keep_vars)."""

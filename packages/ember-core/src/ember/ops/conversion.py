@@ -101,8 +101,8 @@ def type_as(self: Tensor, other: Tensor) -> Tensor:
 
 
 def cpu(self: Tensor) -> Tensor:
-    """The tensor on flex (the host CPU device)."""
-    return to(self, Device("flex", 0))
+    """The tensor on the host device (``Device.host()``: the installed backend registered with ``host=True``)."""
+    return to(self, Device.host())
 
 
 def _caster(d: DType) -> Any:

@@ -76,13 +76,13 @@ def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
 
 
 def from_numpy(array: Any) -> Tensor:
-    """A tensor on flex sharing memory with the numpy array (zero-copy)."""
+    """A tensor on the host device (``Device.host()``) sharing memory with the numpy array (zero-copy)."""
     import numpy as np
 
     if not isinstance(array, np.ndarray):
         raise DTypeError(f"from_numpy: expected numpy.ndarray, got {type(array).__name__}")
     d = dt.from_numpy_dtype(array.dtype)
-    dev = Device.flex()
+    dev = Device.host()
     return Tensor._make(dev.stack.from_numpy(array), d, dev)
 
 

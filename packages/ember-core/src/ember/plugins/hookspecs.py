@@ -27,7 +27,7 @@ def register_backends(register: Callable[..., None]) -> None:
 
     ``register(name, factory, *, contract, kind="cpu", priority=0, is_available=None, description="")``
 
-    - ``name``: the device kind users write (``Device.flex()`` is ``"flex"``; ``Device("mine", 0)`` works for any).
+    - ``name``: the device kind users write (``Device("mine", 0)``, ``"mine:0"``; ``Device.flex()`` is ``"flex"``).
     - ``factory(index: int, **options) -> ember.backend.Backend``: builds the backend for one device index.
     - ``contract``: the backend-contract version the plugin implements (must equal ``CONTRACT_VERSION``).
     - ``kind``: ``"cpu"``, ``"gpu"`` or ``"emulated"`` (e.g. a CPU OpenCL); ``Device.default()`` prefers
@@ -38,6 +38,10 @@ def register_backends(register: Callable[..., None]) -> None:
       "cpu"); ``None`` means every device is of ``kind`` (keyword ``device_kind=None``).
     - ``install_hint``: what to install when no device is found (a driver, a runtime), shown by
       ``Device.<name>(i)`` (keyword ``install_hint=""``).
+    - ``host``: the backend's memory is the host's: ``from_numpy`` adopts a C-contiguous array without copying and
+      ``to_numpy`` returns the handle's own memory (keyword ``host=False``). The host device, ``Device.host()``,
+      is the installed ``host=True`` backend of highest ``priority``; ``.cpu()``, ``ember.from_numpy``,
+      ``ember.load`` and the device string ``"cpu"`` use it, so core never names a backend.
 
     Backend names appear in device strings: lowercase letters, digits, ``_`` and ``-``, starting with a letter.
     """

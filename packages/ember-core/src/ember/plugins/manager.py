@@ -8,8 +8,8 @@ entry-point name. The per-op path never touches this module.
 Plugin code can raise anything, ``SystemExit`` included; every ``BaseException`` it raises is caught and reported
 as that plugin's failure, except ``KeyboardInterrupt`` and ``GeneratorExit``, which are the user's or the
 interpreter's and propagate. Two plugins registering the same backend, decorator or op name is a *conflict*: the
-plugin whose entry-point name is that name owns it (``ember-flex``'s entry point ``flex`` owns the backend
-``flex``); otherwise the first registration wins (entry points load in name order, so "first" does not depend on
+plugin whose entry-point name is that name owns it (a plugin with entry point ``mine`` owns the backend
+``mine``); otherwise the first registration wins (entry points load in name order, so "first" does not depend on
 the environment). The losing registration is dropped with a warning, shown by ``ember info``, and is fatal under
 ``EMBER_STRICT_PLUGINS=1``.
 """
@@ -50,6 +50,10 @@ class BackendSpec:
     device_kind: Callable[[int], str] | None = None
     #: what to install when no device is found (shown by Device.<kind>(i) and ember info)
     install_hint: str = ""
+    #: the backend's memory is the host's: ``from_numpy`` adopts a C-contiguous array without copying and
+    #: ``to_numpy`` returns the handle's own memory. Core's host device (``Device.host()``: ``.cpu()``,
+    #: ``ember.from_numpy``, ``ember.load``, the device string ``"cpu"``) is the highest-priority such backend.
+    host: bool = False
 
     def kind_of(self, index: int) -> str:
         if self.device_kind is None:
@@ -193,6 +197,39 @@ def install_hint(name: str, what: str = "device") -> str:
         if _extra_providing(dist, name):
             return f"install its plugin with pip install '{dist}[{name}]'"
     return f"no plugin provides this {what}; see docs/plugins"
+
+
+def _plugin_extras(dist: str) -> list[str]:
+    """The extras of the installed distribution ``dist`` that install an ``ember-<extra>`` plugin, in its order."""
+    try:
+        extras = metadata.metadata(dist).get_all("Provides-Extra") or []
+    except metadata.PackageNotFoundError:
+        return []
+    return [e for e in extras if _extra_providing(dist, e)]
+
+
+def missing_backend_hint(*, host: bool = False) -> str:
+    """What to do when no backend (``host=True``: no host backend) is usable, read from the installed metadata:
+    plugins that are installed but disabled or failed to load, else the extras of the installed ember
+    distribution (``ember``, else ``ember-core``) that install plugins. Core names no plugin itself."""
+    what = "a host backend" if host else "a backend"
+    disabled = _disabled()
+    failed = {p.name: p for p in registry.plugins if p.error}
+    notes = []
+    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
+        dist = ep.dist.metadata["Name"] if ep.dist else f"module {ep.value}"
+        if ep.name in disabled:
+            notes.append(f"the plugin {ep.name!r} ({dist}) is disabled by EMBER_DISABLE_PLUGINS")
+        elif ep.name in failed:
+            notes.append(f"the plugin {ep.name!r} ({dist}) failed to load (`ember info` shows why)")
+    if notes:
+        return f"{'; '.join(notes)}; it may provide {what}"
+    for dist in ("ember", "ember-core"):
+        extras = _plugin_extras(dist)
+        if extras:
+            return (f"install {what} plugin through an extra of {dist} ({', '.join(extras)}), e.g. "
+                    f"pip install '{dist}[{extras[0]}]'")
+    return f"no installed distribution offers {what} plugin; see docs/plugins"
 
 
 def _strict() -> bool:
@@ -417,8 +454,9 @@ class PluginRegistry:
         if spec is None:
             installed = f"installed backends: {', '.join(sorted(self.backends)) or 'none'}"
             if name in self.decorators:
+                example = next(iter(sorted(self.backends)), "cpu")
                 raise PluginError(f"{name!r} is a decorator, not a backend: write it after a backend, e.g. "
-                                  f"'flex+{name}' ({installed})")
+                                  f"'{example}+{name}' ({installed})")
             failed = [p for p in self.plugins if p.name == name and p.error]
             why = f" (the plugin is installed but failed to load: {failed[0].error})" if failed else ""
             raise PluginError(f"no backend named {name!r} is installed{why}; {install_hint(name)} ({installed})")

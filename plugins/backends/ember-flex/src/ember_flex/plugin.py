@@ -32,6 +32,8 @@ def register_backends(register: Callable[..., None]) -> None:
         contract=CONTRACT,
         kind="cpu",
         priority=0,
+        # handles are ndarrays: from_numpy adopts the array and to_numpy returns it, so flex can be the host device
+        host=True,
         description=f"numpy CPU backend (ember-flex {__version__})",
     )
 
