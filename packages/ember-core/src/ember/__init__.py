@@ -52,6 +52,7 @@ from .errors import (
     ValueRangeError,
 )
 from .tensor import Tensor
+from .extension import TensorSpec, backend_extension  # noqa: E402 - needs Tensor
 
 __version__ = "0.1.0"
 
@@ -89,7 +90,7 @@ def info() -> dict[str, Any]:
 
 def __getattr__(name: str) -> Any:
     # subpackages that cost import time load on first use
-    if name in ("nn", "testing", "linalg", "plugins", "backend", "dispatch", "records", "optim"):
+    if name in ("nn", "testing", "linalg", "plugins", "backend", "dispatch", "extension", "records", "optim"):
         from importlib import import_module
 
         return import_module(f".{name}", __name__)

@@ -1,92 +1,111 @@
 """Dispatch: finding an op's implementation for a device's resolved stack.
 
-Built-in ops are methods of the stack (``stack.conv(...)``): a backend overrides the method or inherits the
-default composition from :class:`ember.backend.Backend`, so dispatching them is one attribute lookup.
+A device resolves once to a stack object (``Autodiff(Fusion(Flex))``). Built-in ops are methods of the stack
+(``stack.conv(...)``): a backend overrides the method or inherits the default composition from
+:class:`ember.backend.Backend`, and each decorator declares how it treats the method, so dispatching a built-in
+op is one attribute lookup.
 
-Extension ops registered by plugins through the ``register_ops`` hook live in a table. The first call of an
-extension op on a stack picks the implementation -- the one registered for the stack's backend name, else
-the default composition -- and caches it per (stack, op), so later calls are one dict lookup.
+Extension ops (:func:`ember.backend_extension`, or a plugin's ``register_ops`` hook) are resolved here: the kernel
+for a stack is the one registered for the backend at the bottom of its decorator chain, found once per
+(op, stack) by walking the chain and cached, so later calls are one dict lookup.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from .errors import DTypeError, UnsupportedError
+from .errors import UnsupportedError
 from .tensor import Tensor
 
-_resolved: dict[tuple[int, str], Any] = {}
+if TYPE_CHECKING:
+    from .extension import ExtensionOp
+
+_resolved: dict[tuple[int, int], Any] = {}
+#: ops registered through the register_ops hook, as extension ops (rebuilt when the hook's spec changes)
+_hook_ops: dict[str, tuple[Any, ExtensionOp]] = {}
 
 
-def _impl(stack: Any, name: str) -> Any:
-    key = (id(stack), name)
-    fn = _resolved.get(key)
-    if fn is None:
-        from .plugins.manager import registry
-
-        registry.ensure_loaded()
-        spec = registry.ops.get(name)
-        if spec is None:
-            raise UnsupportedError(
-                f"no extension op named {name!r} is registered (registered: {sorted(registry.ops) or 'none'}); "
-                "is the plugin that provides it installed?"
-            )
-        fn = spec.backends.get(getattr(stack, "name", ""))
-        if fn is None:
-            fn = _boundary_impl(spec, stack) or spec.default
-        _resolved[key] = fn
-    return fn
+def stack_chain(stack: Any) -> Iterator[Any]:
+    """The stack and every stack under it, outermost first, down to the backend (decorators have ``inner``)."""
+    while stack is not None:
+        yield stack
+        stack = getattr(stack, "inner", None)
 
 
-def _boundary_impl(spec: Any, stack: Any) -> Any:
-    """A decorator that defines ``extension_boundary`` (fusion) runs an inner backend's own implementation of
-    an extension op on realized values, unless the op declared itself ``fusable`` (its default composition is
-    then recorded like any other ops)."""
-    if spec.fusable:
+def extension_kernel(op: ExtensionOp, stack: Any) -> Any:
+    """The kernel of ``op`` to run on ``stack``, or None when the composition runs instead: the backend at the
+    bottom of the chain has no kernel for it, or the op is ``fusable`` and a decorator records lazily."""
+    key = (id(op), id(stack))
+    try:
+        return _resolved[key]
+    except KeyError:
+        pass
+    chain = list(stack_chain(stack))
+    kernel = op.kernels.get(chain[-1].name)
+    if kernel is not None and op.fusable and any(getattr(s, "records_lazily", False) for s in chain):
+        kernel = None
+    _resolved[key] = kernel
+    return kernel
+
+
+def hook_op(name: str) -> ExtensionOp | None:
+    """The op a plugin registered as ``name`` through the ``register_ops`` hook, as an extension op: its default
+    (written on stack handles) is the composition, its per-backend functions are the kernels."""
+    from .plugins.manager import registry
+
+    registry.ensure_loaded()
+    spec = registry.ops.get(name)
+    if spec is None:
         return None
-    wrap = getattr(stack, "extension_boundary", None)
-    inner = getattr(stack, "inner", None)
-    if wrap is None or inner is None:
-        return None
-    fn = spec.backends.get(getattr(inner, "name", ""))
-    return None if fn is None else wrap(fn)
+    cached = _hook_ops.get(name)
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    from .extension import ExtensionOp
+
+    def composition(*args: Any, **kwargs: Any) -> Any:
+        first = next(a for a in args if isinstance(a, Tensor))
+        dev = first._device
+        out = spec.default(dev.stack, *(a._h if isinstance(a, Tensor) else a for a in args), **kwargs)
+        return _hook_wrap(out, None, dev, [first])
+
+    op = ExtensionOp(name, composition, None, fusable=spec.fusable, description=spec.description,
+                     plugin=spec.plugin)
+    op.kernels.update(spec.backends)
+    op._wrap = _hook_wrap
+    _hook_ops[name] = (spec, op)
+    return op
 
 
-def call(name: str, *args: Any, **kwargs: Any) -> Any:
-    """Run the extension op ``name`` on its tensor arguments' device.
-
-    Tensor arguments are passed to the implementation as handles; handles it returns come back as tensors
-    with the dtype of the first tensor argument (an implementation may return ``(handle, dtype)`` pairs to
-    choose another dtype).
-    """
-    tensors = [a for a in args if isinstance(a, Tensor)]
-    if not tensors:
-        raise DTypeError(f"{name}: an extension op needs at least one Tensor argument")
-    dev = tensors[0]._device
-    for t in tensors[1:]:
-        if t._device is not dev:
-            from .errors import DeviceError
-
-            raise DeviceError(f"{name}: expected all tensors on the same device, got {dev} and {t._device}")
-    stack = dev.stack
-    fn = _impl(stack, name)
-    handles = [a._h if isinstance(a, Tensor) else a for a in args]
-    out = fn(stack, *handles, **kwargs)
-    return _wrap(out, tensors[0]._dtype, dev)
-
-
-def _wrap(out: Any, dtype: Any, dev: Any) -> Any:
+def _hook_wrap(out: Any, _spec: Any, dev: Any, inputs: list[Tensor]) -> Any:
+    """The register_ops convention: handles come back with the first tensor argument's dtype, unless the
+    implementation returns ``(handle, dtype)`` pairs."""
     from .dtypes import DType
 
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], DType):
         return Tensor._make(out[0], out[1], dev)
     if isinstance(out, (tuple, list)):
-        return type(out)(_wrap(o, dtype, dev) for o in out)
+        return type(out)(_hook_wrap(o, None, dev, inputs) for o in out)
     if out is None or isinstance(out, (bool, int, float)):
         return out
-    return Tensor._make(out, dtype, dev)
+    return Tensor._make(out, inputs[0]._dtype, dev)
+
+
+def call(name: str, *args: Any, **kwargs: Any) -> Any:
+    """Run the extension op ``name`` on its tensor arguments' device (ops are also callable directly)."""
+    from . import extension
+
+    op = extension.get(name)
+    if op is None:
+        from .plugins.manager import registry
+
+        known = sorted({*extension.registered(), *registry.ops}) or "none"
+        raise UnsupportedError(f"no extension op named {name!r} is registered (registered: {known}); is the "
+                               "plugin that provides it installed?")
+    return op(*args, **kwargs)
 
 
 def clear_cache() -> None:
-    """Forget resolved implementations (after registering plugins at run time)."""
+    """Forget resolved implementations (after registering kernels or plugins at run time)."""
     _resolved.clear()
+    _hook_ops.clear()
