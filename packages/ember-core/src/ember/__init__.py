@@ -51,8 +51,8 @@ from .errors import (
     UnsupportedError,
     ValueRangeError,
 )
+from .extension import TensorSpec, backend_extension
 from .tensor import Tensor
-from .extension import TensorSpec, backend_extension  # noqa: E402 - needs Tensor
 
 __version__ = "0.1.0"
 
