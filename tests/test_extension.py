@@ -290,10 +290,17 @@ def test_bad_registrations() -> None:
     with pytest.raises(ember.PluginError, match=r"Tensor.sum already exists"):
         backend_extension(f"ext_test_{next(_counter)}.mysum", output=None, method="sum")(lambda x: x)
     name = f"ext_test_{next(_counter)}.twice"
-    backend_extension(name, output=None)(lambda x: x)
+    def first(x: Any) -> Any:
+        return x
+
+    def second(x: Any) -> Any:
+        return x + 1
+
+    backend_extension(name, output=None)(first)
     try:
-        with pytest.raises(ember.PluginError, match="already registered"):
-            backend_extension(name, output=None)(lambda x: x + 1)
+        with pytest.raises(ember.PluginError, match="already registered by .*first"):
+            backend_extension(name, output=None)(second)
+        assert backend_extension(name, output=None)(first).composition is first  # a reloaded module: replaced
     finally:
         unregister(name)
     with pytest.raises(ember.UnsupportedError, match="no extension op named 'nope.nothing'"):
