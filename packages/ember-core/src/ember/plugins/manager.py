@@ -226,10 +226,10 @@ def missing_backend_hint(*, host: bool = False) -> str:
         return f"{'; '.join(notes)}; it may provide {what}"
     for dist in ("ember", "ember-core"):
         extras = _plugin_extras(dist)
-        if extras:
-            return (f"install {what} plugin through an extra of {dist} ({', '.join(extras)}), e.g. "
-                    f"pip install '{dist}[{extras[0]}]'")
-    return f"no installed distribution offers {what} plugin; see docs/plugins"
+        if extras:  # which extra holds a backend is the plugins' business: list them all, each as a command
+            commands = ", ".join(f"pip install '{dist}[{extra}]'" for extra in extras)
+            return f"install {what} plugin: `pip install ember` installs the default set; each plugin: {commands}"
+    return f"install {what} plugin (`pip install ember` installs the default set); see docs/plugins"
 
 
 def _strict() -> bool:

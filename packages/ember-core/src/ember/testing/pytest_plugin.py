@@ -1,8 +1,9 @@
 """pytest plugin of the conformance kit (entry point ``pytest11: ember``), loaded by every pytest run in an
 environment where ember is installed, so it does almost nothing unless ember's tests are running:
 
-* ``--ember-device=SPEC`` (default: ``$EMBER_TEST_DEVICE``, else ``flex``) names the device under test; nothing
-  is resolved or imported at start-up, the device is created when the first test asks for it.
+* ``--ember-device=SPEC`` (default: ``$EMBER_TEST_DEVICE``, else ember's default device, ``Device.default()``:
+  ``$EMBER_DEVICE`` or the best installed device) names the device under test; nothing is resolved or imported at
+  start-up, the device is created when the first test asks for it.
 * fixtures ``device`` (the device under test, session scope) and ``rng`` (a numpy Generator seeded from the
   test's id, so every test is reproducible on its own);
 * for the kit's own tests, and for other tests using ember when the device was chosen explicitly (option or
@@ -45,7 +46,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store",
         default=None,
         metavar="SPEC",
-        help=f"device the ember tests run on, e.g. flex, cuda:1, flex+autodiff (default: ${_ENV} or flex)",
+        help=f"device the ember tests run on, e.g. cpu, cuda:1, flex+autodiff (default: ${_ENV}, else ember's "
+        "default device: $EMBER_DEVICE or the best installed one)",
     )
 
 
@@ -62,8 +64,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.filterwarnings(spec))
 
 
-def _spec(config: pytest.Config) -> str:
-    return config.getoption("--ember-device") or os.environ.get(_ENV) or "flex"
+def _spec(config: pytest.Config) -> str | None:
+    """The device string chosen for the run, or None for ember's default device."""
+    return config.getoption("--ember-device") or os.environ.get(_ENV) or None
 
 
 def _explicit(config: pytest.Config) -> bool:
@@ -72,7 +75,8 @@ def _explicit(config: pytest.Config) -> bool:
 
 def pytest_report_header(config: pytest.Config) -> str:
     how = "--ember-device" if config.getoption("--ember-device") else _ENV if os.environ.get(_ENV) else "default"
-    return f"ember device under test: {_spec(config)} ({how})"
+    # the default device is not resolved here: this runs in every pytest session of the environment
+    return f"ember device under test: {_spec(config) or 'Device.default()'} ({how})"
 
 
 def _device_for(config: pytest.Config) -> Any:
@@ -83,10 +87,11 @@ def _device_for(config: pytest.Config) -> Any:
 
     spec = _spec(config)
     try:
-        dev = ember.Device.parse(spec)
+        dev = ember.Device.parse(spec) if spec is not None else ember.Device.default()
         dev.stack  # noqa: B018 - resolve now so a broken backend fails here, with the spec in the message
     except Exception as exc:
-        pytest.fail(f"cannot create the device under test {spec!r} (--ember-device): {type(exc).__name__}: {exc}",
+        what = repr(spec) if spec is not None else "(ember's default device)"
+        pytest.fail(f"cannot create the device under test {what} (--ember-device): {type(exc).__name__}: {exc}",
                     pytrace=False)
     config._ember_device = dev  # type: ignore[attr-defined]
     return dev

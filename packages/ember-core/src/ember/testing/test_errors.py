@@ -79,7 +79,8 @@ def _cases(device):
          ["set_default_dtype", "int32"]),
         ("clamp none", lambda: ember.clamp(f), ember.ValueRangeError, ["clamp"]),
         ("einsum operands", lambda: ember.einsum("ij,jk", f), ember.ValueRangeError, ["einsum", "2 operands"]),
-        ("device spec", lambda: ember.Device.parse("flex:x"), ember.DeviceError, ["flex:x", "not an int"]),
+        ("device spec", lambda: ember.Device.parse(f"{device.kind}:x"), ember.DeviceError,
+         [f"{device.kind}:x", "not an int"]),
         ("device kind", lambda: ember.Device.parse("no_such_backend"), ember.EmberError, ["no_such_backend"]),
     ]
 
@@ -104,10 +105,12 @@ def test_error_types_and_messages(device):
 
 
 def _other_device(device):
-    """A device that is not ``device``: flex when testing another backend, else a distinct flex variant."""
-    if device.base is not ember.Device.flex():
-        return ember.Device.flex()
-    return ember.Device("flex", 0, (("conformance_kit_other_device", True),))
+    """A device that is not ``device``: the host device when testing another backend, else a distinct variant of
+    the host device."""
+    host = ember.Device.host()
+    if device.base is not host:
+        return host
+    return ember.Device(host.kind, host.index, (*host.options, ("conformance_kit_other_device", True)))
 
 
 def test_mixed_devices_raise_device_error(device):
