@@ -316,3 +316,10 @@ def test_tensor_spec_checks_its_fields() -> None:
         TensorSpec((2.5,), ember.float32)  # type: ignore[arg-type]
     with pytest.raises(ember.DTypeError):
         TensorSpec((2,), "complex1024")  # type: ignore[arg-type]
+
+
+def test_ember_info_lists_the_op_and_its_kernels(make: Any) -> None:
+    s = make(vjp=False)
+    (row,) = [o for o in ember.info()["ops"] if o["name"] == s.name]
+    assert row["backends"] == ["flex"] and row["description"] == "tanh(x * alpha) + y"
+    assert row["plugin"] == __name__

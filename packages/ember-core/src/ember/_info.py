@@ -89,10 +89,16 @@ def collect() -> dict[str, Any]:
         {"name": d.name, "contract": d.contract, "description": d.description, "plugin": d.plugin}
         for d in sorted(registry.decorators.values(), key=lambda d: d.name)
     ]
-    ops = [
-        {"name": o.name, "backends": sorted(o.backends), "description": o.description, "plugin": o.plugin}
-        for o in sorted(registry.ops.values(), key=lambda o: o.name)
-    ]
+    from .extension import registered
+
+    # one list for both ways of registering: register_ops hooks (backends=) and backend_extension (kernels)
+    ops = sorted(
+        [{"name": o.name, "backends": sorted(o.backends), "description": o.description, "plugin": o.plugin}
+         for o in registry.ops.values()]
+        + [{"name": o.name, "backends": sorted(o.kernels), "description": o.description, "plugin": o.plugin}
+           for o in registered().values()],
+        key=lambda o: o["name"],
+    )
 
     raw_info = registry.hook_results("plugin_info", check=False)
     plugin_info = {name: _jsonable(raw_info[name]) for name in sorted(raw_info)}
