@@ -8,25 +8,15 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
+from .. import opinfo as _opinfo
 from .._bridge import broadcast_shapes2
 from ..dtypes import convert_scalar
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ..tensor import Tensor
 from .elementwise import binary, inplace_binary, tracks_grad, unary, write_result
 
-_UNARY_NAMES = (
-    "neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan sinh "
-    "cosh tanh asinh acosh atanh erf erfc erfinv floor ceil trunc sigmoid isnan isinf isfinite isposinf "
-    "isneginf logical_not bitwise_not signbit"
-).split()
-
-_BINARY_NAMES = (
-    "mul div floor_divide remainder fmod pow maximum minimum fmax fmin atan2 copysign hypot eq ne lt le gt ge "
-    "logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift"
-).split()
-
-_INPLACE_UNARY = "neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan " \
-    "sinh cosh tanh asinh acosh atanh erf erfc erfinv floor ceil trunc sigmoid".split()
+#: the elementwise ops whose front door lives in this module, from the op registry (ember.opinfo)
+_OPS = tuple(_opinfo.select(module=__name__))
 
 
 def _make_unary(op: str) -> Any:
@@ -69,21 +59,12 @@ def _make_inplace_binary(op: str) -> Any:
     return f
 
 
+# the front doors of the primitives without extra arguments, and their aliases (``arcsin`` is ``asin``), generated
+# from their registry entries; the hand-written ones (``custom``: add, sub, div, round) are defined below
 _g = globals()
-for _op in _UNARY_NAMES:
-    _g[_op] = _make_unary(_op)
-for _op in _BINARY_NAMES:
-    _g[_op] = _make_binary(_op)
-
-negative = _g["neg"]
-absolute = _g["abs"]
-arcsin, arccos, arctan = _g["asin"], _g["acos"], _g["atan"]
-arcsinh, arccosh, arctanh = _g["asinh"], _g["acosh"], _g["atanh"]
-arctan2 = _g["atan2"]
-multiply, true_divide = _g["mul"], _g["div"]
-greater, greater_equal, less, less_equal = _g["gt"], _g["ge"], _g["lt"], _g["le"]
-not_equal = _g["ne"]
-_BINARY_NAMES.remove("div")
+for _info in _OPS:
+    if _info.kind == "primitive" and not _info.custom:
+        _g[_info.name] = (_make_unary if _info.arity == 1 else _make_binary)(_info.name)
 
 
 def _scaled(op: str, input: Any, other: Any, alpha: Any) -> Any:
@@ -121,8 +102,6 @@ def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
         other = _scaled("sub", input, other, alpha)
     return binary("sub", input, other)
 
-
-subtract = sub
 
 
 def rsub(input: Tensor, other: Any, *, alpha: Any = 1) -> Tensor:
@@ -178,8 +157,6 @@ def square(input: Tensor) -> Tensor:
 def frac(input: Tensor) -> Tensor:
     return binary("sub", input, unary("trunc", input))
 
-
-divide = div
 
 
 def positive(input: Tensor) -> Tensor:
@@ -286,8 +263,6 @@ def _clamp_tracked(s: Any, x: Any, lo: Any, hi: Any) -> Any:
         out = s.where(above, hi, out)
     return out
 
-
-clip = clamp
 
 
 def clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
@@ -490,32 +465,36 @@ def equal(input: Tensor, other: Tensor) -> bool:
     return input.shape == other.shape and bool(binary("eq", input, other).numpy().all())
 
 
-TENSOR_METHODS: dict[str, Any] = {name: _g[name] for name in _UNARY_NAMES + _BINARY_NAMES}
-TENSOR_METHODS.update({op + "_": _make_inplace_unary(op) for op in _INPLACE_UNARY})
-TENSOR_METHODS.update(
-    {
-        op + "_": _make_inplace_binary(op)
-        for op in "mul floor_divide remainder fmod pow maximum minimum atan2 copysign hypot bitwise_and bitwise_or "
-        "bitwise_xor bitwise_left_shift bitwise_right_shift".split()
-    }
-)
-TENSOR_METHODS.update(
-    add=add, sub=sub, subtract=sub, multiply=multiply, divide=div, div=div,
-    true_divide=true_divide, round=round, square=square, frac=frac, clamp=clamp, clip=clamp, clamp_=clamp_,
-    clip_=clamp_, clamp_min=clamp_min, clamp_max=clamp_max, nan_to_num=nan_to_num, lerp=lerp, xlogy=xlogy,
-    logaddexp=logaddexp, isclose=isclose, allclose=allclose, equal=equal, div_=div_, negative=negative,
-    absolute=absolute, arcsin=arcsin, arccos=arccos, arctan=arctan, arctan2=arctan2, greater=greater,
-    greater_equal=greater_equal, less=less, less_equal=less_equal, not_equal=not_equal, positive=positive,
-    rsub=rsub,
-    add_=lambda self, other, *, alpha=1: inplace_binary("add", self, _scaled("add_", self, other, alpha)),
-    sub_=lambda self, other, *, alpha=1: inplace_binary("sub", self, _scaled("sub_", self, other, alpha)),
-    round_=lambda self: _make_inplace_unary("round")(self),
-)
-TENSOR_METHODS["where"] = lambda self, condition, other: where(condition, self, other)
+# in-place twins whose out-of-place op takes extra arguments (alpha, rounding_mode, bounds)
+_INPLACE_CUSTOM: dict[str, Any] = {
+    "add_": lambda self, other, *, alpha=1: inplace_binary("add", self, _scaled("add_", self, other, alpha)),
+    "sub_": lambda self, other, *, alpha=1: inplace_binary("sub", self, _scaled("sub_", self, other, alpha)),
+    "div_": div_,
+    "clamp_": clamp_,
+    "clip_": clamp_,
+}
 
-__all__ = _UNARY_NAMES + _BINARY_NAMES + [
-    "negative", "absolute", "arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "arctan2", "multiply",
-    "divide", "true_divide", "greater", "greater_equal", "less", "less_equal", "not_equal", "add", "sub",
-    "subtract", "rsub", "div", "round", "square", "frac", "positive", "clamp", "clip", "clamp_min", "clamp_max",
-    "where", "nan_to_num", "lerp", "xlogy", "logaddexp", "isclose", "allclose", "equal",
-]
+
+def _tensor_methods() -> dict[str, Any]:
+    """Every registry entry's Tensor methods: the function for its name and aliases, the in-place twin for
+    ``<name>_`` (generated unless the op takes extra arguments)."""
+    methods: dict[str, Any] = {}
+    for info in _OPS:
+        fn = _g[info.name]
+        for m in info.methods:
+            if m in _INPLACE_CUSTOM:
+                methods[m] = _INPLACE_CUSTOM[m]
+            elif m == info.name + "_":
+                methods[m] = (_make_inplace_unary if info.arity == 1 else _make_inplace_binary)(info.name)
+            else:
+                methods[m] = fn
+    # Tensor.where(condition, other) puts self in the middle of where(condition, input, other)
+    methods["where"] = lambda self, condition, other: where(condition, self, other)
+    return methods
+
+
+for _info in _OPS:
+    for _alias in _info.aliases:
+        _g[_alias] = _g[_info.name]
+TENSOR_METHODS: dict[str, Any] = _tensor_methods()
+__all__ = [fn for info in _OPS for fn in info.functions]
