@@ -302,40 +302,27 @@ def _binop(op: str, doc: str) -> tuple[Any, Any, Any]:
 
 
 def install_operators() -> None:
-    """Attach Python operators to Tensor (done once at import)."""
-    table = {
-        "add": "__add__ __radd__ __iadd__",
-        "sub": "__sub__ __rsub__ __isub__",
-        "mul": "__mul__ __rmul__ __imul__",
-        "div": "__truediv__ __rtruediv__ __itruediv__",
-        "floor_divide": "__floordiv__ __rfloordiv__ __ifloordiv__",
-        "remainder": "__mod__ __rmod__ __imod__",
-        "pow": "__pow__ __rpow__ __ipow__",
-        "bitwise_and": "__and__ __rand__ __iand__",
-        "bitwise_or": "__or__ __ror__ __ior__",
-        "bitwise_xor": "__xor__ __rxor__ __ixor__",
-        "bitwise_left_shift": "__lshift__ __rlshift__ __ilshift__",
-        "bitwise_right_shift": "__rshift__ __rrshift__ __irshift__",
-    }
-    for op, names in table.items():
-        fwd_name, rev_name, inp_name = names.split()
-        fwd, rev, inp = _binop(op, f"self {op} other")
-        setattr(Tensor, fwd_name, fwd)
-        setattr(Tensor, rev_name, rev)
-        setattr(Tensor, inp_name, inp)
-    from .ops.elementwise import binary, unary
+    """Attach Python operators to Tensor (done once at import), as the op registry (:mod:`ember.opinfo`) names
+    them: a binary op's forward, reflected and in-place dunders, a comparison's one, a unary op's one."""
+    from . import opinfo
+    from .ops.elementwise import unary
 
-    for op, name in (("eq", "__eq__"), ("ne", "__ne__"), ("lt", "__lt__"), ("le", "__le__"), ("gt", "__gt__"),
-                     ("ge", "__ge__")):
-        setattr(Tensor, name, (lambda o: lambda self, other: binary(o, self, other))(op))
-    Tensor.__neg__ = lambda self: unary("neg", self)  # type: ignore[method-assign]
-    Tensor.__pos__ = lambda self: self  # type: ignore[method-assign]
-    Tensor.__abs__ = lambda self: unary("abs", self)  # type: ignore[method-assign]
+    for info in opinfo.OPS:
+        if not info.operators:
+            continue
+        if info.arity == 2:
+            fwd, rev, inp = _binop(info.name, f"self {info.name} other")
+            for name, fn in zip(info.operators, (fwd, rev, inp)):  # comparisons have the forward one only
+                setattr(Tensor, name, fn)
+        elif info.name == "bitwise_not":
+            # ``~`` of a bool tensor is logical_not, as in PyTorch: backends see the predicate, not bitwise ops on bools
+            def invert(self: Tensor) -> Tensor:
+                return unary("logical_not" if self._dtype.is_bool else "bitwise_not", self)
 
-    def invert(self: Tensor) -> Tensor:
-        return unary("logical_not" if self._dtype.is_bool else "bitwise_not", self)
-
-    Tensor.__invert__ = invert  # type: ignore[method-assign]
+            setattr(Tensor, info.operators[0], invert)
+        else:
+            setattr(Tensor, info.operators[0], (lambda o: lambda self: unary(o, self))(info.name))
+    Tensor.__pos__ = lambda self: self  # type: ignore[method-assign]  # identity, no op (not in the registry)
 
     def matmul(self: Tensor, other: Any) -> Tensor:
         from .ops.linalg import matmul as mm
