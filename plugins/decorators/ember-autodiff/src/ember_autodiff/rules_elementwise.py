@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember.autograd import GRAD_MODE
+from ember.errors import AutodiffError
 
 from .graph import ADArray, Meta, Node
 from .recorder import Recorder
@@ -358,6 +359,20 @@ class ElementwiseRules(Recorder):
             self._rebase("copy_", dst, (src,), lambda g: (unbroadcast(inner, g, shape),))
         elif dst.meta is not None and dst.meta.node is not None:
             self._rebase("copy_", dst, (), lambda g: ())
+
+    def write_back(self, dst: ADArray, src: ADArray, op: str) -> ADArray:
+        """An in-place op computed out of place: while dst is tracked, its graph may have saved its old value,
+        so the tensor is rebound to ``src`` (whose node continues dst's history) instead of overwriting dst's
+        memory; a leaf that requires grad is refused, as in PyTorch."""
+        if GRAD_MODE.enabled and dst.meta is not None:
+            if dst.meta.node is None:
+                raise AutodiffError(
+                    f"{op}: a leaf tensor that requires grad is being used in an in-place operation; wrap it in "
+                    "`with ember.no_grad():` (e.g. for parameter updates) or clone() it first"
+                )
+            return src
+        self.assign(dst, src)
+        return dst
 
     def inplace_binary(self, op: str, a: ADArray, b: Any) -> None:
         if not self.tracking(a, b):

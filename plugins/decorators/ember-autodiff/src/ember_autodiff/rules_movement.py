@@ -181,6 +181,23 @@ class MovementRules(Recorder):
     # ------------------------------------------------------------------------------------------------------
     # fast rules for default compositions (the inner backend's own method forward)
     # ------------------------------------------------------------------------------------------------------
+    def keep_graph(self, out: ADArray, inputs: Sequence[Any]) -> ADArray:
+        """``out`` (built without reading ``inputs``: an empty op skipped its kernel) tied to the inputs that
+        require grad, so backward reaches them and gives each a zero gradient of its own shape and dtype (empty
+        for empty inputs), as PyTorch does, instead of none."""
+        tied = [h for h in inputs if type(h) is ADArray and h.meta is not None]
+        if not tied or not GRAD_MODE.enabled:
+            return out
+        inner = self.inner
+        if not inner.dtype_of(out.value).is_floating_point:
+            return out
+        specs = [(tuple(h.shape), inner.dtype_of(h.value)) for h in tied]
+
+        def vjp(g: Any) -> list[Any]:
+            return [g] + [inner.full(shape, 0, dtype) for shape, dtype in specs]
+
+        return self.record("keep_graph", out.value, (out, *tied), vjp)
+
     def flip(self, h: ADArray, dims: tuple[int, ...]) -> ADArray:
         inner = self.inner
         value = inner.flip(h.value, dims)

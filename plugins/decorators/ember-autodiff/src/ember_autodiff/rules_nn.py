@@ -225,6 +225,15 @@ def avg_pool_grad(be: Any, g: Any, x_shape: tuple[int, ...], ks: tuple[int, ...]
 class NNRules(Recorder):
     """Mixin of AutodiffBackend: matmul, einsum, conv, conv_transpose, max/avg/adaptive-max pooling."""
 
+    def embedding(self, weight: ADArray, index: ADArray, padding_idx: int | None) -> ADArray:
+        """Rows of weight at index; the padding row receives no gradient (PyTorch): its rows are selected
+        from an untracked alias of weight."""
+        rows = self.index_select(weight, 0, index)
+        if padding_idx is None or not self.tracking(weight):
+            return rows
+        pad = self.reshape(self.binary("eq", index, padding_idx), (index.shape[0], 1))
+        return self.where(pad, self.index_select(self.wrap(weight.value), 0, index), rows)
+
     def matmul(self, a: ADArray, b: ADArray) -> ADArray:
         inner = self.inner
         value = inner.matmul(a.value, b.value)

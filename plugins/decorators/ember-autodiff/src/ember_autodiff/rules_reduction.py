@@ -180,6 +180,47 @@ class ReductionRules(Recorder):
                           recompute=None if xs is None else recompute(xs))
         return out, idx
 
+    # -- results core computed elsewhere and declares selected from h (Backend.select_at / select_ties) ---------
+    def select_at(self, h: ADArray, dim: int, index: ADArray, values: ADArray) -> ADArray:
+        """max/min along a dim and cummax/cummin: the gradient follows the returned indices (PyTorch), so it
+        is scattered back through ``index`` (h's rank; repeated indices add up), whatever ``values`` recorded."""
+        if not self.tracking(h):
+            return values
+        inner = self.inner
+        shape, ishape, vshape = tuple(h.shape), tuple(index.shape), tuple(values.shape)
+        dtype = inner.dtype_of(h.value)
+        ig = self.save(index)  # version-checked: the user may modify the returned indices
+
+        def vjp(g: Any) -> tuple[Any]:
+            gi = g if tuple(g.shape) == ishape else inner.reshape(g, ishape)
+            return (inner.scatter(inner.full(shape, 0, dtype), dim, ig(), gi, "add"),)
+
+        xs = self._saved_for_recompute(h)
+        return self.record("select_at", values.value, (h,), vjp,
+                           recompute=None if xs is None else
+                           lambda: inner.reshape(inner.gather(xs(), dim, ig()), vshape))
+
+    def select_ties(self, h: ADArray, value: ADArray) -> ADArray:
+        """max(), min() and median() without dim: PyTorch splits the gradient evenly among the elements equal
+        to the result, or among the NaNs when the result is NaN (amax's rule would give NaN: no element equals
+        NaN)."""
+        if not self.tracking(h):
+            return value
+        inner = self.inner
+        dims = tuple(range(len(h.shape)))
+        dtype = inner.dtype_of(h.value)
+        x = self.save(h)
+        v = value.value
+
+        def vjp(g: Any) -> tuple[Any]:
+            xv = x()
+            nan = inner.binary("logical_and", inner.unary("isnan", xv), inner.unary("isnan", v))
+            mask = inner.cast(inner.binary("logical_or", inner.binary("eq", xv, v), nan), dtype)
+            count = inner.reduce("sum", mask, dims, False) if dims else mask
+            return (inner.binary("mul", inner.binary("div", g, count), mask),)
+
+        return self.record("select_ties", v, (h,), vjp)
+
     def sort(self, h: ADArray, dim: int, descending: bool, stable: bool) -> tuple[ADArray, ADArray]:
         inner = self.inner
         v, i = inner.sort(h.value, dim, descending, stable)
