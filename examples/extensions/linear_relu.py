@@ -57,8 +57,9 @@ def linear_relu(x: ember.Tensor, w: ember.Tensor, b: ember.Tensor) -> ember.Tens
 # -- backward ---------------------------------------------------------------------------------------------------------
 @linear_relu.save
 def _save(ctx: Any, inputs: tuple[Any, ...], outputs: tuple[ember.Tensor, ...]) -> None:
-    # Runs once when the op is recorded for gradients: keep the ReLU's mask, not a copy of the pre-activation.
-    # torch's rule: the gradient is zero where the pre-activation is <= 0 (and passes where it is NaN).
+    # PyTorch's setup_context: computes, from the recorded inputs and outputs, what the vjp needs beyond ctx.inputs
+    # and ctx.outputs. Here the ReLU's mask, with torch's rule: the gradient is zero where the pre-activation is
+    # <= 0 (out <= 0), and passes where it is NaN (NaN <= 0 is false).
     ctx.dead = outputs[0] <= 0
 
 
@@ -75,11 +76,9 @@ def _vjp(ctx: Any, grad: ember.Tensor) -> tuple[ember.Tensor, ember.Tensor, embe
 # -- flex (numpy) -----------------------------------------------------------------------------------------------------
 @linear_relu.kernel("flex")
 def _flex(backend: Any, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """One fresh array (the matmul's), then the bias and the ReLU in place in it.
-
-    The composition makes three arrays (the product, the sum, the ReLU), this one. Half-precision and integer dtypes
-    go through the backend's own primitives, which know their accumulation rules.
-    """
+    """One fresh array (the matmul's), then the bias and the ReLU in place in it: one output-sized allocation where
+    the composition makes three (the product, the sum, the ReLU). Half-precision and integer dtypes go through the
+    backend's own primitives, which know their accumulation rules."""
     if backend.dtype_of(x) not in (dt.float32, dt.float64):
         return _primitives(backend, x, w, b)
     out = np.matmul(x, w.T)  # x @ w.T reads w transposed in place (BLAS), no copy
