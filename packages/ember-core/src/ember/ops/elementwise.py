@@ -240,25 +240,10 @@ def inplace_binary(op: str, a: Tensor, b: Any) -> Tensor:
 def write_result(t: Tensor, h: Any, op: str) -> Tensor:
     """Make h (already of t's dtype and shape) the contents of t, for in-place ops computed out of place.
 
-    Normally h is copied into t's memory, so views of t see it. When a differentiable stack tracks t, the
-    result still carries a node that read t's old value; overwriting that memory would invalidate it, so t is
-    rebound to h instead (t's history continues through h's node, and what earlier ops saved stays valid).
+    The stack decides how (``Backend.write_back``): normally h is copied into t's memory, so views of t see it;
+    a differentiable stack that tracks t rebinds t to h instead, so that what its graph saved stays valid.
     """
-    stack = t._device.stack
-    if stack.differentiable and stack.requires_grad(t._h):
-        from ..autograd import GRAD_MODE
-
-        if GRAD_MODE.enabled:
-            if stack.is_leaf(t._h):
-                from ..errors import AutodiffError
-
-                raise AutodiffError(
-                    f"{op}: a leaf tensor that requires grad is being used in an in-place operation; wrap it in "
-                    "`with ember.no_grad():` (e.g. for parameter updates) or clone() it first"
-                )
-            t._h = h
-            return t
-    stack.assign(t._h, h)
+    t._h = t._device.stack.write_back(t._h, h, op)
     return t
 
 
@@ -277,24 +262,11 @@ def tracks_grad(stack: Any, *handles: Any) -> bool:
 
 def keep_graph(stack: Any, out: Any, *inputs: Any) -> Any:
     """``out`` (a handle built without reading ``inputs``: an op whose input or output is empty skips its kernel)
-    tied to the inputs that require grad, so backward reaches them and their gradients are zero tensors of their
-    own shapes -- empty for empty inputs -- as in PyTorch, not missing. Inputs are Tensors, handles or None. The
-    tie adds the sum of an empty slice of each input: exactly 0 whatever the input holds (inf and NaN too)."""
-    if not stack.differentiable:
-        return out
-    dtype = stack.dtype_of(out)
-    if not dtype.is_floating_point:
-        return out
-    for x in inputs:
-        h = x._h if isinstance(x, Tensor) else x
-        if h is None or isinstance(h, (bool, int, float)) or not tracks_grad(stack, h):
-            continue
-        flat = h if len(h.shape) == 1 else stack.reshape(h, (int(np.prod(h.shape, dtype=np.int64)),))
-        z = stack.reduce("sum", stack.getitem(flat, (slice(0, 0),)), (0,), False)
-        if stack.dtype_of(z) is not dtype:
-            z = stack.cast(z, dtype)
-        out = stack.binary("add", out, z)
-    return out
+    declared to depend on the inputs (Tensors, handles, Python scalars or None), so a differentiable stack gives
+    them zero gradients of their own shapes -- empty for empty inputs -- as in PyTorch, not missing ones
+    (``Backend.keep_graph``; every other stack returns ``out``)."""
+    hs = [x._h if isinstance(x, Tensor) else x for x in inputs]
+    return stack.keep_graph(out, [h for h in hs if h is not None and not isinstance(h, (bool, int, float))])
 
 
 def _bump_version(t: Tensor) -> None:

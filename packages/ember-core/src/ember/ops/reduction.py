@@ -9,7 +9,6 @@ descending), median and kthvalue treat it as the largest value.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import math
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -22,7 +21,7 @@ from ..autograd import no_grad
 from ..dtypes import DType
 from ..errors import DimError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ..tensor import Tensor
-from .elementwise import binary, tracks_grad
+from .elementwise import binary
 
 Shape = tuple[int, ...]
 
@@ -284,41 +283,31 @@ def _max_min(op: str, input: Any, dim: Any, keepdim: bool) -> Any:
     if isinstance(dim, Tensor):  # max(a, b) is maximum(a, b)
         return binary("maximum" if op == "max" else "minimum", x, dim)
     if dim is None:
-        stack = x._device.stack
-        if x._dtype.is_floating_point and x.ndim and tracks_grad(stack, x._h):
-            _nonempty(x, tuple(range(x.ndim)), op, True)
-            return Tensor._make(_full_extreme_tracked(stack, op, x._h), x._dtype, x._device)
-        return _extreme(op, x, None, False, op)
+        if not (x._dtype.is_floating_point and x.ndim):
+            return _extreme(op, x, None, False, op)
+        # PyTorch splits max()'s gradient evenly among the elements equal to it (the NaNs when it is NaN): the
+        # value is computed without recording and declared selected from those elements (Backend.select_ties)
+        with no_grad():
+            r = _extreme(op, x, None, False, op)
+        r._h = x._device.stack.select_ties(x._h, r._h)
+        return r
     d = norm_dim(dim, x.ndim, op)
     _nonempty(x, (d,) if x.ndim else (), op, False)
     stack = x._device.stack
-    if stack.differentiable and x.ndim and x._dtype.is_floating_point:
-        # PyTorch gives the gradient of max(dim)/min(dim) to the returned index only (amax splits ties):
-        # take the values through the indices so that the gradient follows them
-        idx = _argreduce("argmax" if op == "max" else "argmin", x, d, True)
-        values = stack.gather(x._h, d, idx)
+    if x.ndim and x._dtype.is_floating_point:
+        # PyTorch gives the gradient of max(dim)/min(dim) to the returned index only (amax splits ties): the
+        # values are declared selected at the indices (Backend.select_at), which needs them with h's rank
+        with no_grad():
+            idx = _argreduce("argmax" if op == "max" else "argmin", x, d, True)
+            values = _reduce(stack, op, x._h, (d,), keepdim)
+        values = stack.select_at(x._h, d, idx, values)
         if not keepdim:
-            shape = _out_shape(x._h.shape, (d,), False)
-            values, idx = stack.reshape(values, shape), stack.reshape(idx, shape)
+            idx = stack.reshape(idx, _out_shape(x._h.shape, (d,), False))
     else:
         values = _reduce(stack, op, x._h, (d,) if x.ndim else (), keepdim)
         idx = _argreduce("argmax" if op == "max" else "argmin", x, d, keepdim)
     rt = return_types.max if op == "max" else return_types.min
     return rt(Tensor._make(values, x._dtype, x._device), Tensor._make(idx, dt.int64, x._device))
-
-
-def _full_extreme_tracked(stack: Any, op: str, h: Any) -> Any:
-    """``max(x)`` / ``min(x)`` of a tensor that requires grad. PyTorch splits the gradient evenly among the
-    elements equal to the result -- among the NaNs when the result is NaN (amax's rule would give NaN everywhere:
-    no element equals NaN). One host read decides which case holds."""
-    dims = tuple(range(len(h.shape)))
-    d = stack.detach(h)
-    if not math.isnan(float(stack.to_numpy(stack.reduce(op, d, dims, False)))):
-        return stack.reduce(op, h, dims, False)
-    nan = stack.unary("isnan", d)
-    count = stack.reduce("sum", stack.cast(nan, stack.dtype_of(h)), dims, False)
-    # the sum of the NaN elements is NaN (the value); its gradient is 1 at each of them, / count splits it
-    return stack.binary("div", stack.reduce("sum", stack.where(nan, h, 0.0), dims, False), count)
 
 
 def max(input: Tensor, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A001
@@ -537,10 +526,9 @@ def _cum_extreme(op: str, input: Any, dim: Any) -> Any:
                   Tensor._make(stack.full((), 0, dt.int64), dt.int64, x._device))
     h = stack.cast(x._h, dt.uint8) if x._dtype is dt.bool_ else x._h
     shape = h.shape
-    # on a differentiable stack the values are taken through the indices below (the gradient goes to the
+    # the values are declared selected at the indices below (Backend.select_at: the gradient goes to the
     # selected elements, as in PyTorch), so the scan itself records nothing
-    tracked = stack.differentiable and x._dtype.is_floating_point
-    with no_grad() if tracked else contextlib.nullcontext():
+    with no_grad():
         v = _scan(stack, "maximum" if op == "cummax" else "minimum", h, d)
     # PyTorch moves the index at every element that equals the running extreme (ties: the last one wins) and
     # at every NaN; after a NaN the extreme stays NaN and only later NaNs move the index
@@ -550,8 +538,8 @@ def _cum_extreme(op: str, input: Any, dim: Any) -> Any:
     view = tuple(shape[d] if i == d else 1 for i in range(len(shape)))
     pos = stack.expand(stack.reshape(stack.arange(0, shape[d], 1, dt.int64), view), shape)
     idx = _scan(stack, "maximum", stack.where(mark, pos, -1), d)
-    if tracked:
-        v = stack.gather(h, d, idx)
+    if x._dtype.is_floating_point:
+        v = stack.select_at(h, d, idx, v)
     if x._dtype is dt.bool_:
         v = stack.cast(v, dt.bool_)
     return rt(Tensor._make(v, x._dtype, x._device), Tensor._make(idx, dt.int64, x._device))
@@ -656,21 +644,16 @@ def median(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
                 raise ShapeError(f"median(): cannot take the median of an empty {x._dtype.name} tensor")
             return Tensor._make(stack.full((), math.nan, x._dtype), x._dtype, x._device)
         flat = Tensor._make(stack.reshape(x._h, (n,)), x._dtype, x._device)
-        # PyTorch splits the gradient of median() evenly among the elements equal to it: on a differentiable
-        # stack the median is found without recording, then taken as the max of those elements (max splits
-        # its gradient among ties)
-        tracked = stack.differentiable and x._dtype.is_floating_point
-        with no_grad() if tracked else contextlib.nullcontext():
+        # the median is found without recording; PyTorch splits its gradient evenly among the elements equal
+        # to it (the NaNs when it is NaN): Backend.select_ties
+        with no_grad():
             v, _ = _select("median", flat, (n - 1) // 2, 0, False)
             if x._dtype.is_floating_point:
                 # NaN sorts last, so the last sorted element says whether there is one
                 top = stack.reduce("max", flat._h, (0,), False)
                 v = stack.where(stack.unary("isnan", top), top, v)
-            if tracked:
-                nan = stack.binary("logical_and", stack.unary("isnan", flat._h), stack.unary("isnan", v))
-                hit = stack.binary("logical_or", stack.binary("eq", flat._h, v), nan)
-        if tracked:
-            v = stack.reduce("max", stack.where(hit, flat._h, -math.inf), (0,), False)
+        if x._dtype.is_floating_point:
+            v = stack.select_ties(flat._h, v)
         return Tensor._make(v, x._dtype, x._device)
     d = norm_dim(dim, x.ndim, "median")
     _nonempty(x, (d,) if x.ndim else (), "median", False)

@@ -667,8 +667,8 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     keep = [(i, v) for i, v in enumerate(ts) if v.shape != (0,)]
     dev = ts[0]._device
     stack = dev.stack
-    # skipped tensors still get (empty) gradients, as in PyTorch
-    skipped = [v for v in ts if v.shape == (0,)] if stack.differentiable else ()
+    # skipped tensors still get (empty) gradients, as in PyTorch (Backend.keep_graph)
+    skipped = [v for v in ts if v.shape == (0,)]
     if not keep:
         d = norm_dim(dim, 1, "cat")
         return Tensor._make(keep_graph(stack, stack.full((0,), 0, rdt), *skipped), rdt, dev)
