@@ -155,6 +155,12 @@ def square(input: Tensor) -> Tensor:
 
 
 def frac(input: Tensor) -> Tensor:
+    """input - trunc(input), the fractional part with input's sign; floating dtypes only, as in PyTorch."""
+    if not isinstance(input, Tensor):
+        raise DTypeError(f"frac: expected a Tensor, got {type(input).__name__} {input!r}")
+    if not input._dtype.is_floating_point:
+        raise DTypeError(f"frac: not implemented for {input._dtype.name} (Tensor{tuple(input.shape)}); "
+                         "floating point tensors only")
     return binary("sub", input, unary("trunc", input))
 
 

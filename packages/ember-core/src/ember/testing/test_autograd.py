@@ -27,7 +27,7 @@ import pytest
 
 import ember
 from ember import AutodiffError, DeviceError, DTypeError
-from ember.backend import PREDICATE_UNARY_OPS, UNARY_OPS
+from ember import opinfo
 from ember.nn import functional as EF
 from ember.testing import require_dtype, torch_or_skip
 from ember.testing._helpers import raises
@@ -42,9 +42,8 @@ TORCH_RTOL, TORCH_ATOL = 1e-7, 1e-10  # two float64 implementations of the same 
 MAX_COORDS = 30  # inputs up to this size are perturbed one coordinate at a time
 DIRECTIONS = 3  # random directions for larger inputs
 
-#: UNARY_OPS without a gradient (predicates and bitwise ops return bool/int tensors)
-NON_DIFFERENTIABLE_UNARY = PREDICATE_UNARY_OPS | {"bitwise_not"}
-DIFFERENTIABLE_UNARY = sorted(UNARY_OPS - NON_DIFFERENTIABLE_UNARY)
+#: the unary primitives with a gradient (the op registry's; predicates and bitwise ops return bool/int tensors)
+DIFFERENTIABLE_UNARY = sorted(op.name for op in opinfo.select(arity=1, kind="primitive") if op.differentiable)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -248,25 +247,24 @@ def case(id: str, fn: Fn, *inputs: np.ndarray, fd: bool = True, torch: bool = Tr
     CASES.append(Case(id, fn, tuple(np.asarray(a, dtype=np.float64) for a in inputs), fd, torch))
 
 
-# -- unary: every differentiable op of UNARY_OPS, contiguous and on a transposed view ---------------------------
-_DOMAIN: dict[str, Callable[[], np.ndarray]] = {
-    **{op: (lambda: U(0.3, 3.0, 4, 3)) for op in ("log", "log2", "log10", "sqrt", "rsqrt")},
-    "log1p": lambda: U(-0.6, 2.0, 4, 3),
-    "reciprocal": lambda: NZ(4, 3),
-    **{op: (lambda: U(-0.9, 0.9, 4, 3)) for op in ("asin", "acos", "atanh", "erfinv")},
-    "acosh": lambda: U(1.2, 3.0, 4, 3),
-    "tan": lambda: U(-1.2, 1.2, 4, 3),
+# -- unary: every differentiable unary primitive, contiguous and on a transposed view, on its registry domain ------
+_DOMAIN: dict[str, Callable[[], np.ndarray]] = {  # opinfo.DOMAINS -> float64 samples of shape (4, 3)
+    "real": lambda: N(4, 3),
+    "positive": lambda: U(0.3, 3.0, 4, 3),
+    "above_minus_one": lambda: U(-0.6, 2.0, 4, 3),
+    "above_one": lambda: U(1.2, 3.0, 4, 3),
+    "open_unit": lambda: U(-0.9, 0.9, 4, 3),
+    "half_period": lambda: U(-1.2, 1.2, 4, 3),
+    "nonzero": lambda: NZ(4, 3),
     # step functions: values away from the jumps, so the differences see the zero gradient
-    **{op: (lambda: np.round(N(4, 3, scale=3.0)) + U(0.1, 0.4, 4, 3)) for op in ("floor", "ceil", "round", "trunc")},
-    "abs": lambda: NZ(4, 3),
-    "sign": lambda: NZ(4, 3),
+    "off_integers": lambda: np.round(N(4, 3, scale=3.0)) + U(0.1, 0.4, 4, 3),
 }
 for _op in DIFFERENTIABLE_UNARY:
-    _x = _DOMAIN.get(_op, lambda: N(4, 3))()
+    _x = _DOMAIN[opinfo.get(_op).domain]()
     case(f"unary-{_op}", lambda e, F, x, op=_op: getattr(e, op)(x), _x)
     case(f"unary-{_op}-noncontiguous", lambda e, F, x, op=_op: getattr(e, op)(x.T), _x)
 case("unary-square", lambda e, F, x: e.square(x), N(3, 4))
-case("unary-frac", lambda e, F, x: e.frac(x), _DOMAIN["floor"]())
+case("unary-frac", lambda e, F, x: e.frac(x), _DOMAIN[opinfo.get("frac").domain]())
 case("unary-method-chain", lambda e, F, x: (x.exp() * 0.5).sin().tanh(), N(3, 4))
 case("unary-nan_to_num", lambda e, F, x: e.nan_to_num(x.log()), U(0.3, 2.0, 3, 4))
 

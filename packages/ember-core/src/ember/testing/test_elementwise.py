@@ -1,5 +1,8 @@
 """Conformance: every unary and binary elementwise op of the contract, through the public functions, vs torch.
 
+The ops, their torch oracles, sample domains and float32 tolerances come from the op registry (``ember.opinfo``):
+an op added there is tested here without editing this module.
+
 Inputs cover float32/float64/integer/bool dtypes, broadcasting, non-contiguous (strided, transposed) handles,
 0-d and empty tensors, and the special values (NaN, +-inf, -0.0). Where torch refuses an input, ember must raise
 a typed error instead of computing something else.
@@ -12,7 +15,7 @@ import pytest
 
 import ember
 from ember import dtypes as dt
-from ember.backend import BINARY_OPS, UNARY_OPS
+from ember import opinfo
 from ember.testing import assert_close, noncontiguous, require_dtype, to_torch, torch_or_skip
 
 FLOATS = np.array([-2.5, -1.0, -0.5, -0.0, 0.0, 0.25, 0.5, 1.0, 1.5, 2.5, 3.7, np.nan, np.inf, -np.inf])
@@ -21,16 +24,22 @@ INTS = np.array([-7, -3, -1, 0, 1, 2, 3, 5, 7, 100])
 BOOLS = np.array([True, False, True, True, False, False])
 DTYPES = (dt.float32, dt.float64, dt.int32, dt.int64, dt.int8, dt.uint8, dt.bool_)
 
+UNARY_OPS = sorted(opinfo.UNARY_OPS)
+BINARY_OPS = sorted(opinfo.BINARY_OPS)
+#: unary compositions without required arguments beyond the input, and those the kit calls with fixed ones
+UNARY_COMPOSITIONS = sorted(op.name for op in opinfo.select(arity=1, kind="composition"))
+_COMPOSITION_ARGS: dict[str, tuple[float, ...]] = {"clamp": (-1.0, 1.0), "clamp_min": (0.5,), "clamp_max": (0.5,)}
+
 # Torch computes these with different (still correct) rounding in float32; compare a little looser.
-_LOOSE32 = {"tan", "erfinv", "acosh", "atanh", "asinh", "pow", "expm1", "sinh", "cosh", "exp2", "hypot", "rsqrt",
-            "erfc", "log1p", "log10", "log2"}
+_LOOSE32 = {op.name for op in opinfo.OPS if op.loose_float32}
 
 
 def _sample(d: dt.DType, op: str = "") -> np.ndarray:
     if d is dt.bool_:
         return BOOLS
     if d.is_floating_point:
-        return (UNIT if op in ("erfinv",) else FLOATS).astype(d.numpy)
+        unit = op in opinfo.BY_NAME and opinfo.get(op).samples == "unit"
+        return (UNIT if unit else FLOATS).astype(d.numpy)
     v = INTS if d.is_signed else np.abs(INTS)
     return np.clip(v, -128, 127).astype(d.numpy)
 
@@ -51,23 +60,23 @@ def _category(t: ember.Tensor) -> str:
     return "bool" if t.dtype is dt.bool_ else "int" if t.dtype.is_integer else "float"
 
 
-def _run_unary(torch, op: str, e: ember.Tensor, what: str) -> None:
-    tfn = getattr(torch, op)
+def _run_unary(torch, op: str, e: ember.Tensor, what: str, args: tuple[float, ...] = ()) -> None:
+    tfn = getattr(torch, opinfo.get(op).torch)
     if (op, _category(e)) in _UNARY_EXTENSIONS:
         assert_close(getattr(ember, op)(e), to_torch(e), msg=f"{op}({what}) is the identity")
         return
     try:
-        want = tfn(to_torch(e))
+        want = tfn(to_torch(e), *args)
     except (RuntimeError, TypeError, NotImplementedError):
         with pytest.raises(ember.EmberError):
-            getattr(ember, op)(e)
+            getattr(ember, op)(e, *args)
         return
-    got = getattr(ember, op)(e)
+    got = getattr(ember, op)(e, *args)
     assert got.device == e.device
     assert_close(got, want, msg=f"{op}({what})", **_tol(op, got.dtype))
 
 
-@pytest.mark.parametrize("op", sorted(UNARY_OPS))
+@pytest.mark.parametrize("op", UNARY_OPS)
 @pytest.mark.parametrize("d", DTYPES, ids=str)
 def test_unary_op_matches_torch(device, op, d):
     torch = torch_or_skip()
@@ -78,7 +87,7 @@ def test_unary_op_matches_torch(device, op, d):
     _run_unary(torch, op, noncontiguous(m, device), f"non-contiguous {d.name}{m.shape}")
 
 
-@pytest.mark.parametrize("op", sorted(UNARY_OPS))
+@pytest.mark.parametrize("op", UNARY_OPS)
 @pytest.mark.parametrize("shape", [(), (0,), (2, 0)], ids=str)
 def test_unary_op_0d_and_empty(device, op, shape):
     torch = torch_or_skip()
@@ -87,10 +96,24 @@ def test_unary_op_0d_and_empty(device, op, shape):
     _run_unary(torch, op, ember.tensor(a, device=device), f"float32{shape}")
 
 
-def test_unary_ops_are_exported_as_functions_and_methods():
-    missing = [op for op in UNARY_OPS if not callable(getattr(ember, op, None))]
-    missing += [f"Tensor.{op}" for op in UNARY_OPS if not callable(getattr(ember.Tensor, op, None))]
-    assert not missing, f"unary ops without a public function/method: {missing}"
+@pytest.mark.parametrize("op", UNARY_COMPOSITIONS)
+@pytest.mark.parametrize("d", DTYPES, ids=str)
+def test_unary_composition_matches_torch(device, op, d):
+    """The unary compositions of ember.ops.pointwise (square, frac, clamp, ...) on the kit's samples."""
+    torch = torch_or_skip()
+    require_dtype(device, d)
+    a = _sample(d, op)
+    args = _COMPOSITION_ARGS.get(op, ())
+    _run_unary(torch, op, ember.tensor(a, device=device), f"{d.name}{a.shape}", args)
+    m = np.resize(a, (3, 5))
+    _run_unary(torch, op, noncontiguous(m, device), f"non-contiguous {d.name}{m.shape}", args)
+
+
+def test_elementwise_ops_are_exported_as_functions_and_methods():
+    """Every registry entry's functions (aliases too) and Tensor methods exist."""
+    missing = [fn for op in opinfo.OPS for fn in op.functions if not callable(getattr(ember, fn, None))]
+    missing += [f"Tensor.{m}" for op in opinfo.OPS for m in op.methods if not callable(getattr(ember.Tensor, m, None))]
+    assert not missing, f"elementwise ops without a public function/method: {missing}"
 
 
 @pytest.mark.parametrize("d", [dt.float16, dt.bfloat16], ids=str)
@@ -105,22 +128,22 @@ def test_unary_half_types(device, op, d):
 # binary
 # --------------------------------------------------------------------------------------------------------------
 _SHIFT_AMOUNTS = np.array([0, 1, 2, 3, 5])
-_DIVISION = {"floor_divide", "remainder", "fmod", "div"}
 
 
 def _binary_inputs(op: str, d: dt.DType) -> tuple[np.ndarray, np.ndarray]:
     """(3, 4) and (4,) operands: broadcasting, and integer divisors / shift amounts / exponents in range."""
     a = np.resize(_sample(d), (3, 4))
     b = np.resize(_sample(d)[::-1], (4,))
+    rhs = opinfo.get(op).int_rhs
     if d.category == 1:
-        if op in _DIVISION:
+        if rhs == "nonzero":
             b = np.where(b == 0, 3, b).astype(d.numpy)
-        if op.startswith("bitwise_") and "shift" in op:
+        if rhs == "shift":
             b = np.resize(_SHIFT_AMOUNTS, (4,)).astype(d.numpy)
-        if op == "pow":
+        if rhs == "exponent":
             a = np.resize(np.array([-3, -1, 0, 1, 2, 3]), (3, 4)).astype(d.numpy)
             b = np.array([0, 1, 2, 3]).astype(d.numpy)
-    if d is dt.bool_ and op in _DIVISION:
+    if d is dt.bool_ and rhs == "nonzero":
         b = np.ones(4, dtype=bool)
     return a, b
 
@@ -132,12 +155,13 @@ def _torch_binary(torch, op: str, ta, tb):
         return torch.hypot(*(x.to(torch.get_default_dtype()) for x in (ta, tb)))
     if op == "pow" and cats == {"bool"}:
         return torch.pow(ta.long(), tb.long()).bool()
+    tfn = getattr(torch, opinfo.get(op).torch)
     if not isinstance(tb, torch.Tensor):
         try:
-            return getattr(torch, op)(ta, tb)
+            return tfn(ta, tb)
         except TypeError:  # torch.maximum & co. take tensors only; ember also takes a scalar (a wrapped number)
-            return getattr(torch, op)(ta, torch.tensor(tb, dtype=ta.dtype if ta.dtype.is_floating_point else None))
-    return getattr(torch, op)(ta, tb)
+            return tfn(ta, torch.tensor(tb, dtype=ta.dtype if ta.dtype.is_floating_point else None))
+    return tfn(ta, tb)
 
 
 def _run_binary(torch, op: str, ea, eb, what: str) -> None:
@@ -153,7 +177,7 @@ def _run_binary(torch, op: str, ea, eb, what: str) -> None:
     assert_close(got, want, msg=f"{op}({what})", **_tol(op, got.dtype))
 
 
-@pytest.mark.parametrize("op", sorted(BINARY_OPS))
+@pytest.mark.parametrize("op", BINARY_OPS)
 @pytest.mark.parametrize("d", DTYPES, ids=str)
 def test_binary_op_matches_torch(device, op, d):
     torch = torch_or_skip()
@@ -168,7 +192,7 @@ def test_binary_op_matches_torch(device, op, d):
     _run_binary(torch, op, col, eb, f"{d.name}(3, 1), {d.name}(4,) -> (3, 4)")
 
 
-@pytest.mark.parametrize("op", sorted(BINARY_OPS))
+@pytest.mark.parametrize("op", BINARY_OPS)
 def test_binary_op_mixed_float_dtypes_and_scalars(device, op):
     torch = torch_or_skip()
     require_dtype(device, dt.float64)
@@ -179,7 +203,7 @@ def test_binary_op_mixed_float_dtypes_and_scalars(device, op):
     _run_binary(torch, op, a, ember.tensor(2.0, dtype=ember.float64, device=device), "float32(2, 7), 0-d float64")
 
 
-@pytest.mark.parametrize("op", sorted(BINARY_OPS))
+@pytest.mark.parametrize("op", BINARY_OPS)
 @pytest.mark.parametrize("shapes", [((), ()), ((0,), (0,)), ((2, 0), (0,)), ((0, 3), (1, 3)), ((), (0, 2))],
                          ids=str)
 def test_binary_op_0d_and_empty(device, op, shapes):
