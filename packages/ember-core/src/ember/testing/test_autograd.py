@@ -26,8 +26,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember import AutodiffError, DeviceError, DTypeError
-from ember import opinfo
+from ember import AutodiffError, DeviceError, DTypeError, opinfo
 from ember.nn import functional as EF
 from ember.testing import require_dtype, torch_or_skip
 from ember.testing._helpers import raises
