@@ -139,6 +139,19 @@ class Backend:
         """The undecorated backend's handle for h (a decorator unwraps it; a backend returns it as is)."""
         return h
 
+    @property
+    def base_backend(self) -> Backend:
+        """The backend at the bottom of a decorator chain: the backend itself here (a decorator returns its inner
+        stack's). Extension kernels are looked up by its name."""
+        return self
+
+    def run_extension(self, call: Any) -> Any:
+        """Run an extension op's kernel on this backend: ``call.kernel(self, *call.args, **call.kwargs)``, where
+        ``call`` is an :class:`ember.extension.ExtensionCall` whose ``args`` are this backend's handles; returns the
+        kernel's handle (or tuple of handles). In debug mode (``EMBER_DEBUG=1``) the outputs are checked against
+        the op's output spec. Decorators override it with their policy (see :class:`ember.backend.Decorator`)."""
+        return call.run_kernel(self)
+
     def _missing(self, what: str) -> UnsupportedError:
         return UnsupportedError(f"backend {self.name!r} does not implement the required primitive {what}()")
 
@@ -424,3 +437,6 @@ class Backend:
         from ._compositions import pad
 
         return pad(self, h, pads, mode, value)
+
+
+from .decorator import Decorator, Differentiable  # noqa: E402

@@ -3,9 +3,13 @@
 Every method runs the op on the inner backend. When gradient mode is on and an input requires grad, it also
 records a :class:`~ember_autodiff.graph.Node` whose vjp computes input gradients with inner-backend ops. The
 rules live in mixins by kind (elementwise, reductions, movement, nn) over the shared recording machinery of
-:class:`~ember_autodiff.recorder.Recorder`; a contract method with no rule here
-falls back to :class:`ember.backend.Backend`'s default composition, which runs on *this* stack and is
-therefore differentiated through its primitives.
+:class:`~ember_autodiff.recorder.Recorder`; the forwarding of everything else is :class:`ember.backend.Decorator`'s.
+
+Policies (see ``AutodiffBackend.policy``): the rule mixins *handle* what they differentiate; a contract method
+with no rule is *composed* per call -- untracked calls run the inner backend's own (fast) implementation as a
+boundary, tracked calls run :class:`ember.backend.Backend`'s default composition on this stack, so its
+primitives record the gradient. Extension ops (:meth:`AutodiffBackend.run_extension`) run the backend's kernel
+when untracked, are one graph node when the op has a vjp, and differentiate the op's composition otherwise.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ember.backend import REQUIRED_PRIMITIVES, Backend
+from ember.autograd import GRAD_MODE, no_grad
+from ember.backend import Backend, Decorator
+from ember.decorator import Policy
 from ember.dtypes import DType
-from ember.errors import AutodiffError
+from ember.errors import AutodiffError, PluginError
+from ember.tensor import Tensor
 
 from .graph import ADArray, Meta, Node, backward
 from .rules_elementwise import ElementwiseRules
@@ -29,117 +36,154 @@ def unwrap(x: Any) -> Any:
     return x.value if type(x) is ADArray else x
 
 
-def unwrap_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(k.value if type(k) is ADArray else k for k in key)
-
-
-def _unwrap_deep(x: Any) -> Any:
-    if type(x) is ADArray:
-        return x.value
-    if type(x) in (tuple, list):
-        return type(x)(_unwrap_deep(i) for i in x)
-    return x
-
-
-def _handles_in(args: tuple[Any, ...]) -> list[ADArray]:
-    found = []
+def _any_tracked(args: tuple[Any, ...]) -> bool:
+    """True when gradient mode is on and an AD handle among args (or inside a tuple/list arg) requires grad."""
+    if not GRAD_MODE.enabled:
+        return False
     for a in args:
-        if type(a) is ADArray:
-            found.append(a)
-        elif type(a) in (tuple, list):
-            found.extend(i for i in a if type(i) is ADArray)
-    return found
+        t = type(a)
+        if t is ADArray:
+            if a.meta is not None:
+                return True
+        elif t is tuple or t is list:
+            for x in a:
+                if type(x) is ADArray and x.meta is not None:
+                    return True
+    return False
 
 
-def _wrap_out(value: Any) -> Any:
-    if type(value) is tuple:
-        return tuple(ADArray(v) for v in value)
-    return ADArray(value)
+class _GradParts:
+    """The output gradients of one multi-output extension op, gathered for its single node: each output's own
+    node hands its gradient to the op's node as a part, and parts arriving from several outputs merge."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: dict[int, Any]) -> None:
+        self.parts = parts
+
+    def merge(self, other: _GradParts, add: Callable[[Any, Any], Any]) -> _GradParts:
+        merged = dict(self.parts)
+        for i, g in other.parts.items():
+            merged[i] = g if i not in merged else add(merged[i], g)
+        return _GradParts(merged)
 
 
-def _composite(name: str) -> Callable[..., Any]:
-    """A contract method without a hand-written rule: untracked calls run the inner backend's (fast) version;
-    tracked calls run Backend's default composition on this stack, so its primitives record the gradient."""
-    default = getattr(Backend, name)
-
-    def method(self: AutodiffBackend, *args: Any, **kwargs: Any) -> Any:
-        if not self.tracking(*_handles_in(args)):
-            return _wrap_out(getattr(self.inner, name)(*_unwrap_deep(args), **kwargs))
-        return default(self, *args, **kwargs)
-
-    method.__name__ = name
-    method.__doc__ = f"{name}: inner backend when untracked, else the differentiated default composition."
-    return method
-
-
-class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, Backend):
+class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, Decorator):
     """Wraps ``inner``; ``balanced`` turns on balanced gradient checkpointing."""
 
+    decorator_name = "autodiff"
     differentiable = True
     contract_version = 1
+    #: random integers have no gradient: always the inner backend's
+    policies = {"randint": Policy.BOUNDARY}
 
     def __init__(self, inner: Backend, balanced: bool = False) -> None:
-        super().__init__(inner.index)
-        self.inner = inner
         self.balanced = balanced
-        self.name = f"{inner.name}+autodiff"
-        self.supported_dtypes = inner.supported_dtypes
-        self._add = lambda a, b: inner.binary("add", a, b)
+        super().__init__(inner)
+        inner_add = inner.binary
+
+        def add(a: Any, b: Any) -> Any:  # gradient accumulation; parts of a multi-output op's gradient merge
+            if type(a) is _GradParts:
+                return a.merge(b, add)
+            return inner_add("add", a, b)
+
+        self._add = add
 
     # ------------------------------------------------------------------------------------------------------
-    # decorated stack plumbing
+    # Decorator hooks: an AD handle wraps the inner stack's handle; untracked calls of composed methods take the
+    # inner backend's fast path, tracked ones Backend's composition on this stack
     # ------------------------------------------------------------------------------------------------------
-    def lift(self, h: Any) -> ADArray:
-        return ADArray(self.inner.lift(h))
+    def _unwrap(self, h: Any) -> Any:
+        return h.value if type(h) is ADArray else h
 
-    def lower(self, h: ADArray) -> Any:
-        return self.inner.lower(h.value)
+    def _wrap(self, h: Any) -> ADArray:
+        return ADArray(h)
 
-    def sync(self) -> None:
-        self.inner.sync()
+    def _compose(self, name: str, composition: Callable[..., Any], boundary: Callable[..., Any]) -> Callable[..., Any]:
+        def method(*args: Any, **kwargs: Any) -> Any:
+            if _any_tracked(args):
+                return composition(*args, **kwargs)
+            return boundary(*args, **kwargs)
 
-    def memory_report(self) -> dict[str, Any]:
-        return self.inner.memory_report()
-
-    def memory_dry_run(self) -> Any:
-        return self.inner.memory_dry_run()
+        method.__name__ = method.__qualname__ = name
+        method.__doc__ = f"{name}: inner backend when untracked, else the differentiated default composition."
+        return method
 
     def describe(self) -> str:
         mode = "balanced checkpointing" if self.balanced else "no checkpointing"
         return f"autodiff ({mode}) over {self.inner.describe()}"
 
-    def seed(self, seed: int) -> None:
-        self.inner.seed(seed)
-
     # ------------------------------------------------------------------------------------------------------
-    # data primitives: nothing to differentiate
+    # data primitives: nothing to differentiate (full is on the hot path of scalar ops: kept direct)
     # ------------------------------------------------------------------------------------------------------
-    def from_numpy(self, array: Any) -> ADArray:
-        return ADArray(self.inner.from_numpy(array))
-
-    def to_numpy(self, h: ADArray) -> Any:
-        return self.inner.to_numpy(h.value)
-
     def full(self, shape: tuple[int, ...], value: Any, dtype: DType) -> ADArray:
         return ADArray(self.inner.full(shape, value, dtype))
 
-    def arange(self, start: Any, stop: Any, step: Any, dtype: DType) -> ADArray:
-        return ADArray(self.inner.arange(start, stop, step, dtype))
+    # ------------------------------------------------------------------------------------------------------
+    # extension ops
+    # ------------------------------------------------------------------------------------------------------
+    def run_extension(self, call: Any) -> Any:
+        """Untracked (grad mode off, or no tensor argument requires grad): the inner stack runs the kernel (a
+        boundary). Tracked, with a vjp: the kernel's forward and one graph node whose backward runs the op's vjp
+        under no_grad. Tracked, without a vjp: the op's composition, differentiated through its ops."""
+        args = call.args
+        if not _any_tracked(tuple(args[i] for i in call.tensor_positions)):
+            return Decorator.run_extension(self, call)
+        if not call.op.has_vjp:
+            return call.run_composition()
+        out = self.inner.run_extension(call.with_args(self._lower_args(args), self.inner))
+        single = type(out) is not tuple
+        values = (out,) if single else out
+        inner = self.inner
+        out_dtypes = [inner.dtype_of(v) for v in values]
+        # what the vjp reads later: the tensor inputs' and the outputs' values (version-checked, as any saved value)
+        in_saved = {i: (self.save(args[i]), call.dtypes[i]) for i in call.tensor_positions}
+        stack = call.device.stack
 
-    def rand(self, shape: tuple[int, ...], dtype: DType) -> ADArray:
-        return ADArray(self.inner.rand(shape, dtype))
+        def to_tensor(value: Any, dtype: DType) -> Tensor:
+            h = ADArray(value) if stack is self else stack.lift(inner.lower(value))
+            return Tensor._make(h, dtype, call.device)
 
-    def randn(self, shape: tuple[int, ...], dtype: DType) -> ADArray:
-        return ADArray(self.inner.randn(shape, dtype))
+        def from_tensor(t: Tensor, dtype: DType, i: int) -> Any:
+            if not isinstance(t, Tensor):
+                raise AutodiffError(f"{call.op.name}: the vjp returned {type(t).__name__} for argument {i}, "
+                                    "expected a Tensor or None")
+            v = t._h.value if stack is self else inner.lift(stack.lower(t._h))
+            return v if t.dtype is dtype else inner.cast(v, dtype)
 
-    def randint(self, low: int, high: int, shape: tuple[int, ...], dtype: DType) -> ADArray:
-        return ADArray(self.inner.randint(low, high, shape, dtype))
+        out_saved: list[Callable[[], Any]] = []
 
-    def argreduce(self, op: str, h: ADArray, dim: int | None, keepdim: bool) -> ADArray:
-        return ADArray(self.inner.argreduce(op, h.value, dim, keepdim))
+        def vjp(g: Any) -> tuple[Any, ...]:
+            grads = g.parts if type(g) is _GradParts else {0: g}
+            with no_grad():
+                inputs = tuple(to_tensor(in_saved[i][0](), in_saved[i][1]) if i in in_saved else a
+                               for i, a in enumerate(args))
+                outputs = tuple(to_tensor(get(), d) for get, d in zip(out_saved, out_dtypes))
+                gs = tuple(to_tensor(grads[k], out_dtypes[k]) if k in grads
+                           else (to_tensor(inner.full(values[k].shape, 0, d), d) if d.is_floating_point else None)
+                           for k, d in enumerate(out_dtypes))
+                res = call.backward(inputs, outputs, gs)
+                if len(res) != len(args):
+                    raise PluginError(f"{call.op.name}: the vjp returned {len(res)} gradients for {len(args)} "
+                                      "inputs (one per positional argument, None where there is none)")
+                return tuple(None if r is None or i not in in_saved else from_tensor(r, in_saved[i][1], i)
+                             for i, r in enumerate(res))
+
+        name = call.op.name
+        if single:
+            wrapped: tuple[ADArray, ...] = (self.record(name, out, args, vjp) if out_dtypes[0].is_floating_point
+                                            else ADArray(out),)
+        else:
+            joint = Meta(Node(name, tuple(a.meta if type(a) is ADArray else None for a in args), vjp))
+            wrapped = tuple(
+                ADArray(v, Meta(Node(name, (joint,), lambda g, k=k: (_GradParts({k: g}),))))
+                if d.is_floating_point else ADArray(v)
+                for k, (v, d) in enumerate(zip(values, out_dtypes)))
+        out_saved.extend(self.save(w) for w in wrapped)
+        return wrapped[0] if single else wrapped
 
     # ------------------------------------------------------------------------------------------------------
-    # the autodiff protocol core's gradient API calls (see ember.autograd and Tensor)
+    # the autodiff protocol core's gradient API calls (ember.backend.Differentiable)
     # ------------------------------------------------------------------------------------------------------
     def requires_grad(self, h: ADArray) -> bool:
         return h.meta is not None
@@ -209,18 +253,3 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
         metas, seeds = self._roots("grad", outs, grads)
         res = backward(metas, seeds, retain_graph, False, self._add, self.inner.copy, [h.meta for h in inputs])
         return [None if g is None else ADArray(g) for g in res or []]
-
-
-def _install_composites() -> None:
-    """Give every default composition the rule mixins do not define its pass-through/differentiated form."""
-    import inspect
-
-    for name, _ in inspect.getmembers(Backend, inspect.isfunction):
-        if name.startswith("_") or name in REQUIRED_PRIMITIVES or name in AutodiffBackend.__dict__:
-            continue
-        if any(name in vars(mixin) for mixin in AutodiffBackend.__mro__[1:-2]):
-            continue  # a rule mixin implements it
-        setattr(AutodiffBackend, name, _composite(name))
-
-
-_install_composites()

@@ -4,25 +4,26 @@ Recorded (lazy): ``unary``, ``binary``, ``where``, ``cast``, ``full`` and ``redu
 dtypes before it calls a backend, so every error is still raised at the call that caused it; recording only has
 to compute the result's shape and dtype.
 
-Everything else is a *boundary*: the pending values it reads are realized (as fused kernels) and the inner
-backend's method runs on them. Contract methods the inner backend leaves to ``Backend``'s default composition run
-that composition on this stack instead, so its primitives are recorded and fused too. In-place methods
-(``assign``, ``setitem``, ``inplace_binary``) first realize everything pending in the thread, because a pending
-value may read the memory they overwrite.
+Everything else is forwarded by :class:`ember.backend.Decorator` with the *compose* policy: a *boundary* (the
+pending values it reads are realized, as fused kernels, and the inner backend's method runs on them), except for
+contract methods the inner backend leaves to ``Backend``'s default composition, which run that composition on
+this stack instead, so its primitives are recorded and fused too. Extension ops are boundaries as well (the
+base's ``run_extension``); the decorator declares ``records_lazily``, so core runs a ``fusable`` op's
+composition here instead of its kernel. Methods of the inner backend outside the contract (flex's
+``conv_input_grad``) are boundaries too. In-place methods (``assign``, ``setitem``, ``inplace_binary``) first
+realize everything pending in the thread, because a pending value may read the memory they overwrite.
 """
 
 from __future__ import annotations
 
-import inspect
 import threading
-import types
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from ember import dtypes as dt
-from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, REQUIRED_PRIMITIVES, Backend, broadcast_shape
+from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, Backend, Decorator, broadcast_shape
+from ember.decorator import Policy
 from ember.dtypes import DType
 from ember.ir import Ref, Scalar
 
@@ -36,13 +37,6 @@ PLAN_CACHE_SIZE = 2048
 
 _SCALARS = (bool, int, float)
 _R0, _R1, _R2 = Ref(0), Ref(1), Ref(2)
-
-# Backend methods that return something other than handles, or that mutate; written out below
-_SPECIAL = frozenset(
-    """lift lower sync memory_report memory_dry_run describe fusion_compile from_numpy to_numpy dtype_of seed
-    assign setitem inplace_binary unary binary where cast full reduce may_share_memory""".split()
-)
-
 
 _COUNTERS = ("recorded", "realizations", "single_ops", "plan_hits", "plan_misses", "kernels_run",
              "kernels_compiled", "kernels_interpreted", "boundaries")
@@ -117,16 +111,16 @@ class FusionStats:
         return out
 
 
-class FusionBackend(Backend):
+class FusionBackend(Decorator):
     """Wraps ``inner`` (a backend that implements ``fusion_compile``)."""
 
+    decorator_name = "fusion"
     contract_version = 1
+    records_lazily = True
+    #: optional methods of the inner backend (flex's ``conv_input_grad``, looked up by autodiff with getattr)
+    optional_policy = Policy.BOUNDARY
 
     def __init__(self, inner: Backend, max_pending: int = DEFAULT_MAX_PENDING) -> None:
-        super().__init__(inner.index)
-        self.inner = inner
-        self.name = f"{inner.name}+fusion"
-        self.supported_dtypes = inner.supported_dtypes
         self.max_pending = max_pending
         self.stats = FusionStats()
         self._pending = PendingSet(self.stats)
@@ -137,7 +131,7 @@ class FusionBackend(Backend):
         # tensor): two threads must never realize one node at once, nor read a node's graph while another thread
         # replaces it with its value. Boundary ops (matmul, conv, ...) run outside it, in parallel.
         self._lock = threading.RLock()
-        self._bind_compositions()
+        super().__init__(inner)  # binds the forwarded contract methods, which read the state above
 
     # ------------------------------------------------------------------------------------------------------
     # handles
@@ -146,12 +140,17 @@ class FusionBackend(Backend):
         d = dtype if dtype is not None else self.inner.dtype_of(value)
         return FArray(Node("leaf", (), (), tuple(value.shape), d, value))
 
-    def _wrap(self, out: Any) -> Any:
-        if out is None:
-            return None
-        if type(out) in (tuple, list):
-            return type(out)(self._wrap(o) for o in out)
-        return self._leaf(out)
+    # Decorator's handle hooks: an FArray's inner handle is its realized value
+    def _wrap(self, h: Any) -> FArray:
+        return self._leaf(h)
+
+    def _unwrap(self, h: Any) -> Any:
+        return self._value(h)
+
+    def _lower_args(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A boundary call's arguments, realized together (one plan for all their pending values)."""
+        self._pending.counts.boundaries += 1
+        return self._values(args)
 
     def _record(self, op: str, args: tuple[Any, ...], srcs: tuple[Node, ...], shape: tuple[int, ...],
                 dtype: DType) -> FArray:
@@ -274,14 +273,8 @@ class FusionBackend(Backend):
         return tuple(val(a) for a in args)
 
     # ------------------------------------------------------------------------------------------------------
-    # decorated stack plumbing
+    # decorated stack plumbing (the rest is Decorator's)
     # ------------------------------------------------------------------------------------------------------
-    def lift(self, h: Any) -> FArray:
-        return self._leaf(self.inner.lift(h))
-
-    def lower(self, h: FArray) -> Any:
-        return self.inner.lower(self._value(h))
-
     def sync(self) -> None:
         self.flush()
         self.inner.sync()
@@ -291,33 +284,6 @@ class FusionBackend(Backend):
         report.update(self.stats.as_dict())
         report["fusion_plans_cached"] = len(self._plans)
         return report
-
-    def memory_dry_run(self) -> Any:
-        return self.inner.memory_dry_run()
-
-    def describe(self) -> str:
-        return f"fusion over {self.inner.describe()}"
-
-    def may_share_memory(self, a: Any, b: Any) -> bool:
-        return self.inner.may_share_memory(self._value(a), self._value(b))
-
-    def extension_boundary(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """An extension op's implementation for the inner backend, run as a fusion boundary (see dispatch)."""
-
-        def run(_stack: Any, *args: Any, **kwargs: Any) -> Any:
-            self._pending.counts.boundaries += 1
-            return self._wrap(fn(self.inner, *self._values(args), **kwargs))
-
-        return run
-
-    def seed(self, seed: int) -> None:
-        self.inner.seed(seed)
-
-    def from_numpy(self, array: Any) -> FArray:
-        return self._leaf(self.inner.from_numpy(array))
-
-    def to_numpy(self, h: FArray) -> Any:
-        return self.inner.to_numpy(self._value(h))
 
     def dtype_of(self, h: FArray) -> DType:
         return h.node.dtype
@@ -398,14 +364,14 @@ class FusionBackend(Backend):
             nb = b.node
             args, srcs, shape, d = (op, Scalar(a), _R0), (nb,), nb.shape, nb.dtype
         else:
-            return self._wrap(self.inner.binary(op, self._value(a), self._value(b)))
+            return self._leaf(self.inner.binary(op, self._value(a), self._value(b)))
         return self._record("binary", args, srcs, shape, dt.bool_ if op in COMPARISON_OPS else d)
 
     def where(self, cond: FArray, a: Any, b: Any) -> FArray:
         ta, tb = type(a), type(b)
         if type(cond) is not FArray or not (ta is FArray or tb is FArray) or not (
                 ta in (FArray, *_SCALARS) and tb in (FArray, *_SCALARS)):
-            return self._wrap(self.inner.where(*self._values((cond, a, b))))
+            return self._leaf(self.inner.where(*self._values((cond, a, b))))
         srcs = [cond.node]
         args: list[Any] = [_R0]
         for x in (a, b):
@@ -433,43 +399,3 @@ class FusionBackend(Backend):
         else:
             shape = tuple(s for d, s in enumerate(n.shape) if d not in dims)
         return self._record("reduce", (op, _R0, tuple(sorted(dims)), bool(keepdim)), (n,), shape, n.dtype)
-
-    def __getattr__(self, name: str) -> Any:
-        """Optional methods of the inner backend outside the contract (flex's ``conv_input_grad``, looked up by
-        autodiff with getattr) run as boundaries; a missing one stays missing."""
-        if name.startswith("_"):
-            raise AttributeError(name)
-        attr = getattr(self.__dict__.get("inner"), name)  # AttributeError when the inner backend lacks it too
-        if not callable(attr):
-            return attr
-        method = _boundary(self, name)
-        setattr(self, name, method)
-        return method
-
-    # ------------------------------------------------------------------------------------------------------
-    # every other contract method
-    # ------------------------------------------------------------------------------------------------------
-    def _bind_compositions(self) -> None:
-        """Per contract method: run the inner backend's own implementation on realized values (a boundary),
-        or -- where the inner backend inherits Backend's default composition -- that composition on this stack,
-        so its primitives are recorded and fused."""
-        inner_type = type(self.inner)
-        for name, fn in inspect.getmembers(Backend, inspect.isfunction):
-            if name.startswith("_") or name in _SPECIAL:
-                continue
-            if getattr(inner_type, name, None) is fn and name not in REQUIRED_PRIMITIVES:
-                setattr(self, name, types.MethodType(fn, self))
-            else:
-                setattr(self, name, _boundary(self, name))
-
-
-def _boundary(backend: FusionBackend, name: str) -> Callable[..., Any]:
-    inner_method = getattr(backend.inner, name)
-    pending = backend._pending
-
-    def method(*args: Any, **kwargs: Any) -> Any:
-        pending.counts.boundaries += 1
-        return backend._wrap(inner_method(*backend._values(args), **kwargs))
-
-    method.__name__ = name
-    return method
