@@ -1,14 +1,13 @@
 """The Bridge: between Tensors and backend handles.
 
 It converts user values (tensors, Python scalars, numpy arrays, nested lists) into handles on a device, checks
-that operands share a device, moves data between devices (DLPack where both sides speak it, else host memory),
-and owns the small shape helpers (broadcasting, dim normalisation) that raise ember's typed errors. Results are
-cached where the same question is asked on every op.
+that operands share a device, and moves data between devices (DLPack where both sides speak it, else host
+memory). The shape helpers it validates with (broadcasting, dim normalisation, size arguments) live in the leaf
+module :mod:`ember.shapes`, which every layer can import without a cycle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,97 +15,26 @@ import numpy as np
 from . import dtypes as dt
 from .device import Device, as_device, default_device
 from .dtypes import DType
-from .errors import DeviceError, DimError, DTypeError, EmberError, ShapeError, ValueRangeError
+from .errors import DeviceError, DTypeError, EmberError, ShapeError, ValueRangeError
+
+# transitional re-exports: the shape helpers live in the leaf module ember.shapes; these names go once every
+# caller imports from there (issue 15)
+from .shapes import broadcast_shapes, check_shape_arg, norm_dim, norm_dims  # noqa: F401
 
 if TYPE_CHECKING:
     from .tensor import Tensor
 
 Shape = tuple[int, ...]
 
-_broadcast_cache: dict[tuple[Shape, Shape], Shape] = {}
-
 
 def broadcast_shapes2(a: Shape, b: Shape, op: str = "broadcast") -> Shape:
-    """Broadcast two shapes (cached); raises ShapeError naming the op and both shapes."""
-    key = (a, b)
-    r = _broadcast_cache.get(key)
-    if r is not None:
-        return r
-    n = max(len(a), len(b))
-    pa = (1,) * (n - len(a)) + tuple(a)
-    pb = (1,) * (n - len(b)) + tuple(b)
-    out = []
-    for i, (x, y) in enumerate(zip(pa, pb)):
-        if x == y or y == 1:
-            out.append(x)
-        elif x == 1:
-            out.append(y)
-        else:
-            raise ShapeError(
-                f"{op}: shapes {tuple(a)} and {tuple(b)} are not broadcastable "
-                f"(dim {i - n}: {x} vs {y})"
-            )
-    r = tuple(out)
-    if len(_broadcast_cache) < 4096:
-        _broadcast_cache[key] = r
-    return r
-
-
-def broadcast_shapes(*shapes: Sequence[int], op: str = "broadcast_shapes") -> Shape:
-    out: Shape = ()
-    for s in shapes:
-        out = broadcast_shapes2(out, tuple(s), op)
-    return out
-
-
-def norm_dim(dim: Any, ndim: int, op: str) -> int:
-    """Normalise a possibly negative dim; 0-d tensors accept -1 and 0 as PyTorch does."""
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
-        raise DimError(f"{op}: dim must be an int, got {type(dim).__name__} {dim!r}")
-    n = max(ndim, 1)
-    if not -n <= dim < n:
-        raise DimError(f"{op}: dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
-    return int(dim) % n
-
-
-def norm_dims(dims: Any, ndim: int, op: str) -> tuple[int, ...]:
-    """Normalise dim=None (all dims), an int, or a sequence of ints; duplicates are an error."""
-    if dims is None:
-        return tuple(range(ndim))
-    if isinstance(dims, (int, np.integer)) and not isinstance(dims, bool):
-        d = norm_dim(dims, ndim, op)  # validates even for 0-d tensors, where the only dim is "no dim"
-        return (d,) if ndim else ()
-    if not isinstance(dims, (tuple, list)):
-        try:
-            dims = tuple(dims)
-        except TypeError:
-            raise DimError(f"{op}: dim must be an int or a sequence of ints, got {type(dims).__name__} "
-                           f"{dims!r}") from None
-    out = tuple(norm_dim(d, ndim, op) for d in dims)
-    if len(set(out)) != len(out):
-        raise DimError(f"{op}: dim {tuple(dims)} appears multiple times in the list of dims")
-    return out if ndim else ()
-
-
-def check_shape_arg(shape: Any, op: str) -> Shape:
-    """Accept f(2, 3), f((2, 3)), f([2, 3]) and f(torch.Size); sizes must be non-negative ints. No sizes at all is
-    the 0-d shape (``zeros()``, ``rand()``): a deliberate extension, PyTorch requires the size argument."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = shape[0]
-    out = []
-    for s in shape:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-            if hasattr(s, "__index__") and not isinstance(s, bool):
-                s = s.__index__()
-            else:
-                raise ShapeError(f"{op}: sizes must be ints, got {type(s).__name__} {s!r} in {tuple(shape)}")
-        if s < 0:
-            raise ShapeError(f"{op}: negative dimension {s} in size {tuple(shape)}")
-        out.append(int(s))
-    return tuple(out)
+    """Transitional alias of :func:`ember.shapes.broadcast_shapes` for two shapes; removed once every caller
+    imports from :mod:`ember.shapes` (issue 15)."""
+    return broadcast_shapes(a, b, op=op)
 
 
 def same_device(op: str, *tensors: Tensor) -> Device:
+    """The device all tensors live on; DeviceError naming op and two of the devices when they differ."""
     dev = tensors[0]._device
     for t in tensors[1:]:
         if t._device is not dev:

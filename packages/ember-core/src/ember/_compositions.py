@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from . import dtypes as dt
-from .backend import pool_output_size
 from .errors import UnsupportedError
+from .shapes import pool_output_size
 
 Handle = Any
 

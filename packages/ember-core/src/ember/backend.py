@@ -22,16 +22,20 @@ Conventions every method follows:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
 
+from . import _compositions
 from . import dtypes as dt
 from .dtypes import DType
 from .errors import UnsupportedError
+
+# transitional re-exports: the shape helpers live in the leaf module ember.shapes; these names go once every
+# caller imports from there (issue 15)
+from .shapes import broadcast_shapes, pool_output_size, view_strides  # noqa: F401
 
 Handle = Any
 Shape = tuple[int, ...]
@@ -57,58 +61,10 @@ REQUIRED_PRIMITIVES = frozenset(
 )
 
 
-def view_strides(shape: Shape, strides: Sequence[int], new_shape: Shape) -> tuple[int, ...] | None:
-    """The strides that view data laid out as (shape, strides) in new_shape without a copy, or None when no view
-    exists (PyTorch's computeStride). Strides are in elements; a helper for backends with strided handles."""
-    if math.prod(shape) == 0 or not shape or not new_shape:
-        out, acc = [], 1
-        for n in reversed(new_shape):
-            out.append(acc)
-            acc *= max(n, 1)
-        return tuple(reversed(out))
-    new_strides = [0] * len(new_shape)
-    view_d = len(new_shape) - 1
-    # walk the old dims from the innermost; a "chunk" is a run of dims contiguous relative to each other, and the
-    # new dims covering the same number of elements take strides inside that chunk
-    chunk_base = strides[-1]
-    tensor_numel = view_numel = 1
-    for d in range(len(shape) - 1, -1, -1):
-        tensor_numel *= shape[d]
-        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base):
-            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
-                new_strides[view_d] = view_numel * chunk_base
-                view_numel *= new_shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                chunk_base = strides[d - 1]
-                tensor_numel = view_numel = 1
-    return tuple(new_strides) if view_d == -1 else None
-
-
 def broadcast_shape(*shapes: Shape) -> Shape:
-    """numpy's broadcast shape of shapes core has already checked (cached per pair); a helper for backends and
-    decorators that compute result shapes themselves."""
-    from ._bridge import broadcast_shapes2
-
-    out = shapes[0]
-    for s in shapes[1:]:
-        out = broadcast_shapes2(out, s)
-    return out
-
-
-def pool_output_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    """Output length of a pooling window (size k, stride s, padding p, dilation d) over n elements, PyTorch's rule:
-    with ceil_mode, a window that would start in the right padding is dropped."""
-    num = n + 2 * p - d * (k - 1) - 1
-    if ceil_mode:
-        out = -(-num // s) + 1
-        if (out - 1) * s >= n + p:
-            out -= 1
-    else:
-        out = num // s + 1
-    return max(out, 0)
+    """Transitional alias of :func:`ember.shapes.broadcast_shapes`; removed once every caller imports from
+    :mod:`ember.shapes` (issue 15)."""
+    return broadcast_shapes(*shapes, op="broadcast_shape")
 
 
 class Backend:
@@ -339,9 +295,7 @@ class Backend:
 
         For replace, duplicate indices keep one of the written values (unspecified which, as in PyTorch).
         """
-        from ._compositions import scatter
-
-        return scatter(self, h, dim, index, src, reduce)
+        return _compositions.scatter(self, h, dim, index, src, reduce)
 
     def index_select(self, h: Handle, dim: int, index: Handle) -> Handle:
         key = (slice(None),) * dim + (index,)
@@ -382,61 +336,80 @@ class Backend:
         return self.getitem(v, key), self.getitem(i, key)
 
     def einsum(self, equation: str, *hs: Handle) -> Handle:
-        from ._compositions import einsum
+        return _compositions.einsum(self, equation, *hs)
 
-        return einsum(self, equation, *hs)
+    # -- gradient routing: results computed elsewhere, declared for differentiable stacks ---------------------
+    def select_at(self, h: Handle, dim: int, index: Handle, values: Handle) -> Handle:
+        """``values``, already computed and equal to ``gather(h, dim, index)`` reshaped to ``values.shape``
+        (``index`` has h's rank), declared as selected from h at ``index`` along ``dim``. A differentiable stack
+        sends the result's gradient to those elements (PyTorch's rule for max/min along a dim and cummax/cummin:
+        the gradient follows the returned indices); every other stack returns ``values`` unchanged."""
+        return values
+
+    def select_ties(self, h: Handle, value: Handle) -> Handle:
+        """``value``, a 0-d handle already computed from h (its max, min or median), declared as selected from
+        the elements of h equal to it. A differentiable stack splits the result's gradient evenly among them
+        (among h's NaNs when value is NaN): PyTorch's rule for max(), min() and median() without dim. Every
+        other stack returns ``value`` unchanged."""
+        return value
+
+    def keep_graph(self, out: Handle, inputs: Sequence[Handle]) -> Handle:
+        """``out``, built without reading ``inputs`` (an op whose input or output is empty skips its kernel),
+        declared to depend on them. A differentiable stack ties it to the inputs that require grad, so their
+        gradients are zeros of their own shapes (empty for empty inputs) as in PyTorch, not missing. Every
+        other stack returns ``out`` unchanged."""
+        return out
+
+    def write_back(self, dst: Handle, src: Handle, op: str) -> Handle:
+        """Make ``src`` (dst's dtype and shape) the contents of ``dst`` for an in-place op computed out of place,
+        and return the handle the tensor holds from now on: ``dst`` after copying ``src`` into it (views of
+        dst see the result). A differentiable stack that tracks dst returns ``src`` instead (overwriting dst
+        would invalidate the values its graph saved) and refuses a leaf that requires grad."""
+        self.assign(dst, src)
+        return dst
+
+    def embedding(self, weight: Handle, index: Handle, padding_idx: int | None) -> Handle:
+        """Rows of the 2-d ``weight`` at the 1-d int64 ``index`` (in range; core checked). ``padding_idx`` (non-
+        negative, or None) names the row whose gradient a differentiable stack keeps at zero (PyTorch); the
+        values are the same either way."""
+        return self.index_select(weight, 0, index)
 
     # -- neural-network composites (see ember._compositions for the defaults) --------------------------------
     def conv(self, x: Handle, w: Handle, b: Handle | None, stride: tuple[int, ...],
              padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> Handle:
         """N-d convolution (cross-correlation), torch layouts; padding is (lo, hi) per spatial dim."""
-        from ._compositions import conv
-
-        return conv(self, x, w, b, stride, padding, dilation, groups)
+        return _compositions.conv(self, x, w, b, stride, padding, dilation, groups)
 
     def conv_transpose(self, x: Handle, w: Handle, b: Handle | None, stride: tuple[int, ...],
                        padding: tuple[int, ...], output_padding: tuple[int, ...], dilation: tuple[int, ...],
                        groups: int) -> Handle:
-        from ._compositions import conv_transpose
-
-        return conv_transpose(self, x, w, b, stride, padding, output_padding, dilation, groups)
+        return _compositions.conv_transpose(self, x, w, b, stride, padding, output_padding, dilation, groups)
 
     def max_pool(self, x: Handle, kernel_size: tuple[int, ...], stride: tuple[int, ...],
                  padding: tuple[int, ...], dilation: tuple[int, ...], ceil_mode: bool,
                  return_indices: bool) -> Handle | tuple[Handle, Handle]:
-        from ._compositions import max_pool
-
-        return max_pool(self, x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+        return _compositions.max_pool(self, x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
     def avg_pool(self, x: Handle, kernel_size: tuple[int, ...], stride: tuple[int, ...],
                  padding: tuple[int, ...], ceil_mode: bool, count_include_pad: bool,
                  divisor_override: int | None) -> Handle:
-        from ._compositions import avg_pool
-
-        return avg_pool(self, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        return _compositions.avg_pool(self, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                      divisor_override)
 
     def adaptive_avg_pool(self, x: Handle, output_size: tuple[int, ...]) -> Handle:
-        from ._compositions import adaptive_avg_pool
-
-        return adaptive_avg_pool(self, x, output_size)
+        return _compositions.adaptive_avg_pool(self, x, output_size)
 
     def adaptive_max_pool(self, x: Handle, output_size: tuple[int, ...],
                           return_indices: bool) -> Handle | tuple[Handle, Handle]:
-        from ._compositions import adaptive_max_pool
-
-        return adaptive_max_pool(self, x, output_size, return_indices)
+        return _compositions.adaptive_max_pool(self, x, output_size, return_indices)
 
     def interpolate(self, x: Handle, size: tuple[int, ...], mode: str, align_corners: bool | None,
                     scales: tuple[float, ...] | None) -> Handle:
-        from ._compositions import interpolate
-
-        return interpolate(self, x, size, mode, align_corners, scales)
+        return _compositions.interpolate(self, x, size, mode, align_corners, scales)
 
     def pad(self, h: Handle, pads: tuple[tuple[int, int], ...], mode: str, value: Any) -> Handle:
         """Pad every dim by (lo, hi); mode constant/reflect/replicate/circular; negative pads crop."""
-        from ._compositions import pad
-
-        return pad(self, h, pads, mode, value)
+        return _compositions.pad(self, h, pads, mode, value)
 
 
 from .decorator import Decorator, Differentiable  # noqa: E402

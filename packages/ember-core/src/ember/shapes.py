@@ -1,0 +1,210 @@
+"""Shape arithmetic: broadcasting, dim normalisation, size arguments, pooling output sizes and view strides.
+
+Every layer needs these: the Bridge and the ops validate user input with them, the backend contract's default
+compositions size their outputs with them, and backends and decorators (flex, OpenCL, fusion) compute result
+shapes and strides with them. This module is therefore a *leaf*: it imports only the standard library, numpy
+and :mod:`ember.errors`, so any ember module or plugin can import it at module level without an import cycle
+(``tests/test_invariants.py`` holds it to that). Anything that needs a tensor, a device or a dtype belongs in
+the Bridge (``ember._bridge``), not here.
+
+Errors are ember's typed errors and name the op: :class:`~ember.errors.ShapeError` for shapes,
+:class:`~ember.errors.DimError` for dims.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import DimError, ShapeError
+
+Shape = tuple[int, ...]
+
+# (a, b) -> broadcast shape; ops ask the same pair on every call, so the hot path is one dict lookup. Bounded so
+# that a workload with ever-new shapes cannot grow it without limit; only valid results are stored.
+_pair_cache: dict[tuple[Shape, Shape], Shape] = {}
+_PAIR_CACHE_LIMIT = 4096
+
+
+def _shape_text(shapes: Sequence[Shape]) -> str:
+    texts = [str(tuple(s)) for s in shapes]
+    return " and ".join(texts) if len(texts) <= 2 else ", ".join(texts[:-1]) + " and " + texts[-1]
+
+
+def _as_shape(s: Any, op: str, shapes: Sequence[Any]) -> Shape:
+    """s as a tuple of non-negative Python ints (numpy integers accepted); ShapeError otherwise."""
+    try:
+        items = tuple(s)
+    except TypeError:
+        raise ShapeError(f"{op}: expected shapes (sequences of ints), got {type(s).__name__} {s!r}") from None
+    out = []
+    for n in items:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise ShapeError(f"{op}: sizes must be ints, got {type(n).__name__} {n!r} in shape {items}")
+        if n < 0:
+            raise ShapeError(f"{op}: negative size {n} in shape {items}")
+        out.append(int(n))
+    return tuple(out)
+
+
+def _broadcast_pair(a: Shape, b: Shape, op: str, shapes: Sequence[Shape]) -> Shape:
+    n = max(len(a), len(b))
+    pa = (1,) * (n - len(a)) + a
+    pb = (1,) * (n - len(b)) + b
+    out = []
+    for i, (x, y) in enumerate(zip(pa, pb)):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise ShapeError(f"{op}: shapes {_shape_text(shapes)} are not broadcastable (dim {i - n}: {x} vs {y})")
+    r = tuple(out)
+    if len(_pair_cache) < _PAIR_CACHE_LIMIT:
+        _pair_cache[(a, b)] = r
+    return r
+
+
+def broadcast_shapes(*shapes: Sequence[int], op: str = "broadcast_shapes") -> Shape:
+    """The shape that shapes broadcast to under numpy's (and PyTorch's) rules; no shapes give ``()``.
+
+    Raises :class:`~ember.errors.ShapeError` naming op, every shape and the first mismatching dim (counted from
+    the right) when they do not broadcast, or when a shape holds a negative or non-int size. Pairs are cached,
+    so the two-shape call an elementwise op makes on every invocation costs one dict lookup after the first;
+    sizes are validated when a pair is first seen (the cache answers by value, and ``2.0 == 2``).
+
+    >>> broadcast_shapes((2, 1, 3), (4, 1), op="add")
+    (2, 4, 3)
+    """
+    if len(shapes) == 2:
+        try:
+            r = _pair_cache.get(shapes)  # type: ignore[call-overload]
+        except TypeError:  # an unhashable shape (a list): normalised below
+            r = None
+        if r is not None:
+            return r
+    norm = [_as_shape(s, op, shapes) for s in shapes]
+    if not norm:
+        return ()
+    out = norm[0]
+    for s in norm[1:]:
+        key = (out, s)
+        r = _pair_cache.get(key)
+        out = r if r is not None else _broadcast_pair(out, s, op, norm)
+    return out
+
+
+def norm_dim(dim: Any, ndim: int, op: str) -> int:
+    """dim (possibly negative) as an index in ``range(ndim)``; a 0-d tensor accepts -1 and 0 as PyTorch does.
+
+    Raises :class:`~ember.errors.DimError` naming op for a non-int (bools included) or out-of-range dim.
+    """
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise DimError(f"{op}: dim must be an int, got {type(dim).__name__} {dim!r}")
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise DimError(f"{op}: dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return int(dim) % n
+
+
+def norm_dims(dims: Any, ndim: int, op: str) -> tuple[int, ...]:
+    """dim=None (all dims), an int, or a sequence of ints as non-negative dims in the given order.
+
+    A 0-d tensor validates the dims (-1 and 0 only) and gives ``()``. Raises
+    :class:`~ember.errors.DimError` naming op for bad or repeated dims.
+    """
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, (int, np.integer)) and not isinstance(dims, bool):
+        d = norm_dim(dims, ndim, op)  # validates even for 0-d tensors, where the only dim is "no dim"
+        return (d,) if ndim else ()
+    if not isinstance(dims, (tuple, list)):
+        try:
+            dims = tuple(dims)
+        except TypeError:
+            raise DimError(f"{op}: dim must be an int or a sequence of ints, got {type(dims).__name__} "
+                           f"{dims!r}") from None
+    out = tuple(norm_dim(d, ndim, op) for d in dims)
+    if len(set(out)) != len(out):
+        raise DimError(f"{op}: dim {tuple(dims)} appears multiple times in the list of dims")
+    return out if ndim else ()
+
+
+def check_shape_arg(shape: Any, op: str) -> Shape:
+    """A size argument as a shape: accepts ``f(2, 3)``, ``f((2, 3))``, ``f([2, 3])`` and ``f(torch.Size)`` (pass
+    the ``*size`` tuple); sizes must be non-negative ints (anything with ``__index__`` counts).
+
+    No sizes at all is the 0-d shape (``zeros()``, ``rand()``): a deliberate extension, PyTorch requires the
+    size argument. Raises :class:`~ember.errors.ShapeError` naming op.
+    """
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    out = []
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            if hasattr(s, "__index__") and not isinstance(s, bool):
+                s = s.__index__()
+            else:
+                raise ShapeError(f"{op}: sizes must be ints, got {type(s).__name__} {s!r} in {tuple(shape)}")
+        if s < 0:
+            raise ShapeError(f"{op}: negative dimension {s} in size {tuple(shape)}")
+        out.append(int(s))
+    return tuple(out)
+
+
+def pool_output_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """Output length of a pooling window (size k, stride s, padding p, dilation d) over n elements, PyTorch's
+    rule: with ceil_mode, a window that would start in the right padding is dropped. Never negative (0 when
+    the window does not fit); callers that must refuse an empty output check for 0."""
+    num = n + 2 * p - d * (k - 1) - 1
+    if ceil_mode:
+        out = -(-num // s) + 1
+        if (out - 1) * s >= n + p:
+            out -= 1
+    else:
+        out = num // s + 1
+    return max(out, 0)
+
+
+def view_strides(shape: Shape, strides: Sequence[int], new_shape: Shape) -> tuple[int, ...] | None:
+    """The strides that view data laid out as (shape, strides) in new_shape without a copy, or None when no view
+    exists (PyTorch's computeStride). Strides are in elements; a helper for backends with strided handles."""
+    if math.prod(shape) == 0 or not shape or not new_shape:
+        out, acc = [], 1
+        for n in reversed(new_shape):
+            out.append(acc)
+            acc *= max(n, 1)
+        return tuple(reversed(out))
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    # walk the old dims from the innermost; a "chunk" is a run of dims contiguous relative to each other, and the
+    # new dims covering the same number of elements take strides inside that chunk
+    chunk_base = strides[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = strides[d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(new_strides) if view_d == -1 else None
+
+
+__all__ = [
+    "Shape",
+    "broadcast_shapes",
+    "check_shape_arg",
+    "norm_dim",
+    "norm_dims",
+    "pool_output_size",
+    "view_strides",
+]
