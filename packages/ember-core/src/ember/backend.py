@@ -33,6 +33,9 @@ from . import dtypes as dt
 from .dtypes import DType
 from .errors import UnsupportedError
 
+# the elementwise op names unary() and binary() accept come from the op registry (a leaf module, one entry per op)
+from .opinfo import BINARY_OPS, COMPARISON_OPS, PREDICATE_UNARY_OPS, UNARY_OPS  # noqa: F401
+
 # transitional re-exports: the shape helpers live in the leaf module ember.shapes; these names go once every
 # caller imports from there (issue 15)
 from .shapes import broadcast_shapes, pool_output_size, view_strides  # noqa: F401
@@ -40,18 +43,6 @@ from .shapes import broadcast_shapes, pool_output_size, view_strides  # noqa: F4
 Handle = Any
 Shape = tuple[int, ...]
 
-UNARY_OPS = frozenset(
-    """neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan
-    sinh cosh tanh asinh acosh atanh erf erfc erfinv floor ceil round trunc sigmoid isnan isinf isfinite
-    isposinf isneginf logical_not bitwise_not signbit""".split()
-)
-BINARY_OPS = frozenset(
-    """add sub mul div floor_divide remainder fmod pow maximum minimum fmax fmin atan2 copysign hypot
-    eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor
-    bitwise_left_shift bitwise_right_shift""".split()
-)
-COMPARISON_OPS = frozenset("eq ne lt le gt ge logical_and logical_or logical_xor".split())
-PREDICATE_UNARY_OPS = frozenset("isnan isinf isfinite isposinf isneginf logical_not signbit".split())
 REDUCE_OPS = frozenset({"sum", "prod", "max", "min"})
 
 #: the methods every backend must implement; everything else on Backend has a default composition
