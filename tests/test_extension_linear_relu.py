@@ -10,6 +10,7 @@ their own, called with a backend and its handles (every tile size of the OpenCL 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -272,6 +273,15 @@ def test_opencl_runs_the_kernel(opencl: Device, fused: bool, dtype: Any, xs: tup
     np.testing.assert_allclose(got, _reference(x, w, b), **_tol(dtype))
 
 
+def test_opencl_debug_mode_accepts_the_kernels_outputs(opencl: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_DEBUG", "1")
+    x, w, b = _arrays((2, 3, 4), 5, np.float32)
+    with counting("opencl") as counts:
+        got = op(*(ember.tensor(a, device=opencl) for a in (x, w, b))).numpy()
+    assert counts["kernel"] == 1
+    np.testing.assert_allclose(got, _reference(x, w, b), **_tol(np.float32))
+
+
 def test_opencl_strided_inputs_are_made_contiguous(opencl: Device) -> None:
     x, w, b = _arrays((53, 2, 37), 58, np.float32)
     w = np.random.default_rng(7).standard_normal((29, 106)).astype(np.float32)
@@ -321,8 +331,15 @@ def test_kernels_fall_back_to_primitives_for_integers(request: pytest.FixtureReq
     np.testing.assert_array_equal(got, np.maximum(x @ w.T + b, 0))
 
 
-def test_the_example_runs_as_a_script(capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_compares_with_numpy(capsys: pytest.CaptureFixture[str]) -> None:
     ex.main(["flex"])
     line = capsys.readouterr().out
     assert "examples.linear_relu on flex: output (4, 37, 29)" in line
     assert float(line.rsplit(" ", 1)[1]) < 1e-4
+
+
+def test_the_example_runs_as_a_script(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "flex+autodiff"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "examples.linear_relu on flex+autodiff: output (4, 37, 29)" in proc.stdout

@@ -8,7 +8,7 @@ The worked example of ``ember.backend_extension`` (docs: "Writing an extension")
 * an OpenCL kernel: a tiled GEMM whose epilogue adds the bias and applies the ReLU, one pass over the output;
 * a backward (vjp), so that under autodiff the op is one graph node whatever kernel ran forward.
 
-Run it: ``python examples/extensions/linear_relu.py [device]`` compares the op with its composition on a device.
+Run it: ``python examples/extensions/linear_relu.py [device]`` compares the op with numpy on a device.
 Nothing here imports a plugin: kernels get the backend object and its handles (numpy arrays on flex, CLArrays on
 OpenCL) and use only their public methods and attributes.
 """
@@ -156,14 +156,15 @@ def _tile(rt: Any, itemsize: int) -> int | None:
 @linear_relu.kernel("opencl")
 def _opencl(backend: Any, x: Any, w: Any, b: Any) -> Any:
     """The tiled GEMM with bias and ReLU in its epilogue, on CLArray handles (float32, and float64 where the
-    device has it); other dtypes, and devices too small for an 8 x 8 tile, use the backend's primitives."""
+    device has it); other dtypes, sizes beyond the kernel's 32-bit indices and devices too small for an 8 x 8 tile
+    use the backend's primitives."""
     dtype = backend.dtype_of(x)
-    ts = _tile(backend.rt, dtype.itemsize) if dtype in _CL_TYPES else None
+    (n, k), m = w.shape, math.prod(x.shape[:-1])
+    ts = _tile(backend.rt, dtype.itemsize) if dtype in _CL_TYPES and max(m, n, k) < 2**31 else None
     if ts is None:
         return _primitives(backend, x, w, b)
     # the kernel indexes rows densely: strided views (a transposed x, a sliced w) are copied once
     x, w, b = backend.contiguous(x), backend.contiguous(w), backend.contiguous(b)
-    (n, k), m = w.shape, math.prod(x.shape[:-1])
     out = backend.empty((*x.shape[:-1], n), dtype)
     if m == 0 or n == 0:
         return out
