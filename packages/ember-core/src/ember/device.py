@@ -117,10 +117,40 @@ def _decorator_spec(name: str) -> Any:
     return registry.decorator(name)
 
 
-class Device:
-    """A compute device. Create with the constructors (``Device.flex()``, ``Device.cuda(0)``, ...) or
-    ``Device.parse("cuda:1")``; decorate with ``device.<decorator>(...)`` once the decorator's plugin is
-    installed (``device.autodiff()``)."""
+class _DeviceType(type):
+    """Gives :class:`Device` a named constructor per backend kind: ``Device.<kind>(index=0, **options)`` is
+    ``Device(kind, index, options)``, checked when called (``Device.flex()``, ``Device.opencl(1)``,
+    ``Device.cuda(0)``), the way ``device.<decorator>(...)`` works for decorators. Core defines none of them by
+    name: a kind works once a plugin registers it, and a missing one fails with its plugin's install hint."""
+
+    def __getattr__(cls, name: str) -> Any:
+        # only reached when normal lookup fails; dunder/private names and names no backend could have stay errors
+        if name.startswith("_") or not _BACKEND_ATTR.fullmatch(name):
+            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+
+        def construct(index: int = 0, **options: Any) -> Device:
+            return cls(name, index, _freeze(options))._checked()
+
+        construct.__name__ = construct.__qualname__ = name
+        construct.__doc__ = f"``Device({name!r}, index, options)``, checked: the {name} backend must be installed."
+        return construct
+
+
+# a backend kind that is also a Python identifier (backend names allow '-' too; those use Device("a-b", i))
+_BACKEND_ATTR = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def is_device_attribute(name: str) -> bool:
+    """Whether ``name`` is a real attribute of :class:`Device` (not a named backend constructor), which a
+    decorator may not take as its name."""
+    return any(name in vars(k) for k in Device.__mro__)
+
+
+class Device(metaclass=_DeviceType):
+    """A compute device. Create with the named constructors of the installed backends (``Device.flex()``,
+    ``Device.opencl(0)``, any ``Device.<kind>(index, **options)``), ``Device("kind", index)``,
+    ``Device.parse("cuda:1")``, :meth:`Device.host` or :meth:`Device.default`; decorate with
+    ``device.<decorator>(...)`` once the decorator's plugin is installed (``device.autodiff()``)."""
 
     __slots__ = ("kind", "index", "options", "decorators", "_stack", "_default_float", "__weakref__")
 
@@ -155,35 +185,15 @@ class Device:
         return (Device, (self.kind, self.index, self.options, self.decorators))
 
     # -- constructors ------------------------------------------------------------------------------------------
-    # Named constructors are spellings of Device(kind, index): each works once a plugin registers that kind, and
-    # core's behaviour never depends on which kind is which (the host device is found by capability).
+    # Device.<kind>(index, **options) comes from the metaclass for every kind (see _DeviceType); core's behaviour
+    # never depends on which kind is which: the host device is found by capability. Only constructors whose
+    # arguments are not (index, **options) are written here.
     @classmethod
     def host(cls) -> Device:
         """The host device: the installed backend registered with ``host=True`` (its handles live in host memory,
         so numpy arrays are adopted and read back without copies); the highest priority one when several are.
         ``.cpu()``, ``ember.from_numpy`` and ``ember.load`` use it, and the device string ``"cpu"`` names it."""
         return host_device()
-
-    @classmethod
-    def flex(cls) -> Device:
-        """The ``flex`` backend (ember-flex: numpy and its BLAS), when installed."""
-        return cls("flex", 0)._checked()
-
-    @classmethod
-    def cuda(cls, index: int = 0) -> Device:
-        return cls("cuda", index)._checked()
-
-    @classmethod
-    def rocm(cls, index: int = 0) -> Device:
-        return cls("rocm", index)._checked()
-
-    @classmethod
-    def opencl(cls, index: int = 0) -> Device:
-        return cls("opencl", index)._checked()
-
-    @classmethod
-    def wgpu(cls, index: int = 0, **options: Any) -> Device:
-        return cls("wgpu", index, _freeze(options))._checked()
 
     @classmethod
     def remote(cls, address: str, **options: Any) -> Device:
@@ -459,12 +469,11 @@ class Device:
         return s
 
     def __repr__(self) -> str:
-        if self.kind == "flex" and not self.options:  # the one named constructor without an index
-            r = f"Device.{self.kind}()"
-        elif not self.options:
-            r = f"Device.{self.kind}({self.index})"
+        named = _BACKEND_ATTR.fullmatch(self.kind) and not is_device_attribute(self.kind)
+        if named and not self.options:  # the named constructor: Device.flex(), Device.opencl(1)
+            r = f"Device.{self.kind}({self.index or ''})"
         else:
-            r = f"Device({self.kind!r}, {self.index}, {dict(self.options)!r})"
+            r = f"Device({self.kind!r}, {self.index}" + (f", {dict(self.options)!r})" if self.options else ")")
         for name, opts in self._labelled_decorators():
             r += f".{name}({', '.join(f'{k}={v!r}' for k, v in opts)})"
         return r

@@ -396,11 +396,11 @@ class PluginRegistry:
             if not isinstance(b.name, str) or not _BACKEND_NAME.fullmatch(b.name):
                 raise PluginError(f"backend name {b.name!r} cannot appear in a device string: use lowercase "
                                   "letters, digits, '_' and '-', starting with a letter")
-        from ..device import Device
+        from ..device import is_device_attribute
 
         for d in new_decorators:
             if not isinstance(d.name, str) or not d.name.isidentifier() or d.name.startswith("_") \
-                    or keyword.iskeyword(d.name) or hasattr(Device, d.name):
+                    or keyword.iskeyword(d.name) or is_device_attribute(d.name):
                 raise PluginError(f"decorator name {d.name!r} must be a public identifier that is not already a "
                                   f"Device attribute (device.{d.name}(...) is how users call it)")
         lost: list[Conflict] = []
