@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
-from .._bridge import broadcast_shapes2, norm_dim, same_device, transfer
+from .._bridge import same_device, transfer
 from ..errors import (
     DeviceError,
     DTypeError,
@@ -27,6 +27,7 @@ from ..errors import (
     UnsupportedError,
     ValueRangeError,
 )
+from ..shapes import broadcast_shapes, norm_dim
 from ..tensor import Tensor
 from .elementwise import keep_graph
 
@@ -250,7 +251,7 @@ def _plan(x: Tensor, items: list[tuple[int, Any]], op: str) -> _Plan:
     a_shape: Shape = ()
     for s in adv_shapes:
         try:
-            a_shape = broadcast_shapes2(a_shape, s, op)
+            a_shape = broadcast_shapes(a_shape, s, op=op)
         except ShapeError:
             raise IndexOutOfRangeError(
                 f"{op}: shape mismatch: indexing tensors could not be broadcast together with shapes "
@@ -379,7 +380,7 @@ def _value_handle(x: Tensor, value: Any, target: Shape, op: str) -> tuple[Any, b
         vs = vs[strip:]
         h = stack.reshape(h, vs)
     try:
-        ok = len(vs) <= len(target) and broadcast_shapes2(vs, target, op) == target
+        ok = len(vs) <= len(target) and broadcast_shapes(vs, target, op=op) == target
     except ShapeError:
         ok = False
     if not ok:
@@ -764,7 +765,7 @@ def masked_fill(input: Tensor, mask: Tensor, value: Any) -> Tensor:
     x = _t(input, "masked_fill")
     m = _mask(x, mask, "masked_fill")
     v = _mask_value(x, value, "masked_fill")
-    shape = broadcast_shapes2(x.shape, m.shape, "masked_fill")
+    shape = broadcast_shapes(x.shape, m.shape, op="masked_fill")
     stack = x._device.stack
     h = x._h if x.shape == shape else stack.expand(x._h, shape)
     mh = m._h if m.shape == shape else stack.expand(m._h, shape)
@@ -775,7 +776,7 @@ def masked_fill_(input: Tensor, mask: Tensor, value: Any) -> Tensor:
     x = _t(input, "masked_fill_")
     m = _mask(x, mask, "masked_fill_")
     v = _mask_value(x, value, "masked_fill_")
-    if broadcast_shapes2(x.shape, m.shape, "masked_fill_") != x.shape:
+    if broadcast_shapes(x.shape, m.shape, op="masked_fill_") != x.shape:
         raise ShapeError(
             f"masked_fill_: mask of shape {_fmt(m.shape)} cannot be broadcast to the tensor's shape "
             f"{_fmt(x.shape)} in place"
@@ -791,7 +792,7 @@ def masked_select(input: Tensor, mask: Tensor) -> Tensor:
     """The elements of input where mask (broadcast with input) is True, as a 1-d tensor."""
     x = _t(input, "masked_select")
     m = _mask(x, mask, "masked_select")
-    shape = broadcast_shapes2(x.shape, m.shape, "masked_select")
+    shape = broadcast_shapes(x.shape, m.shape, op="masked_select")
     stack = x._device.stack
     h = x._h if x.shape == shape else stack.expand(x._h, shape)
     mh = m._h if m.shape == shape else stack.expand(m._h, shape)
@@ -866,7 +867,7 @@ def take_along_dim(input: Tensor, indices: Tensor, dim: int | None = None) -> Te
         return gather(x, 0, idx)
     xs, ixs = list(x.shape), list(idx.shape)
     xs[d] = ixs[d] = 1
-    b = list(broadcast_shapes2(tuple(xs), tuple(ixs), "take_along_dim"))
+    b = list(broadcast_shapes(tuple(xs), tuple(ixs), op="take_along_dim"))
     xshape = tuple(b[:d] + [x.shape[d]] + b[d + 1 :])
     ishape = tuple(b[:d] + [idx.shape[d]] + b[d + 1 :])
     xb = Tensor._make(stack.expand(x._h, xshape) if xshape != x.shape else x._h, x._dtype, x._device)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from .. import dtypes as dt
-from .._bridge import broadcast_shapes2, same_device
+from .._bridge import same_device
 from ..errors import DTypeError, ShapeError, ValueRangeError
+from ..shapes import broadcast_shapes
 from ..tensor import Tensor
 
 
@@ -30,7 +31,7 @@ def matmul_shape(sa: tuple[int, ...], sb: tuple[int, ...], op: str = "matmul") -
     kb = sb[-2] if len(sb) > 1 else sb[0]
     if ka != kb:
         raise ShapeError(f"{op}: shapes {sa} and {sb} cannot be multiplied ({ka} != {kb})")
-    batch = broadcast_shapes2(sa[:-2], sb[:-2], op) if len(sa) > 2 or len(sb) > 2 else ()
+    batch = broadcast_shapes(sa[:-2], sb[:-2], op=op) if len(sa) > 2 or len(sb) > 2 else ()
     out = batch + (sa[-2:-1] if len(sa) > 1 else ()) + (sb[-1:] if len(sb) > 1 else ())
     return out
 
