@@ -262,7 +262,7 @@ def test_gradient_only_for_the_inputs_that_ask() -> None:
 @pytest.mark.parametrize("xs, n", SHAPES, ids=SHAPE_IDS)
 def test_opencl_runs_the_kernel(opencl: Device, fused: bool, dtype: Any, xs: tuple[int, ...], n: int) -> None:
     dev = opencl if fused else opencl.fusion(False)
-    if dt.from_numpy_dtype(np.dtype(dtype)) not in opencl.fusion(False).stack.supported_dtypes:
+    if dt.from_numpy_dtype(np.dtype(dtype)) not in opencl.stack.base_backend.supported_dtypes:
         pytest.skip(f"{np.dtype(dtype).name} is not supported on this OpenCL device")
     x, w, b = _arrays(xs, n, dtype)
     with counting("opencl") as counts:
@@ -308,25 +308,23 @@ def test_opencl_autodiff_gradients_match_torch(opencl: Device) -> None:
 @pytest.mark.parametrize("ts", [32, 16, 8])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 def test_opencl_kernel_every_tile_size(opencl: Device, monkeypatch: pytest.MonkeyPatch, ts: int, dtype: Any) -> None:
-    dev = opencl.fusion(False)
-    backend = dev.stack
+    backend = opencl.stack.base_backend
     if dt.from_numpy_dtype(np.dtype(dtype)) not in backend.supported_dtypes:
         pytest.skip(f"{np.dtype(dtype).name} is not supported on this OpenCL device")
     monkeypatch.setattr(ex, "_tile", lambda rt, itemsize: ts)
     for (xs, n), seed in zip(SHAPES + [((0, 5), 3), ((4, 0), 3)], range(10)):
         x, w, b = _arrays(xs, n, dtype, seed)
-        got = backend.to_numpy(ex._opencl(backend, *(ember.tensor(a, device=dev)._h for a in (x, w, b))))
+        got = backend.to_numpy(ex._opencl(backend, *(backend.from_numpy(a) for a in (x, w, b))))
         assert got.shape == (*xs[:-1], n), (ts, xs, n)
         np.testing.assert_allclose(got, _reference(x, w, b), **_tol(dtype), err_msg=f"tile {ts}, {xs} @ {n}")
 
 
 @pytest.mark.parametrize("device", ["flex", "opencl"])
 def test_kernels_fall_back_to_primitives_for_integers(request: pytest.FixtureRequest, device: str) -> None:
-    dev = (request.getfixturevalue("opencl") if device == "opencl" else Device.parse("flex")).fusion(False)
-    backend = dev.stack
+    backend = (request.getfixturevalue("opencl") if device == "opencl" else Device.parse("flex")).stack.base_backend
     kernel = ex._opencl if device == "opencl" else ex._flex
     x, w, b = (np.round(a * 4).astype(np.int64) for a in _arrays((2, 5, 6), 4, np.float64, seed=11))
-    got = backend.to_numpy(kernel(backend, *(ember.tensor(a, device=dev)._h for a in (x, w, b))))
+    got = backend.to_numpy(kernel(backend, *(backend.from_numpy(a) for a in (x, w, b))))
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, np.maximum(x @ w.T + b, 0))
 
