@@ -2,6 +2,13 @@
 
 Errors are reported in one or two lines naming the problem and the fix; ``--debug`` (or ``EMBER_DEBUG=1``) shows
 the traceback instead.
+
+Benchmarks are registered by the packages that ship them, through the entry-point group ``ember.benchmarks``: the
+entry point's name is what ``ember bench NAME`` takes, and it refers to a mapping
+``{"description": str, "script": str}``. A relative ``script`` is a file of the source checkout's ``benchmarks/``
+folder (beside the working directory or the checkout holding this file); an absolute one is used as it is. The
+script's ``main(argv) -> int`` runs the benchmark. Core names no benchmark's package; plain ``ember bench`` runs
+the benchmark named ``suite``.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,7 +50,9 @@ def format_info(info: dict[str, Any]) -> str:
         ]
         lines += _table(rows, ["NAME", "DISTRIBUTION", "VERSION", "MODULE", "STATUS"])
     else:
-        lines.append("  none (install the CPU backend with pip install 'ember[flex]')")
+        from .plugins.manager import missing_backend_hint
+
+        lines.append(f"  none ({missing_backend_hint()})")
 
     backends = info["backends"]
     lines += ["", f"backends ({len(backends)}):"]
@@ -95,14 +104,84 @@ def format_info(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _find_benchmark(name: str) -> Path | None:
-    """benchmarks/<name>.py lives in the source tree, not in the wheel: look beside the cwd and the checkout."""
+BENCHMARK_GROUP = "ember.benchmarks"
+#: what plain ``ember bench`` runs
+_SUITE = "suite"
+
+
+def _benchmark_names() -> list[str]:
+    """The registered benchmark names, without loading anything (for help texts)."""
+    from importlib import metadata
+
+    return sorted({ep.name for ep in metadata.entry_points(group=BENCHMARK_GROUP)})
+
+
+def _benchmark(name: str) -> dict[str, str] | None:
+    """The registration of benchmark ``name`` (description and script), or None when no package registers it.
+
+    A registration that fails to load or is not a mapping with a ``description`` is a :class:`PluginError` naming
+    the entry point: ``ember bench`` must not run something other than what was asked for."""
+    from importlib import metadata
+
+    from .errors import PluginError
+
+    eps = sorted((ep for ep in metadata.entry_points(group=BENCHMARK_GROUP) if ep.name == name),
+                 key=lambda ep: ep.value)
+    if not eps:
+        return None
+    ep = eps[0]
+    try:
+        spec = ep.load()
+    except Exception as exc:
+        raise PluginError(f"benchmark {name!r} ({ep.value}, entry-point group {BENCHMARK_GROUP}) failed to load: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(spec, dict) or not isinstance(spec.get("description"), str):
+        raise PluginError(f"benchmark {name!r} ({ep.value}): expected a dict with a 'description' and a 'script', "
+                          f"got {type(spec).__name__}")
+    return {"description": spec["description"], "script": str(spec.get("script") or f"{name}.py")}
+
+
+class _RegisteredBenchmarks(Mapping[str, str]):
+    """The registered benchmarks as a read-only mapping name -> description, read from the entry points on each
+    use (names without loading anything; a description loads that one registration)."""
+
+    def __getitem__(self, name: str) -> str:
+        spec = _benchmark(name)
+        if spec is None:
+            raise KeyError(name)
+        return spec["description"]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_benchmark_names())
+
+    def __len__(self) -> int:
+        return len(_benchmark_names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in _benchmark_names()
+
+
+_BENCHMARKS: Mapping[str, str] = _RegisteredBenchmarks()
+
+
+def _script_path(script: str) -> Path | None:
+    """A registered script: absolute as is; relative under benchmarks/ beside the cwd or the checkout (benchmark
+    scripts live in the source tree, not in the wheels)."""
+    path = Path(script)
+    if path.is_absolute():
+        return path if path.is_file() else None
     here = Path(__file__).resolve()
     # src/ember/cli.py -> packages/ember-core/src/ember: the checkout root is four levels above the package
-    candidates = [Path.cwd() / "benchmarks" / f"{name}.py"]
+    candidates = [Path.cwd() / "benchmarks" / path]
     if len(here.parents) > 4:
-        candidates.append(here.parents[4] / "benchmarks" / f"{name}.py")
+        candidates.append(here.parents[4] / "benchmarks" / path)
     return next((p for p in candidates if p.is_file()), None)
+
+
+def _find_benchmark(name: str) -> Path | None:
+    """The script of the registered benchmark ``name``, or None when it is not registered or not found."""
+    spec = _benchmark(name)
+    return None if spec is None else _script_path(spec["script"])
 
 
 def _find_overhead_benchmark() -> Path | None:
@@ -134,31 +213,27 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 1 if info.get("strict") and failed else 0
 
 
-_BENCHMARKS = {
-    "overhead": "per-op eager overhead (a + b on 1,000 float32, flex vs numpy vs PyTorch) and cold import time",
-    "autodiff": "per-op autodiff overhead, seed-CNN training step and its peak memory (flex+autodiff vs PyTorch)",
-    "micro": "micro-benchmarks: per-op overhead, matmul vs numpy sgemm, conv2d, elementwise, reductions, copy",
-    "opencl": "OpenCL backend: matmul GFLOP/s vs numpy, seed-CNN step on OpenCL vs flex, cold vs warm first step, "
-              "pool reserved/peak",
-    "fusion": "fused vs unfused devices: GELU chain, seed-CNN/transformer training steps, recording overhead",
-    "suite": "the full suite: seed CNN and transformer training and inference, micro-benchmarks, peak memory",
-}
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
     bench_args = list(args.bench_args)
-    # `ember bench NAME ...` runs benchmarks/NAME.py; anything else (options only) runs the full suite
-    if bench_args[:1] and bench_args[0] in _BENCHMARKS:
+    names = _benchmark_names()
+    # `ember bench NAME ...` runs the benchmark NAME; options alone run the suite
+    if bench_args[:1] and not bench_args[0].startswith("-"):
         name, bench_args = bench_args[0], bench_args[1:]
     else:
-        name = "suite"
-    print(f"ember bench {name}: {_BENCHMARKS[name]}")
-    if name == "suite":
-        print(f"(`ember bench {'|'.join(n for n in _BENCHMARKS if n != 'suite')}` run single benchmarks)")
+        name = _SUITE
+    spec = _benchmark(name)
+    if spec is None:
+        print(f"ember bench: no installed package registers a benchmark {name!r} (entry-point group "
+              f"{BENCHMARK_GROUP}; registered: {', '.join(names) or 'none'})", file=sys.stderr)
+        return 2
+    print(f"ember bench {name}: {spec['description']}")
+    if name == _SUITE:
+        print(f"(`ember bench {'|'.join(n for n in names if n != _SUITE)}` run single benchmarks)")
     path = _find_overhead_benchmark() if name == "overhead" else _find_benchmark(name)
     if path is None:
+        where = spec["script"] if Path(spec["script"]).is_absolute() else f"benchmarks/{spec['script']}"
         print(
-            f"ember bench: benchmarks/{name}.py was not found (it ships with the source checkout, not the wheel); "
+            f"ember bench: {where} was not found (it ships with the source checkout, not the wheel); "
             "run it from the repository root.",
             file=sys.stderr,
         )
@@ -179,14 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_info.add_argument("--json", action="store_true", help="machine-readable output")
     p_info.set_defaults(func=_cmd_info)
 
+    names = "|".join(_benchmark_names()) or "NAME"
     p_bench = sub.add_parser(
         "bench",
-        help="the benchmark suite versus PyTorch (benchmarks/suite.py); "
-        f"`ember bench {'|'.join(_BENCHMARKS)}` runs one script",
+        help=f"the benchmark suite versus PyTorch (benchmarks/suite.py); `ember bench {names}` runs one script",
         description="The full benchmark suite (seed CNN and transformer training and inference, micro-benchmarks, "
         "peak memory) versus PyTorch. Extra arguments (--quick, --json PATH, --only SECTION...) pass through to "
-        f"benchmarks/suite.py. `ember bench {'|'.join(_BENCHMARKS)} [--quick] [--json PATH]` runs that "
-        "benchmark script instead.",
+        f"benchmarks/suite.py. `ember bench {names} [--quick] [--json PATH]` runs that benchmark script instead. "
+        f"Installed packages register their benchmarks through the entry-point group {BENCHMARK_GROUP}.",
     )
     p_bench.set_defaults(func=_cmd_bench)
     _add_package_commands(sub)

@@ -50,3 +50,19 @@ def plugin_info() -> dict[str, Any]:
     except Exception:  # older numpy: no dict mode
         pass
     return info
+
+
+# `ember bench NAME` finds these through the entry-point group ``ember.benchmarks`` (this package's pyproject.toml);
+# the scripts live in the source checkout's benchmarks/ folder, not in the wheel.
+OVERHEAD_BENCHMARK = {
+    "description": "per-op eager overhead (a + b on 1,000 float32, flex vs numpy vs PyTorch) and cold import time",
+    "script": "overhead.py",
+}
+MICRO_BENCHMARK = {
+    "description": "micro-benchmarks: per-op overhead, matmul vs numpy sgemm, conv2d, elementwise, reductions, copy",
+    "script": "micro.py",
+}
+SUITE_BENCHMARK = {
+    "description": "the full suite: seed CNN and transformer training and inference, micro-benchmarks, peak memory",
+    "script": "suite.py",
+}

@@ -68,3 +68,12 @@ def plugin_info() -> dict[str, Any]:
     except Exception as exc:  # the info command must work without a runtime
         info["error"] = str(exc)
     return info
+
+
+# `ember bench NAME` finds these through the entry-point group ``ember.benchmarks`` (this package's pyproject.toml);
+# the scripts live in the source checkout's benchmarks/ folder, not in the wheel.
+BENCHMARK = {
+    "description": "OpenCL backend: matmul GFLOP/s vs numpy, seed-CNN step on OpenCL vs flex, cold vs warm first "
+                   "step, pool reserved/peak",
+    "script": "opencl.py",
+}

@@ -34,3 +34,11 @@ def register_decorators(register: Callable[..., None]) -> None:
         contract=CONTRACT,
         description=f"reverse-mode differentiation (ember-autodiff {__version__})",
     )
+
+
+# `ember bench NAME` finds these through the entry-point group ``ember.benchmarks`` (this package's pyproject.toml);
+# the scripts live in the source checkout's benchmarks/ folder, not in the wheel.
+BENCHMARK = {
+    "description": "per-op autodiff overhead, seed-CNN training step and its peak memory (flex+autodiff vs PyTorch)",
+    "script": "autodiff.py",
+}

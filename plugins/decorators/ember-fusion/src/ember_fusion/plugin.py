@@ -50,3 +50,11 @@ def register_decorators(register: Callable[..., None]) -> None:
         enabled=enabled_by_environment,  # EMBER_FUSION=0: devices print as opted out (flex+fusion(enabled=False))
         description=f"lazy recording and fused kernels (ember-fusion {__version__})",
     )
+
+
+# `ember bench NAME` finds these through the entry-point group ``ember.benchmarks`` (this package's pyproject.toml);
+# the scripts live in the source checkout's benchmarks/ folder, not in the wheel.
+BENCHMARK = {
+    "description": "fused vs unfused devices: GELU chain, seed-CNN/transformer training steps, recording overhead",
+    "script": "fusion.py",
+}
