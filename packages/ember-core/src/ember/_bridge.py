@@ -8,21 +8,19 @@ module :mod:`ember.shapes`, which every layer can import without a cycle.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from . import dtypes as dt
 from .device import Device, as_device, default_device
 from .dtypes import DType
-from .errors import DeviceError, DTypeError, EmberError, ShapeError, ValueRangeError
+from .errors import DeviceError, DTypeError, EmberError, ShapeError, UnsupportedError, ValueRangeError
 
 # transitional re-exports: the shape helpers live in the leaf module ember.shapes; these names go once every
 # caller imports from there (issue 15)
 from .shapes import broadcast_shapes, check_shape_arg, norm_dim, norm_dims  # noqa: F401
-
-if TYPE_CHECKING:
-    from .tensor import Tensor
+from .tensor import Tensor  # tensor imports no Bridge module at import time: no cycle
 
 Shape = tuple[int, ...]
 
@@ -183,8 +181,6 @@ def _infer_from_leaves(data: Any, device: Device | None) -> DType | None:
 
 def host_array(data: Any, dtype: DType) -> np.ndarray:
     """A host numpy array of dtype from nested lists, scalars, numpy arrays or tensors."""
-    from .tensor import Tensor
-
     if isinstance(data, Tensor):
         return data.numpy().astype(dtype.numpy, copy=False)
     if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in data):
@@ -209,15 +205,11 @@ def host_array(data: Any, dtype: DType) -> np.ndarray:
 
 def check_dtype_supported(device: Device, dtype: DType, op: str) -> None:
     if dtype not in device.stack.supported_dtypes:
-        from .errors import UnsupportedError
-
         raise UnsupportedError(f"{op}: device {device} does not support dtype {dtype}")
 
 
 def to_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
     """Build a tensor from data (the body of ``ember.tensor``)."""
-    from .tensor import Tensor
-
     dev = as_device(device) if device is not None else (
         data._device if isinstance(data, Tensor) else default_device()
     )
@@ -229,8 +221,6 @@ def to_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
 
 def transfer(t: Tensor, device: Device) -> Tensor:
     """Move t to another device: DLPack between backends that both speak it, else through host memory."""
-    from .tensor import Tensor
-
     src = t._device
     if src is device:
         return t

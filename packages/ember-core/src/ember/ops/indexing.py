@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
-from .._bridge import same_device, transfer
+from .._bridge import same_device, to_tensor, transfer
 from ..errors import (
     DeviceError,
     DTypeError,
@@ -29,6 +29,7 @@ from ..errors import (
 )
 from ..shapes import broadcast_shapes, norm_dim
 from ..tensor import Tensor
+from .conversion import clone
 from .elementwise import keep_graph
 
 Shape = tuple[int, ...]
@@ -79,8 +80,6 @@ def _index_handle(x: Tensor, idx: Tensor, size: int, dim: int, op: str, allow_ne
 
 def _key_tensor(x: Tensor, obj: Any) -> Tensor:
     """A list / tuple / numpy array inside an index, as a tensor (ints -> int64, bools -> bool)."""
-    from .._bridge import to_tensor
-
     arr = np.asarray(obj) if not isinstance(obj, np.ndarray) else obj
     if arr.dtype == object:
         if isinstance(obj, (list, tuple)) and any(isinstance(v, Tensor) for v in obj):
@@ -366,8 +365,6 @@ def _value_handle(x: Tensor, value: Any, target: Shape, op: str) -> tuple[Any, b
     elif isinstance(value, (bool, int, float, np.generic)):
         return _fill_scalar(value, x._dtype, op), False
     else:
-        from .._bridge import to_tensor
-
         value = to_tensor(value, x._dtype, x._device)
     stack = x._device.stack
     h = value._h if value._dtype is x._dtype else stack.cast(value._h, x._dtype)
@@ -483,8 +480,6 @@ def index_put_(input: Tensor, indices: Any, values: Any, accumulate: bool = Fals
 
 
 def index_put(input: Tensor, indices: Any, values: Any, accumulate: bool = False) -> Tensor:
-    from .conversion import clone
-
     return index_put_(clone(_t(input, "index_put")), indices, values, accumulate)
 
 
