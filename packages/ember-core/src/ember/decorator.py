@@ -42,7 +42,7 @@ import numpy as np
 from .backend import REQUIRED_PRIMITIVES, Backend, Handle
 from .dtypes import DType
 
-__all__ = ["CONTRACT_METHODS", "Decorator", "Differentiable", "Policy"]
+__all__ = ["CONTRACT_METHODS", "Decorator", "Differentiable", "Policy", "inherits_composition"]
 
 
 class Policy(enum.Enum):
@@ -196,9 +196,7 @@ class Decorator(Backend):
         decorator sees its primitives) and the boundary where the inner backend implements the method. Override
         to decide per call (autodiff: the boundary when nothing is tracked, the composition when it is).
         """
-        if getattr(type(self.inner), name, None) is getattr(Backend, name):
-            return composition
-        return boundary
+        return composition if inherits_composition(self.inner, name) else boundary
 
     def __getattr__(self, name: str) -> Any:
         """Methods of the inner backend outside the contract, forwarded by :attr:`optional_policy` (and bound on
@@ -260,6 +258,17 @@ class Decorator(Backend):
         inner stack runs ``call.with_args(...)``, the outputs are wrapped back into this stack's handles."""
         inner_call = call.with_args(self._lower_args(call.args), self.inner)
         return self._wrap_out(self.inner.run_extension(inner_call))
+
+
+def inherits_composition(stack: Backend, name: str) -> bool:
+    """True when ``stack`` runs :class:`Backend`'s default composition for the contract method ``name``: no
+    decorator down its chain handles the method and the backend at the bottom inherits it. (A decorator's forwarded
+    methods are bound per instance, so its class alone cannot tell.)"""
+    while isinstance(stack, Decorator):
+        if stack.policy.get(name) is Policy.HANDLE:
+            return False
+        stack = stack.inner
+    return getattr(type(stack), name, None) is getattr(Backend, name)
 
 
 Decorator._resolve_policies()  # Decorator itself is usable: every method composed or forwarded, handles as is
