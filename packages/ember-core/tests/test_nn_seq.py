@@ -15,7 +15,7 @@ import ember
 from ember import Device
 from ember.errors import DTypeError, EmberError, ShapeError, ValueRangeError
 from ember.nn import functional as F
-from ember.nn.layers_seq import (
+from ember.nn.sequence import (
     GRU,
     LSTM,
     RNN,

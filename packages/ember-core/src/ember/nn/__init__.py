@@ -1,13 +1,13 @@
 """Neural-network building blocks with PyTorch's names: ``Module``, ``Parameter``, containers, every layer,
 ``init``, ``utils`` (gradient clipping), ``ParamGroup``, and ``functional`` (the stateless functions)."""
 
-from . import functional, init, layers, layers_seq, utils
+from . import functional, init, layers, sequence, utils
 from .layers import *  # noqa: F403 - the layer classes, listed in layers.__all__
-from .layers_seq import *  # noqa: F403 - attention, transformer and recurrent layers
+from .sequence import *  # noqa: F403 - attention, transformer and recurrent layers
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential
 from .param_group import ParamGroup, param_groups
 
 __all__ = [
     "functional", "init", "utils", "Module", "Parameter", "Sequential", "ModuleList", "ModuleDict",
-    "IncompatibleKeys", "ParamGroup", "param_groups", *layers.__all__, *layers_seq.__all__,
+    "IncompatibleKeys", "ParamGroup", "param_groups", *layers.__all__, *sequence.__all__,
 ]

@@ -1,5 +1,6 @@
-"""Sequence layers with PyTorch's names, parameters and numerics: multi-head attention, transformer
-encoder/decoder layers and stacks, and recurrent layers (RNN, LSTM, GRU and their cells)."""
+"""``ember.nn.sequence``: the layers over sequences, with PyTorch's names, parameters and numerics: multi-head
+attention (``attention``), transformer encoder/decoder layers and stacks (``transformer``), and recurrent layers,
+RNN, LSTM, GRU and their cells (``rnn``); ``ember.nn`` re-exports every name in ``__all__``."""
 
 from .attention import MultiheadAttention
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
