@@ -164,7 +164,7 @@ def _registered_names(src: Path) -> set[str]:
             for call in ast.walk(fn):
                 if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == register):
                     continue
-                args = [a for a in call.args[:1]] + [k.value for k in call.keywords if k.arg == "name"]
+                args = list(call.args[:1]) + [k.value for k in call.keywords if k.arg == "name"]
                 names.update(a.value for a in args if isinstance(a, ast.Constant) and isinstance(a.value, str))
     return names
 
