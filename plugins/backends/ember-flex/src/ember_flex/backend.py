@@ -95,6 +95,15 @@ def _pow(a: Any, b: Any, out: ndarray | None = None) -> ndarray:
         return np.where(neg, alt, r).astype(r.dtype, copy=False)
 
 
+def _sinc(x: ndarray) -> ndarray:
+    """sin(pi x) / (pi x), 1 at 0, in x's dtype as PyTorch computes it (numpy's sinc nudges 0 to 1e-20, which is
+    0 in float16, and widens bfloat16)."""
+    y = x * np.asarray(np.pi, dtype=x.dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):  # sin(inf) / inf is NaN, as in PyTorch
+        r = np.sin(y) / y
+    return np.where(x == 0, np.ones((), dtype=x.dtype), r)
+
+
 _UNARY = {
     "neg": np.negative,
     "abs": np.abs,
@@ -129,6 +138,7 @@ _UNARY = {
     "round": _round,
     "trunc": np.trunc,
     "sigmoid": _sigmoid,
+    "sinc": _sinc,
     "isnan": np.isnan,
     "isinf": np.isinf,
     "isfinite": np.isfinite,
