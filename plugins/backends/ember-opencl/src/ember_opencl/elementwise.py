@@ -137,6 +137,9 @@ def _unary_expr(op: str, x: str, t: CType) -> tuple[str, set[str]]:
         return f"ember_erfinv_{T}({x})", {"erfinv"}
     if op == "sigmoid":
         return (f"({x} >= ({T})0 ? ({T})1 / (({T})1 + exp(-{x})) : exp({x}) / (({T})1 + exp({x})))"), set()
+    if op == "sinc":  # as PyTorch: sin(pi x) / (pi x), not sinpi (which differs in the last bits)
+        pi = "M_PI" if T == "double" else "M_PI_F"
+        return f"({x} == ({T})0 ? ({T})1 : sin(({T}){pi} * {x}) / (({T}){pi} * {x}))", set()
     if op == "isnan":
         return (f"isnan({x})" if fl else "0"), set()
     if op == "isinf":
@@ -413,7 +416,7 @@ def _shape_of(*xs: Any) -> tuple[int, ...]:
 
 
 _FLOAT_ONLY = frozenset("""exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan sinh cosh tanh
-    asinh acosh atanh erf erfc erfinv sigmoid reciprocal atan2 copysign hypot""".split())
+    asinh acosh atanh erf erfc erfinv sigmoid sinc reciprocal atan2 copysign hypot""".split())
 _INTEGER_ONLY = frozenset("""bitwise_not bitwise_and bitwise_or bitwise_xor bitwise_left_shift
     bitwise_right_shift""".split())
 
