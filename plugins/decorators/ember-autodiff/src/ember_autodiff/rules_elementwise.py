@@ -50,6 +50,15 @@ def _sq(be: Any, x: Any) -> Any:
     return be.binary("mul", x, x)
 
 
+def _sinc_vjp(be: Any, g: Any, x: Any, y: Any) -> Any:
+    """(cos(pi x) - sinc(x)) / x, 0 at x == 0 (PyTorch): the division runs on x with its zeros replaced by 1, so no
+    0 / 0 reaches the masked entries."""
+    zero = be.binary("eq", x, 0.0)
+    safe = be.where(zero, 1.0, x)
+    d = be.binary("div", be.binary("sub", be.unary("cos", be.binary("mul", safe, math.pi)), y), safe)
+    return be.binary("mul", g, be.where(zero, 0.0, d))
+
+
 # vjp(be, g, x, y) -> grad of x; x and y are getters of the input and the output values
 UNARY_VJP: dict[str, Callable[[Any, Any, Getter, Getter], Any]] = {
     "neg": lambda be, g, x, y: be.unary("neg", g),
@@ -82,6 +91,7 @@ UNARY_VJP: dict[str, Callable[[Any, Any, Getter, Getter], Any]] = {
     "erfc": lambda be, g, x, y: _mul(be, g, be.unary("exp", be.unary("neg", _sq(be, x()))), -_TWO_OVER_SQRT_PI),
     "erfinv": lambda be, g, x, y: _mul(be, g, be.unary("exp", _sq(be, y())), _SQRT_PI_OVER_TWO),
     "sigmoid": lambda be, g, x, y: _mul(be, g, y(), be.binary("sub", 1.0, y())),
+    "sinc": lambda be, g, x, y: _sinc_vjp(be, g, x(), y()),
 }
 # PyTorch: the gradient of these step functions is zero everywhere
 ZERO_GRAD_UNARY = frozenset({"sign", "floor", "ceil", "round", "trunc"})
