@@ -187,6 +187,7 @@ OPS: tuple[OpInfo, ...] = (
            doc="round half to even; ``decimals=`` rounds to decimal places"),
     _unary("trunc", _S, grad="zero", domain="off_integers", doc="round toward zero (integers: identity)"),
     _unary("sigmoid", _F, doc="1 / (1 + exp(-x))"),
+    _unary("sinc", _F, doc="sin(pi x) / (pi x), 1 at 0 (the normalized sinc)"),
     _unary("isnan", _B, inplace=False, grad="none", doc="x is NaN"),
     _unary("isinf", _B, inplace=False, grad="none", doc="x is +-inf"),
     _unary("isfinite", _B, inplace=False, grad="none", doc="x is neither NaN nor +-inf"),
