@@ -1,7 +1,8 @@
-"""Shared validation and handle-level helpers for ``ember.nn.functional``.
+"""Shared argument validation for ``ember.nn.functional``.
 
-The functional ops compose on backend handles through ``x._device.stack`` (one attribute lookup, no Tensor
-wrapping between steps) and wrap the final handle once; every check runs before the first backend call.
+The functional ops check their arguments here and in their own modules, then call one function of
+:mod:`ember.ops.nn` (the nn layer of the Bridge), which alone talks to the device's stack; every check runs
+before the first backend call.
 """
 
 from __future__ import annotations
@@ -11,12 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ...device import Device
-from ...dtypes import DType
 from ...errors import DeviceError, DTypeError, ShapeError, ValueRangeError
 from ...tensor import Tensor
-
-Handle = Any
 
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -73,89 +70,11 @@ def int_tuple(v: Any, n: int, op: str, name: str, minimum: int | None = None) ->
     return t
 
 
-def wrap(h: Handle, dtype: DType, dev: Device) -> Tensor:
-    return Tensor._make(h, dtype, dev)
-
-
-def like(x: Tensor, h: Handle) -> Tensor:
-    """Wrap a handle with x's dtype and device."""
-    return Tensor._make(h, x._dtype, x._device)
-
-
 def prod(xs: Sequence[int]) -> int:
     p = 1
     for v in xs:
         p *= int(v)
     return p
-
-
-def reshape(s: Any, h: Handle, shape: tuple[int, ...]) -> Handle:
-    return h if tuple(h.shape) == tuple(shape) else s.reshape(h, tuple(shape))
-
-
-def mean(s: Any, h: Handle, dims: tuple[int, ...], keepdim: bool) -> Handle:
-    n = prod(h.shape[d] for d in dims)
-    return s.binary("div", s.reduce("sum", h, dims, keepdim), float(n))
-
-
-def var(s: Any, h: Handle, dims: tuple[int, ...], correction: int = 0) -> tuple[Handle, Handle]:
-    """(mean, variance) over dims with keepdim; two-pass for accuracy."""
-    m = mean(s, h, dims, True)
-    c = s.binary("sub", h, m)
-    n = prod(h.shape[d] for d in dims)
-    v = s.binary("div", s.reduce("sum", s.binary("mul", c, c), dims, True), float(max(n - correction, 0)))
-    return m, v
-
-
-def reduce_loss(s: Any, h: Handle, reduction: str) -> Handle:
-    """Apply 'none' / 'mean' / 'sum' to an elementwise loss handle."""
-    if reduction == "none":
-        return h
-    dims = tuple(range(len(h.shape)))
-    if reduction == "sum":
-        return s.reduce("sum", h, dims, False) if dims else h
-    n = prod(h.shape)
-    if not dims:
-        return h
-    return s.binary("div", s.reduce("sum", h, dims, False), float(n) if n else float("nan"))
-
-
-def float_of(s: Any, x: Tensor) -> Tensor:
-    """x as the device's default float dtype when it is not floating already."""
-    if x._dtype.is_floating_point:
-        return x
-    d = x._device.default_dtype
-    return Tensor._make(s.cast(x._h, d), d, x._device)
-
-
-def cast(s: Any, x: Tensor, d: DType) -> Handle:
-    return x._h if x._dtype is d else s.cast(x._h, d)
-
-
-def vector_norm(s: Any, h: Handle, p: float, dims: tuple[int, ...], keepdim: bool) -> Handle:
-    """p-norm over dims (p may be inf, -inf, 0 or any real), as torch.linalg.vector_norm."""
-    a = s.unary("abs", h)
-    if p == 2:
-        return s.unary("sqrt", s.reduce("sum", s.binary("mul", h, h), dims, keepdim))
-    if p == 1:
-        return s.reduce("sum", a, dims, keepdim)
-    if p == float("inf"):
-        return s.reduce("max", a, dims, keepdim)
-    if p == float("-inf"):
-        return s.reduce("min", a, dims, keepdim)
-    if p == 0:
-        nz = s.binary("ne", h, 0.0)
-        return s.reduce("sum", s.where(nz, s.binary("add", s.binary("mul", a, 0.0), 1.0),
-                                       s.binary("mul", a, 0.0)), dims, keepdim)
-    return s.binary("pow", s.reduce("sum", s.binary("pow", a, float(p)), dims, keepdim), 1.0 / float(p))
-
-
-def host_minmax(s: Any, h: Handle) -> tuple[int, int]:
-    """min and max of a non-empty integer handle, as Python ints (one small device->host transfer)."""
-    dims = tuple(range(len(h.shape)))
-    lo = s.reduce("min", h, dims, False) if dims else h
-    hi = s.reduce("max", h, dims, False) if dims else h
-    return int(np.asarray(s.to_numpy(lo)).reshape(())), int(np.asarray(s.to_numpy(hi)).reshape(()))
 
 
 def is_int(v: Any) -> bool:

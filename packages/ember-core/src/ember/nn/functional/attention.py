@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from ... import dtypes as dt
 from ..._bridge import broadcast_shapes2
 from ...errors import DTypeError, ShapeError, ValueRangeError
-from ...ops.elementwise import keep_graph
+from ...ops import nn as _nn
 from ...tensor import Tensor
-from ._util import check_float, check_like, check_tensor, like, prod
+from ._util import check_float, check_like, check_tensor
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
@@ -40,17 +39,15 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         raise ValueRangeError(f"{op}: dropout_p must be between 0 and 1, got {dropout_p}")
     if is_causal and attn_mask is not None:
         raise ValueRangeError(f"{op}: explicit attn_mask should not be set when is_causal=True")
-    s = query._device.stack
-    kh, vh = key._h, value._h
+    rk = rv = 1
     if enable_gqa and query.ndim >= 3:
         hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
         if hq % hk or hq % hv:
             raise ShapeError(f"{op}: with enable_gqa the number of query heads ({hq}) must be a multiple of the "
                              f"key ({hk}) and value ({hv}) heads (shapes {query.shape}, {key.shape}, "
                              f"{value.shape})")
-        kh = _repeat_heads(s, kh, hq // hk)
-        vh = _repeat_heads(s, vh, hq // hv)
-    batch_q, batch_k, batch_v = query.shape[:-2], tuple(kh.shape[:-2]), tuple(vh.shape[:-2])
+        rk, rv = hq // hk, hq // hv
+    batch_q, batch_k, batch_v = query.shape[:-2], _repeated(key.shape, rk)[:-2], _repeated(value.shape, rv)[:-2]
     try:
         batch = broadcast_shapes2(broadcast_shapes2(batch_q, batch_k, op), batch_v, op)
     except ShapeError:
@@ -70,44 +67,13 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     # E == 0: every score is exactly 0 and attention is uniform (PyTorch), whatever the scale
     sc = (1.0 / math.sqrt(E) if E else 1.0) if scale is None else float(scale)
     out_shape = batch + (L, value.shape[-1])
-    if prod(out_shape) == 0 or S == 0:
-        return like(query, keep_graph(s, s.full(out_shape, 0.0, d), query, key, value, attn_mask))
-    scores = s.binary("mul", s.matmul(query._h, s.permute(kh, tuple(range(len(kh.shape) - 2)) +
-                                                           (len(kh.shape) - 1, len(kh.shape) - 2))), sc)
-    keep = None
-    if is_causal:
-        r = s.reshape(s.arange(0, L, 1, dt.int64), (L, 1))
-        c = s.reshape(s.arange(0, S, 1, dt.int64), (1, S))
-        keep = s.binary("le", c, r)  # top-left aligned lower triangle, as torch
-    elif attn_mask is not None and attn_mask._dtype is dt.bool_:
-        keep = attn_mask._h
-    elif attn_mask is not None:
-        scores = s.binary("add", scores, attn_mask._h)
-    if keep is not None:
-        scores = s.where(keep, scores, float("-inf"))
-    last = len(scores.shape) - 1
-    attn = s.softmax(scores, last, False)
-    # safe softmax: a row that is entirely -inf gives zeros instead of NaN
-    m = s.reduce("max", scores, (last,), True)
-    attn = s.where(s.binary("eq", m, float("-inf")), 0.0, attn)
-    if dropout_p > 0.0:
-        if dropout_p == 1.0:
-            attn = s.binary("mul", attn, 0.0)
-        else:
-            mask = s.binary("lt", s.rand(tuple(attn.shape), d), 1.0 - dropout_p)
-            attn = s.binary("mul", attn, s.binary("mul", s.cast(mask, d), 1.0 / (1.0 - dropout_p)))
-    return like(query, s.reshape(s.matmul(attn, vh), out_shape))
+    return _nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, sc, rk, rv,
+                                            out_shape)
 
 
-def _repeat_heads(s: Any, h: Any, r: int) -> Any:
-    """repeat_interleave by r along dim -3 (each key/value head serves r query heads)."""
-    if r == 1:
-        return h
-    shape = tuple(h.shape)
-    n = len(shape)
-    e = s.reshape(h, shape[:-2] + (1,) + shape[-2:])
-    e = s.expand(e, shape[:-2] + (r,) + shape[-2:])
-    return s.reshape(s.contiguous(e), shape[:n - 3] + (shape[-3] * r,) + shape[-2:])
+def _repeated(shape: tuple[int, ...], r: int) -> tuple[int, ...]:
+    """The shape after repeating dim -3 (the heads) r times."""
+    return shape if r == 1 else shape[:-3] + (shape[-3] * r,) + shape[-2:]
 
 
 __all__ = ["scaled_dot_product_attention"]

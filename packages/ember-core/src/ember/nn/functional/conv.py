@@ -6,15 +6,13 @@ is checked before one call to the backend's ``conv`` / ``max_pool`` / ``interpol
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
-from ... import dtypes as dt
 from ...errors import DTypeError, ShapeError, UnsupportedError, ValueRangeError
-from ...ops.elementwise import keep_graph
+from ...ops import nn as _nn
 from ...tensor import Tensor
-from ._util import check_float, check_like, check_tensor, int_tuple, is_int, like, prod, wrap
+from ._util import check_float, check_like, check_tensor, int_tuple, is_int, prod
 
 _LAYOUT = {
     1: ("(N, C, L)", "(C, L)", "kL"),
@@ -32,10 +30,6 @@ def _check_rank(op: str, x: Tensor, nd: int, batched_only: bool = False) -> bool
     full, unb, _ = _LAYOUT[nd]
     alt = "" if batched_only else f" or {nd + 1} {unb}"
     raise ShapeError(f"{op}: expected input with {nd + 2} dims {full}{alt}, got shape {x.shape}")
-
-
-def _batch(s: Any, x: Tensor, unbatched: bool) -> Any:
-    return s.reshape(x._h, (1,) + x.shape) if unbatched else x._h
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -100,14 +94,7 @@ def _convnd(op: str, nd: int, input: Tensor, weight: Tensor, bias: Tensor | None
         raise ShapeError(f"{op}: kernel size {tuple(ks)} (dilated to {eff}) is larger than the padded input "
                          f"size {padded} (input shape {input.shape}, padding {pads})")
     out = tuple((p - e) // s + 1 for p, e, s in zip(padded, eff, st))
-    s = input._device.stack
-    if n == 0 or cout == 0 or prod(out) == 0:
-        h = keep_graph(s, s.full((n, cout) + out, 0.0, input._dtype), input, weight, bias)
-    else:
-        h = s.conv(_batch(s, input, unbatched), weight._h, None if bias is None else bias._h, st, pads, dl, g)
-    if unbatched:
-        h = s.reshape(h, (cout,) + out)
-    return like(input, h)
+    return _nn.conv(input, weight, bias, st, pads, dl, g, unbatched, out)
 
 
 def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
@@ -167,18 +154,7 @@ def _conv_transposend(op: str, nd: int, input: Tensor, weight: Tensor, bias: Ten
     if any(o <= 0 for o in out):
         raise ShapeError(f"{op}: computed output size {out} is not positive (input shape {input.shape}, weight "
                          f"shape {weight.shape}, stride {st}, padding {pd}, dilation {dl})")
-    s = input._device.stack
-    if n == 0 or prod(sp) == 0 or cout == 0:
-        h = s.full((n, cout) + out, 0.0, input._dtype)
-        if bias is not None and prod(sp) == 0 and n:
-            h = s.binary("add", h, s.reshape(bias._h, (1, cout) + (1,) * nd))
-        h = keep_graph(s, h, input, weight, bias)
-    else:
-        h = s.conv_transpose(_batch(s, input, unbatched), weight._h, None if bias is None else bias._h, st, pd,
-                             op_, dl, g)
-    if unbatched:
-        h = s.reshape(h, (cout,) + out)
-    return like(input, h)
+    return _nn.conv_transpose(input, weight, bias, st, pd, op_, dl, g, unbatched, out)
 
 
 def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,
@@ -245,22 +221,7 @@ def _pool_args(op: str, nd: int, input: Tensor, kernel_size: Any, stride: Any, p
 def _max_poolnd(op: str, nd: int, input: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
                 ceil_mode: bool, return_indices: bool) -> Any:
     ks, st, pd, dl, out = _pool_args(op, nd, input, kernel_size, stride, padding, dilation, ceil_mode)
-    s = input._device.stack
-    lead = input.shape[:-nd]
-    if prod(lead) == 0:
-        v = keep_graph(s, s.full(lead + out, 0, input._dtype), input)
-        if return_indices:
-            return like(input, v), wrap(s.full(lead + out, 0, dt.int64), dt.int64, input._device)
-        return like(input, v)
-    # integers are pooled in float64 (exact up to 2**53) so the backend's -inf padding stays valid
-    h = input._h if input._dtype.is_floating_point else s.cast(input._h, dt.float64)
-    r = s.max_pool(h, ks, st, pd, dl, bool(ceil_mode), bool(return_indices))
-    v, idx = (r if return_indices else (r, None))
-    if not input._dtype.is_floating_point:
-        v = s.cast(v, input._dtype)
-    if return_indices:
-        return like(input, v), wrap(idx, dt.int64, input._device)
-    return like(input, v)
+    return _nn.max_pool(input, nd, ks, st, pd, dl, ceil_mode, return_indices, out)
 
 
 def max_pool1d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
@@ -286,15 +247,7 @@ def _avg_poolnd(op: str, nd: int, input: Tensor, kernel_size: Any, stride: Any, 
     ks, st, pd, _, out = _pool_args(op, nd, input, kernel_size, stride, padding, 1, ceil_mode)
     if divisor_override is not None and (not is_int(divisor_override) or divisor_override == 0):
         raise ValueRangeError(f"{op}: divisor_override must be a non-zero int, got {divisor_override!r}")
-    s = input._device.stack
-    lead = input.shape[:-nd]
-    if prod(lead) == 0:
-        return like(input, keep_graph(s, s.full(lead + out, 0, input._dtype), input))
-    h = input._h if input._dtype.is_floating_point else s.cast(input._h, dt.float64)
-    v = s.avg_pool(h, ks, st, pd, bool(ceil_mode), bool(count_include_pad), divisor_override)
-    if not input._dtype.is_floating_point:
-        v = s.cast(v, input._dtype)  # torch truncates integer averages
-    return like(input, v)
+    return _nn.avg_pool(input, nd, ks, st, pd, ceil_mode, count_include_pad, divisor_override, out)
 
 
 def avg_pool1d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
@@ -346,26 +299,12 @@ def _adaptive_size(op: str, nd: int, input: Tensor, output_size: Any) -> tuple[i
 
 def _adaptive_avg(op: str, nd: int, input: Tensor, output_size: Any) -> Tensor:
     check_float(input, op)
-    out = _adaptive_size(op, nd, input, output_size)
-    s = input._device.stack
-    lead = input.shape[:-nd]
-    if prod(lead) == 0 or prod(out) == 0:
-        return like(input, keep_graph(s, s.full(lead + out, 0.0, input._dtype), input))
-    return like(input, s.adaptive_avg_pool(input._h, out))
+    return _nn.adaptive_avg_pool(input, nd, _adaptive_size(op, nd, input, output_size))
 
 
 def _adaptive_max(op: str, nd: int, input: Tensor, output_size: Any, return_indices: bool) -> Any:
     check_float(input, op)
-    out = _adaptive_size(op, nd, input, output_size)
-    s = input._device.stack
-    lead = input.shape[:-nd]
-    if prod(lead) == 0 or prod(out) == 0:
-        v = like(input, keep_graph(s, s.full(lead + out, 0.0, input._dtype), input))
-        return (v, wrap(s.full(lead + out, 0, dt.int64), dt.int64, input._device)) if return_indices else v
-    r = s.adaptive_max_pool(input._h, out, bool(return_indices))
-    if return_indices:
-        return like(input, r[0]), wrap(r[1], dt.int64, input._device)
-    return like(input, r)
+    return _nn.adaptive_max_pool(input, nd, _adaptive_size(op, nd, input, output_size), return_indices)
 
 
 def adaptive_avg_pool1d(input: Tensor, output_size: Any) -> Tensor:
@@ -461,12 +400,7 @@ def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode:
     if any(o <= 0 for o in out) or any(n <= 0 for n in sp):
         raise ShapeError(f"{op}: input and output sizes should be greater than 0, but got input {sp} and "
                          f"output {out}")
-    s = input._device.stack
-    if input.shape[0] * input.shape[1] == 0:
-        return like(input, keep_graph(s, s.full(input.shape[:2] + out, 0, input._dtype), input))
-    if mode == "area":
-        return like(input, s.adaptive_avg_pool(input._h, out))
-    return like(input, s.interpolate(input._h, out, mode, align_corners, scales))
+    return _nn.interpolate(input, out, mode, align_corners, scales)
 
 
 def upsample(input: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
@@ -534,13 +468,7 @@ def pad(input: Tensor, pad: Any, mode: str = "constant", value: float | None = N
     if any(o < 0 for o in out):
         raise ShapeError(f"{op}: the input size {shape} with padding {tuple(pad)} would give negative output "
                          f"size {out}")
-    s = input._device.stack
-    fill = 0 if value is None else value
-    if prod(out) == 0:
-        return like(input, keep_graph(s, s.full(out, 0, input._dtype), input))
-    if prod(shape) == 0:
-        return like(input, keep_graph(s, s.full(out, fill, input._dtype), input))
-    return like(input, s.pad(input._h, tuple(pairs), mode, fill if mode == "constant" else None))
+    return _nn.pad(input, tuple(pairs), mode, 0 if value is None else value, out)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -551,36 +479,18 @@ def _fold_args(op: str, kernel_size: Any, dilation: Any, padding: Any, stride: A
             int_tuple(padding, 2, op, "padding", 0), int_tuple(stride, 2, op, "stride", 1))
 
 
-def _tap_key(taps: tuple[int, ...], dl: tuple[int, ...], st: tuple[int, ...], out: tuple[int, ...]) -> tuple:
-    return (slice(None), slice(None)) + tuple(
-        slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, s, o in zip(taps, dl, st, out))
-
-
 def unfold(input: Tensor, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1) -> Tensor:
     """Sliding blocks of (N, C, H, W) as columns (N, C * kH * kW, L); (C, H, W) gives (C * kH * kW, L)."""
     op = "unfold"
     check_tensor(input, op)
     unbatched = _check_rank(op, input, 2)
     ks, dl, pd, st = _fold_args(op, kernel_size, dilation, padding, stride)
-    s = input._device.stack
-    h = _batch(s, input, unbatched)
-    n, c, H, W = h.shape
+    H, W = input.shape[-2:]
     out = tuple((L + 2 * p - d * (k - 1) - 1) // s_ + 1 for L, p, d, k, s_ in zip((H, W), pd, dl, ks, st))
     if any(o <= 0 for o in out):
         raise ShapeError(f"{op}: the sliding blocks do not fit: input shape {input.shape}, kernel_size {ks}, "
                          f"dilation {dl}, padding {pd}, stride {st} give block grid {out}")
-    K, L = prod(ks), prod(out)
-    if n * c == 0:
-        r = keep_graph(s, s.full((n, c * K, L), 0, input._dtype), input)
-    else:
-        if any(pd):
-            h = s.pad(h, ((0, 0), (0, 0)) + tuple((p, p) for p in pd), "constant", 0)
-        cols = [s.reshape(s.getitem(h, _tap_key(t, dl, st, out)), (n, c, 1, L))
-                for t in itertools.product(*(range(k) for k in ks))]
-        r = s.reshape(cols[0] if K == 1 else s.cat(cols, 2), (n, c * K, L))
-    if unbatched:
-        r = s.reshape(r, (c * K, L))
-    return like(input, r)
+    return _nn.unfold(input, unbatched, ks, dl, pd, st, out)
 
 
 def fold(input: Tensor, output_size: Any, kernel_size: Any, dilation: Any = 1, padding: Any = 0,
@@ -594,34 +504,17 @@ def fold(input: Tensor, output_size: Any, kernel_size: Any, dilation: Any = 1, p
     unbatched = input.ndim == 2
     osz = int_tuple(output_size, 2, op, "output_size", 1)
     ks, dl, pd, st = _fold_args(op, kernel_size, dilation, padding, stride)
-    s = input._device.stack
-    h = _batch(s, input, unbatched)
-    n, ck, L = h.shape
+    ck, L = input.shape[-2:]
     K = prod(ks)
     if ck % K:
         raise ShapeError(f"{op}: expected size of input's dimension 1 ({ck}) to be divisible by the product of "
                          f"kernel_size {ks} ({K}), input shape {input.shape}")
-    c = ck // K
     out = tuple((S + 2 * p - d * (k - 1) - 1) // s_ + 1 for S, p, d, k, s_ in zip(osz, pd, dl, ks, st))
     if any(o <= 0 for o in out) or prod(out) != L:
         raise ShapeError(f"{op}: given output_size {osz}, kernel_size {ks}, dilation {dl}, padding {pd}, stride "
                          f"{st}, expected size of input's dimension 2 to be {max(prod(out), 0)}, but got {L} "
                          f"(input shape {input.shape})")
-    full = tuple(S + 2 * p for S, p in zip(osz, pd))
-    buf = s.full((n, c) + full, 0, input._dtype)
-    if not n * c:
-        buf = keep_graph(s, buf, input)
-    if n * c:
-        cols = s.reshape(h, (n, c, K) + out)
-        for i, t in enumerate(itertools.product(*(range(k) for k in ks))):
-            key = _tap_key(t, dl, st, out)
-            part = s.getitem(cols, (slice(None), slice(None), i))
-            s.setitem(buf, key, s.binary("add", s.getitem(buf, key), part))
-    if any(pd):
-        buf = s.getitem(buf, (slice(None), slice(None)) + tuple(slice(p, p + S) for p, S in zip(pd, osz)))
-    if unbatched:
-        buf = s.reshape(buf, (c,) + osz)
-    return like(input, buf)
+    return _nn.fold(input, unbatched, osz, ks, dl, pd, st, out)
 
 
 def pixel_shuffle(input: Tensor, upscale_factor: int) -> Tensor:
@@ -638,12 +531,7 @@ def pixel_shuffle(input: Tensor, upscale_factor: int) -> Tensor:
     if c % (r * r):
         raise ShapeError(f"{op}: channels {c} of input shape {input.shape} are not divisible by "
                          f"upscale_factor^2 = {r * r}")
-    s = input._device.stack
-    b = prod(lead)
-    co = c // (r * r)
-    h = s.reshape(input._h, (b, co, r, r, H, W))
-    h = s.permute(h, (0, 1, 4, 2, 5, 3))
-    return like(input, s.reshape(s.contiguous(h), tuple(lead) + (co, H * r, W * r)))
+    return _nn.pixel_shuffle(input, r, inverse=False)
 
 
 def pixel_unshuffle(input: Tensor, downscale_factor: int) -> Tensor:
@@ -660,11 +548,7 @@ def pixel_unshuffle(input: Tensor, downscale_factor: int) -> Tensor:
     if H % r or W % r:
         raise ShapeError(f"{op}: height {H} and width {W} of input shape {input.shape} must be divisible by "
                          f"downscale_factor {r}")
-    s = input._device.stack
-    b = prod(lead)
-    h = s.reshape(input._h, (b, c, H // r, r, W // r, r))
-    h = s.permute(h, (0, 1, 3, 5, 2, 4))
-    return like(input, s.reshape(s.contiguous(h), tuple(lead) + (c * r * r, H // r, W // r)))
+    return _nn.pixel_shuffle(input, r, inverse=True)
 
 
 __all__ = [

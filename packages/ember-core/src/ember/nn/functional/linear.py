@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-
 from ... import dtypes as dt
-from ...errors import DTypeError, IndexOutOfRangeError, ShapeError, ValueRangeError
+from ...errors import DTypeError, ShapeError, ValueRangeError
+from ...ops import nn as _nn
 from ...tensor import Tensor
-from ._util import check_float, check_like, check_tensor, host_minmax, is_int, like, prod, vector_norm, wrap
+from ._util import check_float, check_like, check_tensor, is_int
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -33,16 +30,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         if bias.shape not in ((), weight.shape[:-1], (1,) * len(weight.shape[:-1])):
             raise ShapeError(f"{op}: bias of shape {bias.shape} does not match out_features "
                              f"{weight.shape[:-1]} (weight shape {weight.shape})")
-    s = input._device.stack
-    if weight.ndim == 2:
-        h = s.matmul(input._h, s.permute(weight._h, (1, 0)))
-    else:
-        h = s.matmul(input._h, weight._h)
-    if bias is not None:
-        h = s.binary("add", h, bias._h)
-    if tuple(h.shape) != out_shape:
-        h = s.reshape(h, out_shape)
-    return like(input, h)
+    return _nn.linear(input, weight, bias, out_shape)
 
 
 def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -63,17 +51,7 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None
                          f"{input2.shape}")
     if bias is not None:
         check_like(input1, bias, op, "bias", (o,))
-    s = input1._device.stack
-    lead = input1.shape[:-1]
-    b = prod(lead)
-    x1 = s.reshape(input1._h, (b, i1))
-    x2 = s.reshape(input2._h, (b, 1, i2))
-    wm = s.reshape(s.permute(weight._h, (1, 0, 2)), (i1, o * i2))
-    t = s.reshape(s.matmul(x1, wm), (b, o, i2))
-    h = s.reduce("sum", s.binary("mul", t, x2), (2,), False) if i2 else s.full((b, o), 0.0, input1._dtype)
-    if bias is not None:
-        h = s.binary("add", h, bias._h)
-    return like(input1, s.reshape(h, lead + (o,)))
+    return _nn.bilinear(input1, input2, weight, bias)
 
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,
@@ -96,33 +74,7 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max
     if padding_idx is not None:
         if not is_int(padding_idx) or not -num <= padding_idx < num:
             raise ValueRangeError(f"{op}: padding_idx must be within num_embeddings ({num}), got {padding_idx!r}")
-    s = input._device.stack
-    idx = input._h if input._dtype is dt.int64 else s.cast(input._h, dt.int64)
-    flat = s.reshape(idx, (input.numel(),))
-    if input.numel():
-        lo, hi = host_minmax(s, flat)
-        if lo < 0 or hi >= num:
-            raise IndexOutOfRangeError(f"{op}: index {lo if lo < 0 else hi} is out of range for weight with {num} "
-                                       f"rows (weight shape {weight.shape})")
-        if max_norm is not None:
-            from ...autograd import no_grad
-
-            with no_grad():  # renormalising the weight in place is not part of the gradient (as in torch)
-                _renorm_rows(s, weight, flat, float(max_norm), float(norm_type))
-    # a differentiable stack keeps the padding row's gradient at zero (PyTorch)
-    h = s.embedding(weight._h, flat, None if padding_idx is None else padding_idx % num)
-    return like(weight, s.reshape(h, input.shape + (weight.shape[1],)))
-
-
-def _renorm_rows(s: Any, weight: Tensor, flat: Any, max_norm: float, norm_type: float) -> None:
-    rows = np.unique(np.asarray(s.to_numpy(flat)))
-    ridx = s.from_numpy(np.ascontiguousarray(rows.astype(np.int64)))
-    sel = s.index_select(weight._h, 0, ridx)
-    nrm = vector_norm(s, sel, norm_type, (1,), True)
-    scale = s.binary("div", max_norm, s.binary("add", nrm, 1e-7))
-    over = s.binary("gt", nrm, max_norm)
-    new = s.where(over, s.binary("mul", sel, scale), sel)
-    s.setitem(weight._h, (ridx,), new)
+    return _nn.embedding(input, weight, padding_idx, max_norm, norm_type)
 
 
 def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
@@ -133,20 +85,7 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
         raise DTypeError(f"{op}: is only applicable to index tensors of dtype int64, got {tensor._dtype.name}")
     if not is_int(num_classes) or num_classes < -1:
         raise ValueRangeError(f"{op}: num_classes must be -1 or a non-negative int, got {num_classes!r}")
-    s = tensor._device.stack
-    if tensor.numel() == 0:
-        if num_classes == -1:
-            raise ValueRangeError(f"{op}: can not infer the total number of classes from an empty tensor")
-        return wrap(s.full(tensor.shape + (num_classes,), 0, dt.int64), dt.int64, tensor._device)
-    lo, hi = host_minmax(s, tensor._h)
-    if lo < 0:
-        raise IndexOutOfRangeError(f"{op}: class values must be non-negative, got {lo}")
-    c = hi + 1 if num_classes == -1 else int(num_classes)
-    if hi >= c:
-        raise IndexOutOfRangeError(f"{op}: class value {hi} is out of range for num_classes={c}")
-    ar = s.reshape(s.arange(0, c, 1, dt.int64), (1,) * tensor.ndim + (c,))
-    eq = s.binary("eq", s.reshape(tensor._h, tensor.shape + (1,)), ar)
-    return wrap(s.cast(eq, dt.int64), dt.int64, tensor._device)
+    return _nn.one_hot(tensor, num_classes)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -157,18 +96,8 @@ def _dropout(op: str, input: Tensor, p: float, training: bool, inplace: bool, ma
         raise ValueRangeError(f"{op}: dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0 or input.numel() == 0:
         return input
-    s = input._device.stack
-    if p == 1.0:
-        h = s.binary("mul", input._h, 0.0) if input._dtype.is_floating_point else s.full(input.shape, 0, input._dtype)
-    else:
-        # keep with probability 1 - p, scale kept values by 1 / (1 - p); one draw from the device stream
-        keep = s.binary("lt", s.rand(mask_shape, input._dtype), 1.0 - p)
-        scale = s.binary("mul", s.cast(keep, input._dtype), 1.0 / (1.0 - p))
-        h = s.binary("mul", input._h, scale)
-    if inplace:
-        s.assign(input._h, h)
-        return input
-    return like(input, h)
+    # keep with probability 1 - p, scale kept values by 1 / (1 - p); one draw from the device stream
+    return _nn.dropout(input, p, inplace, mask_shape)
 
 
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:

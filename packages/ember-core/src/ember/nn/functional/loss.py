@@ -7,26 +7,15 @@ from typing import Any
 from ... import dtypes as dt
 from ..._bridge import broadcast_shapes2, norm_dim
 from ...errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
-from ...ops.elementwise import keep_graph, tracks_grad
+from ...ops import nn as _nn
 from ...tensor import Tensor
-from ._util import (
-    check_float,
-    check_like,
-    check_reduction,
-    check_tensor,
-    host_minmax,
-    like,
-    prod,
-    reduce_loss,
-    vector_norm,
-    wrap,
-)
+from ._util import check_float, check_like, check_reduction, check_tensor
 
 
 def _pair(op: str, input: Any, target: Any, same_shape: bool = False,
-          promote: bool = False) -> tuple[Any, Any, Any, dt.DType, Any]:
-    """(stack, input handle, target handle, dtype, device): promoted to one dtype, broadcast. Both must be
-    floating, or with ``promote`` (mse_loss, cosine_similarity, as torch) their promoted dtype must be."""
+          promote: bool = False) -> tuple[dt.DType, tuple[int, ...]]:
+    """(promoted dtype, broadcast shape) of two validated operands. Both must be floating, or with ``promote``
+    (mse_loss, cosine_similarity, as torch) their promoted dtype must be."""
     if promote:
         check_tensor(input, op)
         check_tensor(target, op, "target")
@@ -44,18 +33,7 @@ def _pair(op: str, input: Any, target: Any, same_shape: bool = False,
     if same_shape:
         if target.shape != input.shape:
             raise ShapeError(f"{op}: target size {target.shape} must be the same as input size {input.shape}")
-    else:
-        broadcast_shapes2(input.shape, target.shape, op)
-    d = dt.promote_types(input._dtype, target._dtype)
-    s = input._device.stack
-    a = input._h if input._dtype is d else s.cast(input._h, d)
-    b = target._h if target._dtype is d else s.cast(target._h, d)
-    shape = broadcast_shapes2(input.shape, target.shape, op)
-    if tuple(a.shape) != shape:
-        a = s.expand(a, shape)
-    if tuple(b.shape) != shape:
-        b = s.expand(b, shape)
-    return s, a, b, d, input._device
+    return dt.promote_types(input._dtype, target._dtype), broadcast_shapes2(input.shape, target.shape, op)
 
 
 def _check_bcast(op: str, name: str, t: Tensor, shape: tuple[int, ...]) -> None:
@@ -68,40 +46,32 @@ def _check_bcast(op: str, name: str, t: Tensor, shape: tuple[int, ...]) -> None:
         raise ShapeError(f"{op}: {name} of shape {t.shape} does not broadcast to input shape {shape}")
 
 
-def _weighted(op: str, s: Any, loss: Any, weight: Tensor | None, d: dt.DType, reduction: str,
-              mean_by_weight: bool) -> Any:
-    """Apply an optional elementwise weight (same shape as the loss, as torch requires) and the reduction."""
+def _check_weight(op: str, weight: Tensor | None, shape: tuple[int, ...]) -> None:
+    """An elementwise loss weight must be a Tensor of the loss's (broadcast) shape, as torch requires."""
     if weight is None:
-        return reduce_loss(s, loss, reduction)
+        return
     check_tensor(weight, op, "weight")
-    if weight.shape != tuple(loss.shape):
+    if weight.shape != shape:
         raise ShapeError(f"{op}: weights and input must have the same size, got weight shape {weight.shape} "
-                         f"and input shape {tuple(loss.shape)}")
-    w = weight._h if weight._dtype is d else s.cast(weight._h, d)
-    loss = s.binary("mul", loss, w)
-    if reduction == "mean" and mean_by_weight:
-        dims = tuple(range(len(loss.shape)))
-        if not dims:
-            return s.binary("div", loss, w)
-        return s.binary("div", s.reduce("sum", loss, dims, False), s.reduce("sum", w, dims, False))
-    return reduce_loss(s, loss, reduction)
+                         f"and input shape {shape}")
 
 
 def mse_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
              weight: Tensor | None = None) -> Tensor:
     """(input - target)^2, reduced."""
     check_reduction(reduction, "mse_loss")
-    s, a, b, d, dev = _pair("mse_loss", input, target, promote=True)
-    diff = s.binary("sub", a, b)
-    return wrap(_weighted("mse_loss", s, s.binary("mul", diff, diff), weight, d, reduction, True), d, dev)
+    d, shape = _pair("mse_loss", input, target, promote=True)
+    _check_weight("mse_loss", weight, shape)
+    return _nn.pointwise_loss("mse_loss", input, target, d, shape, reduction, weight)
 
 
 def l1_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
             weight: Tensor | None = None) -> Tensor:
     """``|input - target|``, reduced."""
     check_reduction(reduction, "l1_loss")
-    s, a, b, d, dev = _pair("l1_loss", input, target)
-    return wrap(_weighted("l1_loss", s, s.unary("abs", s.binary("sub", a, b)), weight, d, reduction, True), d, dev)
+    d, shape = _pair("l1_loss", input, target)
+    _check_weight("l1_loss", weight, shape)
+    return _nn.pointwise_loss("l1_loss", input, target, d, shape, reduction, weight)
 
 
 def smooth_l1_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None,
@@ -110,13 +80,8 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average: Any = None, redu
     check_reduction(reduction, "smooth_l1_loss")
     if beta < 0:
         raise ValueRangeError(f"smooth_l1_loss: beta must be non-negative, got {beta}")
-    s, a, b, d, dev = _pair("smooth_l1_loss", input, target)
-    ad = s.unary("abs", s.binary("sub", a, b))
-    if beta == 0:
-        return wrap(reduce_loss(s, ad, reduction), d, dev)
-    quad = s.binary("div", s.binary("mul", s.binary("mul", ad, ad), 0.5), float(beta))
-    loss = s.where(s.binary("lt", ad, float(beta)), quad, s.binary("sub", ad, 0.5 * beta))
-    return wrap(reduce_loss(s, loss, reduction), d, dev)
+    d, shape = _pair("smooth_l1_loss", input, target)
+    return _nn.pointwise_loss("smooth_l1_loss", input, target, d, shape, reduction, None, beta)
 
 
 def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,
@@ -125,23 +90,15 @@ def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: fl
     check_reduction(reduction, "huber_loss")
     if not delta > 0:
         raise ValueRangeError(f"huber_loss: delta must be positive, got {delta}")
-    s, a, b, d, dev = _pair("huber_loss", input, target)
-    ad = s.unary("abs", s.binary("sub", a, b))
-    quad = s.binary("mul", s.binary("mul", ad, ad), 0.5)
-    lin = s.binary("mul", s.binary("sub", ad, 0.5 * delta), float(delta))
-    loss = s.where(s.binary("lt", ad, float(delta)), quad, lin)
-    return wrap(_weighted("huber_loss", s, loss, weight, d, reduction, False), d, dev)
+    d, shape = _pair("huber_loss", input, target)
+    _check_weight("huber_loss", weight, shape)
+    return _nn.pointwise_loss("huber_loss", input, target, d, shape, reduction, weight, delta)
 
 
-def _check_range01(op: str, s: Any, h: Any) -> None:
-    if prod(h.shape) == 0:
+def _check_range01(op: str, x: Tensor) -> None:
+    if x.numel() == 0:
         return
-    import numpy as np
-
-    dims = tuple(range(len(h.shape)))
-    lo = s.reduce("min", h, dims, False) if dims else h
-    hi = s.reduce("max", h, dims, False) if dims else h
-    lo_v, hi_v = float(np.asarray(s.to_numpy(lo))), float(np.asarray(s.to_numpy(hi)))
+    lo_v, hi_v = _nn.host_extrema(x)
     if not (lo_v >= 0.0 and hi_v <= 1.0):  # NaN fails too
         raise ValueRangeError(f"{op}: all elements of input should be between 0 and 1 (got min {lo_v}, "
                               f"max {hi_v})")
@@ -157,17 +114,11 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     if target.shape != input.shape:
         raise ShapeError(f"{op}: using a target size {target.shape} that is different to the input size "
                          f"{input.shape} is not supported; please ensure they have the same size")
-    s = input._device.stack
-    _check_range01(op, s, input._h)
-    x, t = input._h, target._h
-    lx = s.binary("maximum", s.unary("log", x), -100.0)
-    l1x = s.binary("maximum", s.unary("log", s.binary("sub", 1.0, x)), -100.0)
-    loss = s.unary("neg", s.binary("add", s.binary("mul", t, lx), s.binary("mul", s.binary("sub", 1.0, t), l1x)))
+    _check_range01(op, input)
     if weight is not None:
         check_like(input, weight, op, "weight")
         _check_bcast(op, "weight", weight, input.shape)
-        loss = s.binary("mul", loss, weight._h)
-    return like(input, reduce_loss(s, loss, reduction))
+    return _nn.binary_cross_entropy(input, target, weight, reduction)
 
 
 def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
@@ -180,22 +131,13 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tens
     check_like(input, target, op, "target")
     if target.shape != input.shape:
         raise ShapeError(f"{op}: target size {target.shape} must be the same as input size {input.shape}")
-    s = input._device.stack
-    x, t = input._h, target._h
-    # log1p(exp(-|x|)) + max(-x, 0) is -log(sigmoid(x)) without overflow
-    sp = s.binary("add", s.unary("log1p", s.unary("exp", s.unary("neg", s.unary("abs", x)))),
-                  s.binary("maximum", s.unary("neg", x), 0.0))
     if pos_weight is not None:
         check_like(input, pos_weight, op, "pos_weight")
         _check_bcast(op, "pos_weight", pos_weight, input.shape)
-        lw = s.binary("add", s.binary("mul", s.binary("sub", pos_weight._h, 1.0), t), 1.0)
-        sp = s.binary("mul", sp, lw)
-    loss = s.binary("add", s.binary("mul", s.binary("sub", 1.0, t), x), sp)
     if weight is not None:
         check_like(input, weight, op, "weight")
         _check_bcast(op, "weight", weight, input.shape)
-        loss = s.binary("mul", loss, weight._h)
-    return like(input, reduce_loss(s, loss, reduction))
+    return _nn.binary_cross_entropy_with_logits(input, target, weight, reduction, pos_weight)
 
 
 def kl_div(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
@@ -203,19 +145,8 @@ def kl_div(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any 
     """target * (log(target) - input) pointwise (0 where target is 0); reduction may also be 'batchmean'."""
     op = "kl_div"
     check_reduction(reduction, op, ("batchmean",))
-    s, a, b, d, dev = _pair(op, input, target)
-    if log_target:
-        loss = s.binary("mul", s.unary("exp", b), s.binary("sub", b, a))
-    else:
-        # xlogy(t, t): 0 where t == 0, so zero targets contribute nothing (and NaN stays NaN)
-        tlogt = s.where(s.binary("eq", b, 0.0), s.binary("mul", b, 0.0), s.binary("mul", b, s.unary("log", b)))
-        loss = s.binary("sub", tlogt, s.binary("mul", b, a))
-    if reduction == "batchmean":
-        total = reduce_loss(s, loss, "sum")
-        if len(input.shape) > 0:
-            total = s.binary("div", total, float(input.shape[0]))
-        return wrap(total, d, dev)
-    return wrap(reduce_loss(s, loss, reduction), d, dev)
+    d, shape = _pair(op, input, target)
+    return _nn.pointwise_loss(op, input, target, d, shape, reduction, None, bool(log_target))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -230,7 +161,7 @@ def _class_target(op: str, input: Tensor, target: Tensor, weight: Tensor | None,
     if target._device is not input._device:
         raise DeviceError(f"{op}: input is on {input._device} but target is on {target._device}")
     if target._dtype is dt.uint8:  # compared with a negative ignore_index below
-        target = wrap(input._device.stack.cast(target._h, dt.int64), dt.int64, input._device)
+        target = _nn.cast(target, dt.int64)
     c = input.shape[1] if input.ndim >= 2 else input.shape[0]
     expected = (input.shape[0],) + input.shape[2:] if input.ndim >= 2 else ()
     if target.shape != expected:
@@ -239,53 +170,16 @@ def _class_target(op: str, input: Tensor, target: Tensor, weight: Tensor | None,
     if weight is not None:
         check_like(input, weight, op, "weight", (c,))
     if target.numel():
-        s = input._device.stack
-        valid = s.binary("ne", target._h, int(ignore_index))
         if c == 0:  # no class is in bounds: only ignored targets are allowed
-            dims = tuple(range(target.ndim))
-            if bool(s.to_numpy(s.reduce("max", valid, dims, False) if dims else valid)):
+            if _nn.class_target_bounds(target, ignore_index, any_only=True)[0]:
                 raise IndexOutOfRangeError(f"{op}: target is out of bounds for 0 classes "
                                            f"(every target must be ignore_index={ignore_index})")
         else:
-            lo, hi = host_minmax(s, s.where(valid, target._h, 0))
+            _, lo, hi = _nn.class_target_bounds(target, ignore_index, any_only=False)
             bad = hi if hi >= c else lo if lo < 0 else None
             if bad is not None:
                 raise IndexOutOfRangeError(f"{op}: target {bad} is out of bounds for {c} classes")
     return target
-
-
-def _nll(s: Any, logp: Any, target: Any, weight: Tensor | None, ignore_index: int, reduction: str,
-         d: dt.DType) -> tuple[Any, Any]:
-    """(reduced loss, per-element weights) for batched logp (N, C, *) and target (N, *)."""
-    valid = s.binary("ne", target, int(ignore_index))
-    safe = s.where(valid, target, 0)
-    tshape = tuple(target.shape)
-    w = s.cast(valid, d)
-    if logp.shape[1] == 0:  # no classes: every target is ignore_index (checked), nothing to pick; 'mean' is 0/0
-        zeros = s.full(tshape, 0.0, d)
-        out = zeros if reduction == "none" else reduce_loss(s, zeros, "sum") if reduction == "sum" \
-            else s.full((), float("nan"), d)
-        return keep_graph(s, out, logp), w
-    idx = s.reshape(safe, (tshape[0], 1) + tshape[1:])
-    picked = s.reshape(s.gather(logp, 1, idx), tshape)
-    if weight is not None:
-        wt = s.reshape(s.index_select(weight._h, 0, s.reshape(safe, (prod(tshape),))), tshape)
-        w = s.binary("mul", wt, w)
-    # ignored targets give exactly 0, even where their row's log-probabilities are NaN (inf logits), as torch
-    loss = s.where(valid, s.unary("neg", s.binary("mul", picked, w)), 0.0)
-    if reduction == "none":
-        return loss, w
-    dims = tuple(range(len(tshape)))
-    total = s.reduce("sum", loss, dims, False)
-    if reduction == "sum":
-        return total, w
-    return s.binary("div", total, s.reduce("sum", w, dims, False)), w
-
-
-def _batched(s: Any, input: Tensor, target: Tensor) -> tuple[Any, Any, bool]:
-    if input.ndim == 1:
-        return s.reshape(input._h, (1,) + input.shape), s.reshape(target._h, (1,)), True
-    return input._h, target._h, False
 
 
 def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: Any = None,
@@ -298,12 +192,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
     if input.ndim == 0:
         raise ShapeError(f"{op}: expected input with 1 or more dims (C,) or (N, C, *), got shape {input.shape}")
     target = _class_target(op, input, target, weight, ignore_index)
-    s = input._device.stack
-    x, t, unb = _batched(s, input, target)
-    loss, _ = _nll(s, x, t, weight, ignore_index, reduction, input._dtype)
-    if unb and reduction == "none":
-        loss = s.reshape(loss, ())
-    return like(input, loss)
+    return _nn.nll_loss(input, target, weight, ignore_index, reduction)
 
 
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: Any = None,
@@ -319,10 +208,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
         raise ShapeError(f"{op}: expected input with 1 or more dims (C,) or (N, C, *), got shape {input.shape}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueRangeError(f"{op}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
-    s = input._device.stack
-    cdim = 1 if input.ndim >= 2 else 0
-    c = input.shape[cdim]
-    wview = (1, c) + (1,) * (input.ndim - 2) if input.ndim >= 2 else (c,)
+    c = input.shape[1 if input.ndim >= 2 else 0]
     if target._dtype.is_floating_point:
         if target.shape != input.shape:
             raise ShapeError(f"{op}: class-probability target must have the input's shape {input.shape}, "
@@ -342,81 +228,32 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
             if weight.shape != (c,):
                 raise ShapeError(f"{op}: expected 'weight' of shape {(c,)}, got shape {weight.shape}")
             d = dt.promote_types(d, weight._dtype)
-        if input.numel() == 0:
-            if c == 0 and reduction == "mean":  # torch divides by numel / C: 0 / 0
-                return wrap(keep_graph(s, s.full((), float("nan"), d), input), d, input._device)
-            xh = input._h if input._dtype is d else s.cast(input._h, d)
-            return wrap(reduce_loss(s, s.reduce("sum", xh, (cdim,), False), reduction), d, input._device)
-        t = target._h if target._dtype is d else s.cast(target._h, d)
-        if label_smoothing > 0:
-            t = s.binary("add", s.binary("mul", t, 1.0 - label_smoothing), label_smoothing / c)
-        logp = s.softmax(input._h, cdim, True)
-        prodh = s.binary("mul", logp if input._dtype is d else s.cast(logp, d), t)
-        if weight is not None:
-            wh = weight._h if weight._dtype is d else s.cast(weight._h, d)
-            prodh = s.binary("mul", prodh, s.reshape(wh, wview))
-        loss = s.unary("neg", s.reduce("sum", prodh, (cdim,), False))
-        return wrap(reduce_loss(s, loss, reduction), d, input._device)
+        return _nn.cross_entropy_probs(input, target, weight, d, reduction, label_smoothing)
     target = _class_target(op, input, target, weight, ignore_index)
-    x, t, unb = _batched(s, input, target)
-    logp = s.softmax(x, 1, True) if c else x  # no classes: nothing to normalise (a backend may not reduce empty)
-    loss, w = _nll(s, logp, t, weight, ignore_index, reduction, input._dtype)
-    if label_smoothing > 0:
-        lw = s.binary("mul", logp, s.reshape(weight._h, (1, c) + (1,) * (len(x.shape) - 2))) \
-            if weight is not None else logp
-        smooth = s.unary("neg", s.reduce("sum", lw, (1,), False))
-        valid = s.binary("ne", t, int(ignore_index))
-        smooth = s.where(valid, smooth, 0.0)
-        if reduction != "none":
-            dims = tuple(range(len(smooth.shape)))
-            smooth = s.reduce("sum", smooth, dims, False)
-            if reduction == "mean":
-                # torch normalises by the summed weight of the non-ignored targets (their count without weight)
-                smooth = s.binary("div", smooth, s.reduce("sum", w, dims, False))
-        loss = s.binary("add", s.binary("mul", loss, 1.0 - label_smoothing),
-                        s.binary("mul", smooth, label_smoothing / c if c else float("nan")))  # torch: 0 classes, NaN
-    if unb and reduction == "none":
-        loss = s.reshape(loss, ())
-    return like(input, loss)
+    return _nn.cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # distances
 # ----------------------------------------------------------------------------------------------------------
-def _clamped_norm_for_grad(s: Any, h: Any, dim: int, eps: float) -> Any:
-    """torch's cosine_similarity norm: its value clamped to eps, but the clamp is invisible to the gradient (torch
-    clamps in place without grad), and the norm's gradient at a zero vector is 0 (not sqrt's 0 * inf)."""
-    ss = s.reduce("sum", s.binary("mul", h, h), (dim,), True)
-    pos = s.binary("gt", ss, 0.0)
-    n = s.where(pos, s.unary("sqrt", s.where(pos, ss, 1.0)), 0.0)
-    return s.binary("add", n, s.detach(s.binary("sub", s.binary("maximum", n, eps), n)))
-
-
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
     """sum(x1 * x2) / (max(||x1||, eps) * max(||x2||, eps)) along dim (inputs broadcast)."""
     op = "cosine_similarity"
-    s, a, b, d, dev = _pair(op, x1, x2, promote=True)
-    nd = len(a.shape)
+    d, shape = _pair(op, x1, x2, promote=True)
+    nd = len(shape)
     dd = norm_dim(dim, nd, op)
     if nd == 0:
         raise ShapeError(f"{op}: inputs must have at least 1 dim, got shapes {x1.shape} and {x2.shape}")
-    if tracks_grad(s, a) or tracks_grad(s, b):
-        n1, n2 = _clamped_norm_for_grad(s, a, dd, float(eps)), _clamped_norm_for_grad(s, b, dd, float(eps))
-    else:
-        n1 = s.binary("maximum", vector_norm(s, a, 2.0, (dd,), True), float(eps))
-        n2 = s.binary("maximum", vector_norm(s, b, 2.0, (dd,), True), float(eps))
-    r = s.reduce("sum", s.binary("mul", s.binary("div", a, n1), s.binary("div", b, n2)), (dd,), False)
-    return wrap(r, d, dev)
+    return _nn.cosine_similarity(x1, x2, dd, eps, d, shape)
 
 
 def pairwise_distance(x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False) -> Tensor:
     """||x1 - x2 + eps||_p over the last dim."""
     op = "pairwise_distance"
-    s, a, b, d, dev = _pair(op, x1, x2)
-    if not a.shape:
+    d, shape = _pair(op, x1, x2)
+    if not shape:
         raise ShapeError(f"{op}: inputs must have at least 1 dim, got shapes {x1.shape} and {x2.shape}")
-    diff = s.binary("add", s.binary("sub", a, b), float(eps))
-    return wrap(vector_norm(s, diff, float(p), (len(a.shape) - 1,), bool(keepdim)), d, dev)
+    return _nn.pairwise_distance(x1, x2, p, eps, keepdim, d, shape)
 
 
 __all__ = [

@@ -8,9 +8,9 @@ import numpy as np
 
 from ... import dtypes as dt
 from ...errors import ShapeError, ValueRangeError
-from ...ops.elementwise import keep_graph
+from ...ops import nn as _nn
 from ...tensor import Tensor
-from ._util import check_float, check_like, is_int, like, mean, prod, var
+from ._util import check_float, check_like, is_int, prod
 
 
 def _normalized_shape(op: str, input: Tensor, normalized_shape: Any) -> tuple[int, ...]:
@@ -28,14 +28,6 @@ def _normalized_shape(op: str, input: Tensor, normalized_shape: Any) -> tuple[in
     return ns
 
 
-def _affine(s: Any, h: Any, weight: Tensor | None, bias: Tensor | None, view: tuple[int, ...]) -> Any:
-    if weight is not None:
-        h = s.binary("mul", h, s.reshape(weight._h, view))
-    if bias is not None:
-        h = s.binary("add", h, s.reshape(bias._h, view))
-    return h
-
-
 def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """(x - mean) / sqrt(var + eps) over the trailing normalized_shape dims, then weight and bias."""
@@ -51,15 +43,7 @@ def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = Non
         check_like(ref, weight, op, "weight", ns)
     if bias is not None:
         check_like(ref, bias, op, "bias", ns)
-    s = input._device.stack
-    if input.numel() == 0:
-        return like(input, keep_graph(s, s.copy(input._h), weight, bias))
-    dims = tuple(range(input.ndim - len(ns), input.ndim))
-    x = s.cast(input._h, dt.float32) if mixed else input._h
-    m, v = var(s, x, dims)
-    h = _affine(s, s.binary("mul", s.binary("sub", x, m), s.unary("rsqrt", s.binary("add", v, float(eps)))),
-                weight, bias, ns)
-    return like(input, s.cast(h, input._dtype) if mixed else h)
+    return _nn.layer_norm(input, ns, weight, bias, eps, mixed)
 
 
 def rms_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
@@ -71,28 +55,13 @@ def rms_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None,
         check_like(input, weight, op, "weight", ns)
     if eps is None:
         eps = float(np.finfo(input._dtype.numpy).eps)
-    s = input._device.stack
-    if input.numel() == 0:
-        return like(input, keep_graph(s, s.copy(input._h), weight))
-    dims = tuple(range(input.ndim - len(ns), input.ndim))
-    ms = mean(s, s.binary("mul", input._h, input._h), dims, True)
-    h = s.binary("mul", input._h, s.unary("rsqrt", s.binary("add", ms, float(eps))))
-    return like(input, _affine(s, h, weight, None, ns))
+    return _nn.rms_norm(input, ns, weight, eps)
 
 
 def _channel_params(op: str, input: Tensor, c: int, **params: Tensor | None) -> None:
     for name, t in params.items():
         if t is not None:
             check_like(input, t, op, name, (c,))
-
-
-def _update_running(s: Any, running: Tensor, stat: Any, momentum: float) -> None:
-    """running = (1 - momentum) * running + momentum * stat, in place and untracked (as torch, under no_grad)."""
-    from ...autograd import no_grad
-
-    with no_grad():  # running statistics are buffers: they must not join the gradient graph
-        new = s.binary("add", s.binary("mul", running._h, 1.0 - momentum), s.binary("mul", stat, float(momentum)))
-        s.assign(running._h, new)
 
 
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
@@ -106,29 +75,13 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
         raise ShapeError(f"{op}: expected input with at least 2 dims (N, C, *), got shape {input.shape}")
     c = input.shape[1]
     _channel_params(op, input, c, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
-    s = input._device.stack
-    view = (1, c) + (1,) * (input.ndim - 2)
-    dims = (0,) + tuple(range(2, input.ndim))
-    count = prod(input.shape[d] for d in dims)
+    count = prod(input.shape[d] for d in (0,) + tuple(range(2, input.ndim)))
     if training and count == 1:
         raise ValueRangeError(f"{op}: expected more than 1 value per channel when training, got input "
                               f"shape {input.shape}")
     if not training and (running_mean is None or running_var is None):
         raise ValueRangeError(f"{op}: running_mean and running_var must be given when training=False")
-    if input.numel() == 0:  # PyTorch: an empty result still tied to weight and bias; running stats untouched
-        return like(input, keep_graph(s, s.copy(input._h), weight, bias))
-    if training:
-        m, v = var(s, input._h, dims)
-        if running_mean is not None:
-            _update_running(s, running_mean, s.reshape(m, (c,)), momentum)
-        if running_var is not None:
-            unbiased = s.binary("mul", s.reshape(v, (c,)), count / (count - 1))
-            _update_running(s, running_var, unbiased, momentum)
-    else:
-        m = s.reshape(running_mean._h, view)
-        v = s.reshape(running_var._h, view)
-    h = s.binary("mul", s.binary("sub", input._h, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
-    return like(input, _affine(s, h, weight, bias, view))
+    return _nn.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
 
 
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -140,19 +93,12 @@ def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bia
         raise ShapeError(f"{op}: expected input with at least 2 dims (N, C, *), got shape {input.shape}")
     if not is_int(num_groups) or num_groups < 1:
         raise ValueRangeError(f"{op}: num_groups must be a positive int, got {num_groups!r}")
-    n, c = input.shape[:2]
+    c = input.shape[1]
     if c % num_groups:
         raise ShapeError(f"{op}: expected number of channels in input to be divisible by num_groups, but got "
                          f"input of shape {input.shape} and num_groups={num_groups}")
     _channel_params(op, input, c, weight=weight, bias=bias)
-    s = input._device.stack
-    if input.numel() == 0:
-        return like(input, keep_graph(s, s.copy(input._h), weight, bias))
-    g = s.reshape(input._h, (n, num_groups, input.numel() // n // num_groups))
-    m, v = var(s, g, (2,))
-    h = s.binary("mul", s.binary("sub", g, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
-    h = s.reshape(h, input.shape)
-    return like(input, _affine(s, h, weight, bias, (1, c) + (1,) * (input.ndim - 2)))
+    return _nn.group_norm(input, num_groups, weight, bias, eps)
 
 
 def instance_norm(input: Tensor, running_mean: Tensor | None = None, running_var: Tensor | None = None,
@@ -163,29 +109,16 @@ def instance_norm(input: Tensor, running_mean: Tensor | None = None, running_var
     check_float(input, op)
     if input.ndim < 3:
         raise ShapeError(f"{op}: expected input with at least 3 dims (N, C, *spatial), got shape {input.shape}")
-    n, c = input.shape[:2]
+    c = input.shape[1]
     _channel_params(op, input, c, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
-    s = input._device.stack
-    view = (1, c) + (1,) * (input.ndim - 2)
-    dims = tuple(range(2, input.ndim))
     count = prod(input.shape[2:])
     if use_input_stats:
         if count <= 1:
             raise ValueRangeError(f"{op}: expected more than 1 spatial element when training, got input shape "
                                   f"{input.shape}")
-        m, v = var(s, input._h, dims)
-        if running_mean is not None:
-            _update_running(s, running_mean, mean(s, s.reshape(m, (n, c)), (0,), False), momentum)
-        if running_var is not None:
-            unbiased = s.binary("mul", s.reshape(v, (n, c)), count / (count - 1))
-            _update_running(s, running_var, mean(s, unbiased, (0,), False), momentum)
-    else:
-        if running_mean is None or running_var is None:
-            raise ValueRangeError(f"{op}: running_mean and running_var must be given when use_input_stats=False")
-        m = s.reshape(running_mean._h, view)
-        v = s.reshape(running_var._h, view)
-    h = s.binary("mul", s.binary("sub", input._h, m), s.unary("rsqrt", s.binary("add", v, float(eps))))
-    return like(input, _affine(s, h, weight, bias, view))
+    elif running_mean is None or running_var is None:
+        raise ValueRangeError(f"{op}: running_mean and running_var must be given when use_input_stats=False")
+    return _nn.instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
 
 
 __all__ = ["layer_norm", "rms_norm", "batch_norm", "group_norm", "instance_norm"]
