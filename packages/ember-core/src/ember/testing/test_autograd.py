@@ -275,8 +275,8 @@ _BINARY_INPUTS: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
     "fmod": lambda: (N(3, 1, 4, scale=3.0), NZ(2, 4)),
     "copysign": lambda: (NZ(3, 1, 4), NZ(2, 4)),
 }
-BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "atan2", "hypot", "remainder", "fmod",
-          "copysign", "fmax", "fmin")
+#: the binary primitives with a (nonzero) gradient, from the op registry
+BINARY = tuple(op.name for op in opinfo.select(arity=2, kind="primitive") if op.grad == "smooth")
 for _op in BINARY:
     _a, _b = _BINARY_INPUTS.get(_op, lambda: (N(3, 1, 4), N(2, 4)))()
     case(f"binary-{_op}-broadcast", lambda e, F, a, b, op=_op: getattr(e, op)(a, b), _a, _b)
