@@ -192,7 +192,7 @@ class Device(metaclass=_DeviceType):
     def host(cls) -> Device:
         """The host device: the installed backend registered with ``host=True`` (its handles live in host memory,
         so numpy arrays are adopted and read back without copies); the highest priority one when several are.
-        ``.cpu()``, ``ember.from_numpy`` and ``ember.load`` use it, and the device string ``"cpu"`` names it."""
+        ``.cpu()``, ``ember.from_numpy`` and ``records.load_into`` use it, and the device string ``"cpu"`` names it."""
         return host_device()
 
     @classmethod

@@ -41,7 +41,7 @@ def register_backends(register: Callable[..., None]) -> None:
     - ``host``: the backend's memory is the host's: ``from_numpy`` adopts a C-contiguous array without copying and
       ``to_numpy`` returns the handle's own memory (keyword ``host=False``). The host device, ``Device.host()``,
       is the installed ``host=True`` backend of highest ``priority``; ``.cpu()``, ``ember.from_numpy``,
-      ``ember.load`` and the device string ``"cpu"`` use it, so core never names a backend.
+      ``records.load_into`` and the device string ``"cpu"`` use it, so core never names a backend.
 
     Backend names appear in device strings: lowercase letters, digits, ``_`` and ``-``, starting with a letter.
     """

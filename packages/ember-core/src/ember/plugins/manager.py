@@ -52,7 +52,7 @@ class BackendSpec:
     install_hint: str = ""
     #: the backend's memory is the host's: ``from_numpy`` adopts a C-contiguous array without copying and
     #: ``to_numpy`` returns the handle's own memory. Core's host device (``Device.host()``: ``.cpu()``,
-    #: ``ember.from_numpy``, ``ember.load``, the device string ``"cpu"``) is the highest-priority such backend.
+    #: ``ember.from_numpy``, ``records.load_into``, the device string ``"cpu"``) is the highest-priority such backend.
     host: bool = False
 
     def kind_of(self, index: int) -> str:
