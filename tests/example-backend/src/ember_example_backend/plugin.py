@@ -29,6 +29,9 @@ def register_backends(register: Callable[..., None]) -> None:
         contract=CONTRACT,
         kind="emulated",
         priority=0,
+        # not host=True: from_numpy copies into a ToyArray box, so the toy cannot adopt host arrays the way the
+        # host device must (ember.from_numpy shares memory); it stays an ordinary device that .cpu() moves from
+        host=False,
         description=f"example third-party backend: required primitives only (ember-example-backend {__version__})",
     )
 
