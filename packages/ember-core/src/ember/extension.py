@@ -217,16 +217,30 @@ class ExtensionOp:
         if len(res) != len(inputs):
             raise PluginError(f"{self.name}: the vjp returned {len(res)} gradients for {len(inputs)} inputs "
                               "(return one per positional argument, None where there is none)")
+        out: list[Tensor | None] = []
         for i, (g, x) in enumerate(zip(res, inputs)):
-            if g is None:
-                continue
-            if not isinstance(x, Tensor):
-                raise PluginError(f"{self.name}: the vjp returned a gradient for argument {i}, which is no tensor")
-            if not isinstance(g, Tensor) or g.shape != x.shape:
-                got = g.shape if isinstance(g, Tensor) else type(g).__name__
-                raise ShapeError(f"{self.name}: the vjp's gradient for argument {i} has shape {got}, "
-                                 f"expected the input's {x.shape}")
-        return res
+            if g is not None:
+                if not isinstance(x, Tensor):
+                    raise PluginError(f"{self.name}: the vjp returned a gradient for argument {i}, which is no "
+                                      "tensor")
+                g = self._fit_grad(i, g, x)
+            out.append(g)
+        return tuple(out)
+
+    def _fit_grad(self, i: int, g: Any, x: Tensor) -> Tensor:
+        """g with x's shape: a gradient of the broadcast shape is summed down to x's (as PyTorch's autograd does
+        for a custom Function); any other shape is an error naming the op."""
+        if isinstance(g, Tensor) and g.shape != x.shape:
+            lead = g.ndim - x.ndim
+            if lead >= 0 and all(n in (1, m) for n, m in zip(x.shape, g.shape[lead:])):
+                dims = tuple(range(lead)) + tuple(lead + d for d, n in enumerate(x.shape)
+                                                  if n == 1 and g.shape[lead + d] != 1)
+                return g.sum(dim=dims, keepdim=True).reshape(x.shape) if dims else g.reshape(x.shape)
+        if not isinstance(g, Tensor) or g.shape != x.shape:
+            got = g.shape if isinstance(g, Tensor) else type(g).__name__
+            raise ShapeError(f"{self.name}: the vjp's gradient for argument {i} has shape {got}, expected the "
+                             f"input's {x.shape} (or one it broadcasts to)")
+        return g
 
 
 class ExtensionCall:
