@@ -424,15 +424,21 @@ def full_like(x: Tensor, value: Any, dtype: Any) -> Tensor:
     return _full_like(x, value, dtype=dtype)
 
 
+def _desc(x: Any) -> str:
+    return f"Tensor{tuple(x.shape)}:{x._dtype.name}" if isinstance(x, Tensor) else f"{type(x).__name__} {x!r}"
+
+
 def logaddexp(input: Tensor, other: Tensor) -> Tensor:
-    """log(exp(input) + exp(other)), computed stably in the promoted floating dtype (a bool or integer operand is
-    cast first, as PyTorch's kernel sees it)."""
+    """log(exp(input) + exp(other)), computed stably in the promoted floating dtype (a bool or integer operand beside
+    a floating one is cast first, as PyTorch's kernel sees it); integer and bool results are refused, as in PyTorch."""
     rdt = dt.result_type(input, other)
-    if rdt.is_floating_point:
-        if isinstance(input, Tensor) and input._dtype is not rdt:
-            input = input.to(rdt)
-        if isinstance(other, Tensor) and other._dtype is not rdt:
-            other = other.to(rdt)
+    if not rdt.is_floating_point:  # PyTorch has no integer or bool kernel (exp would leave the dtype)
+        raise DTypeError(f"logaddexp: not implemented for {rdt.name} (operands {_desc(input)}, {_desc(other)}); "
+                         "floating point operands only")
+    if isinstance(input, Tensor) and input._dtype is not rdt:
+        input = input.to(rdt)
+    if isinstance(other, Tensor) and other._dtype is not rdt:
+        other = other.to(rdt)
     m = binary("maximum", input, other)
     m = where(unary("isfinite", m), m, 0.0)
     return binary("add", m, unary("log", binary("add", unary("exp", binary("sub", input, m)),

@@ -28,6 +28,7 @@ UNARY_OPS = sorted(opinfo.UNARY_OPS)
 BINARY_OPS = sorted(opinfo.BINARY_OPS)
 #: unary compositions without required arguments beyond the input, and those the kit calls with fixed ones
 UNARY_COMPOSITIONS = sorted(op.name for op in opinfo.select(arity=1, kind="composition"))
+BINARY_COMPOSITIONS = sorted(op.name for op in opinfo.select(arity=2, kind="composition"))
 _COMPOSITION_ARGS: dict[str, tuple[float, ...]] = {"clamp": (-1.0, 1.0), "clamp_min": (0.5,), "clamp_max": (0.5,)}
 
 # Torch computes these with different (still correct) rounding in float32; compare a little looser.
@@ -174,6 +175,9 @@ def _run_binary(torch, op: str, ea, eb, what: str) -> None:
             getattr(ember, op)(ea, eb)
         return
     got = getattr(ember, op)(ea, eb)
+    if not isinstance(got, ember.Tensor):  # allclose, equal: a Python bool
+        assert got == want, f"{op}({what}): {got} != {want}"
+        return
     assert_close(got, want, msg=f"{op}({what})", **_tol(op, got.dtype))
 
 
@@ -214,6 +218,21 @@ def test_binary_op_0d_and_empty(device, op, shapes):
     _run_binary(torch, op, ea, eb, f"int64{sa}, int64{sb}")
     fa, fb = ea.to(ember.float32), eb.to(ember.float32)
     _run_binary(torch, op, fa, fb, f"float32{sa}, float32{sb}")
+
+
+@pytest.mark.parametrize("op", BINARY_COMPOSITIONS)
+@pytest.mark.parametrize("d", DTYPES, ids=str)
+def test_binary_composition_matches_torch(device, op, d):
+    """The binary compositions of ember.ops.pointwise (xlogy, logaddexp, isclose, ...): broadcast, both orders, and
+    beside a float64 tensor."""
+    torch = torch_or_skip()
+    require_dtype(device, d, dt.float64)
+    a, b = np.resize(_sample(d), (3, 4)), np.resize(_sample(d)[::-1], (4,))
+    ea, eb = ember.tensor(a, device=device), ember.tensor(b, device=device)
+    _run_binary(torch, op, ea, eb, f"{d.name}{a.shape}, {d.name}{b.shape}")
+    _run_binary(torch, op, eb, ea, f"{d.name}{b.shape}, {d.name}{a.shape}")
+    f = ember.tensor(np.resize(FLOATS, (4,)), dtype=ember.float64, device=device)
+    _run_binary(torch, op, ea, f, f"{d.name}{a.shape}, float64(4,)")
 
 
 def test_binary_ops_are_exported_as_functions():
