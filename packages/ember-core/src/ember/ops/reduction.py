@@ -296,13 +296,11 @@ def _max_min(op: str, input: Any, dim: Any, keepdim: bool) -> Any:
     stack = x._device.stack
     if x.ndim and x._dtype.is_floating_point:
         # PyTorch gives the gradient of max(dim)/min(dim) to the returned index only (amax splits ties): the
-        # values are declared selected at the indices (Backend.select_at), which needs them with h's rank
+        # values are declared selected at the indices (Backend.select_at)
         with no_grad():
-            idx = _argreduce("argmax" if op == "max" else "argmin", x, d, True)
+            idx = _argreduce("argmax" if op == "max" else "argmin", x, d, keepdim)
             values = _reduce(stack, op, x._h, (d,), keepdim)
         values = stack.select_at(x._h, d, idx, values)
-        if not keepdim:
-            idx = stack.reshape(idx, _out_shape(x._h.shape, (d,), False))
     else:
         values = _reduce(stack, op, x._h, (d,) if x.ndim else (), keepdim)
         idx = _argreduce("argmax" if op == "max" else "argmin", x, d, keepdim)

@@ -183,22 +183,30 @@ class ReductionRules(Recorder):
     # -- results core computed elsewhere and declares selected from h (Backend.select_at / select_ties) ---------
     def select_at(self, h: ADArray, dim: int, index: ADArray, values: ADArray) -> ADArray:
         """max/min along a dim and cummax/cummin: the gradient follows the returned indices (PyTorch), so it
-        is scattered back through ``index`` (h's rank; repeated indices add up), whatever ``values`` recorded."""
+        is scattered back through ``index`` (h's rank, or without ``dim`` as argmax without keepdim; repeated
+        indices add up), whatever ``values`` recorded."""
         if not self.tracking(h):
             return values
         inner = self.inner
-        shape, ishape, vshape = tuple(h.shape), tuple(index.shape), tuple(values.shape)
+        shape, vshape = tuple(h.shape), tuple(values.shape)
+        ishape = tuple(index.shape)
+        if len(ishape) < len(shape):  # dim dropped: put it back as size 1, as gather and scatter want
+            ishape = ishape[:dim] + (1,) + ishape[dim:]
         dtype = inner.dtype_of(h.value)
         ig = self.save(index)  # version-checked: the user may modify the returned indices
 
+        def idx() -> Any:
+            i = ig()
+            return i if tuple(i.shape) == ishape else inner.reshape(i, ishape)
+
         def vjp(g: Any) -> tuple[Any]:
             gi = g if tuple(g.shape) == ishape else inner.reshape(g, ishape)
-            return (inner.scatter(inner.full(shape, 0, dtype), dim, ig(), gi, "add"),)
+            return (inner.scatter(inner.full(shape, 0, dtype), dim, idx(), gi, "add"),)
 
         xs = self._saved_for_recompute(h)
         return self.record("select_at", values.value, (h,), vjp,
                            recompute=None if xs is None else
-                           lambda: inner.reshape(inner.gather(xs(), dim, ig()), vshape))
+                           lambda: inner.reshape(inner.gather(xs(), dim, idx()), vshape))
 
     def select_ties(self, h: ADArray, value: ADArray) -> ADArray:
         """max(), min() and median() without dim: PyTorch splits the gradient evenly among the elements equal
