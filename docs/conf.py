@@ -25,6 +25,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "ember_distributions",
+    "ember_ops",
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

@@ -403,4 +403,12 @@ class Backend:
         return _compositions.pad(self, h, pads, mode, value)
 
 
-from .decorator import Decorator, Differentiable  # noqa: E402
+
+def __getattr__(name: str) -> Any:
+    """``ember.backend.Decorator`` and ``Differentiable`` live in :mod:`ember.decorator`, which imports this module
+    (a lazy attribute, so the two modules form no import cycle)."""
+    if name in ("Decorator", "Differentiable"):
+        from . import decorator
+
+        return getattr(decorator, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

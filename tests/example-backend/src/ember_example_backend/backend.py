@@ -132,6 +132,7 @@ def _pow(a: Any, b: Any) -> np.ndarray:
 
 
 _UNARY: dict[str, Any] = {
+    "sinc": np.sinc,  # torch.sinc is numpy's normalized sinc
     "neg": np.negative, "abs": np.abs, "sign": _sign, "exp": np.exp, "exp2": np.exp2, "expm1": np.expm1,
     "log": np.log, "log2": np.log2, "log10": np.log10, "log1p": np.log1p, "sqrt": np.sqrt, "rsqrt": _rsqrt,
     "reciprocal": np.reciprocal, "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin,
