@@ -800,8 +800,11 @@ def _balanced_equal(ad: Any, balanced: Any, fn: Fn, arrays: Sequence[np.ndarray]
     finally:
         ember.set_default_device(prev)
     for i, (a, b) in enumerate(zip(plain_grads, bal_grads)):
-        assert a is not None and b is not None, f"{name}: no gradient for input {i}"
-        np.testing.assert_array_equal(b, a, err_msg=f"{name}: input {i}, balanced checkpointing vs none")
+        # an input read only for its shape (view_as's other) has no gradient either way, as in PyTorch
+        assert (a is None) == (b is None), f"{name}: input {i} has a gradient with one recipe only"
+        if a is not None:
+            np.testing.assert_array_equal(b, a, err_msg=f"{name}: input {i}, balanced checkpointing vs none")
+    assert any(a is not None for a in plain_grads), f"{name}: no input has a gradient"
 
 
 def test_checkpointing_cnn_identical(f64: Any, balanced: Any) -> None:
