@@ -147,7 +147,7 @@ def test_bad_declarations_are_refused_at_class_creation(policies: dict[str, Poli
 
 def test_a_decorator_does_not_claim_fusion_support(host: Backend) -> None:
     # fusion applies to backends that override fusion_compile; a decorator never does
-    assert getattr(Boxing, "fusion_compile") is Backend.fusion_compile
+    assert Boxing.fusion_compile is Backend.fusion_compile
     assert Boxing(host).fusion_compile(object()) is None
 
 
