@@ -1,9 +1,10 @@
 """``ember.nn.functional``: stateless neural-network functions with PyTorch's names, arguments and defaults.
 
 Every function validates its arguments (ranks, shapes, dtypes, devices, option values) and raises a typed ember
-error naming the function and the shapes involved, then runs as a short chain of backend calls on the input's
-device (``conv``, ``max_pool``, ``interpolate``, ``pad``, ``softmax`` ... are backend methods with default
-compositions in core, which fast backends override).
+error naming the function and the shapes involved, then calls one function of :mod:`ember.ops.nn`, the nn layer
+of the Bridge, which promotes where needed and runs a short chain of backend calls on the input's device
+(``conv``, ``max_pool``, ``interpolate``, ``pad``, ``softmax`` ... are backend methods with default compositions
+in core, which fast backends override). Nothing here touches the device's stack itself.
 """
 
 from __future__ import annotations
