@@ -305,7 +305,8 @@ def test_kernels_are_shared_across_shapes(be):
 
 def test_autodiff_gradients_use_the_kernels():
     """Through the autodiff stack: x.grad, w.grad and b.grad of a strided, padded, grouped conv2d match torch."""
-    pytest.importorskip("ember_autodiff")
+    if not any(d["name"] == "autodiff" for d in ember.info()["decorators"]):
+        pytest.skip("the autodiff decorator is not installed")
     try:
         from ember_opencl import reduction  # noqa: F401 - the bias gradient is a sum
     except ImportError:

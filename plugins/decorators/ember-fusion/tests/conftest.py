@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from ember import Device
-from ember_flex.backend import FlexBackend
 from ember_fusion.backend import FusionBackend
+
+#: flex's backend class, reached through its device (no plugin imports another plugin, tests included)
+FlexBackend: type = type(Device.flex().stack.base_backend)
 
 
 class InterpretingFlex(FlexBackend):

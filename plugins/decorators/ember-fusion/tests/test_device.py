@@ -141,7 +141,7 @@ def test_enabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_factory_wraps_only_backends_that_support_fusion(interp_cls: type) -> None:
-    from ember_flex.backend import FlexBackend
+    FlexBackend = type(Device.flex().stack.base_backend)  # through the device: no plugin import
 
     class NoFusion(FlexBackend):
         pass
