@@ -249,6 +249,22 @@ def test_unknown_decorator_names_the_extra(plugins: manager.PluginRegistry) -> N
         Device.parse("flex+autodiff")
 
 
+def test_the_gradient_decorator_is_found_by_its_declared_capability(plugins: manager.PluginRegistry) -> None:
+    plugins.ensure_loaded()
+    spec = plugins.differentiable_decorator()
+    assert spec is not None and spec.differentiable
+    assert Device.parse(f"flex+{spec.name}").stack.differentiable  # the flag tells the truth
+    assert all(not d.differentiable for d in plugins.decorators.values() if d is not spec)
+    x = ember.ones(2, device=Device.flex().fusion(False), requires_grad=True)
+    with pytest.raises(ember.AutodiffError, match=rf"record no gradients; .*Device\.flex\(\)\.{spec.name}\(\)"):
+        (x * 2).sum().backward()
+    # without one installed, the error says so and names the plugin extras instead of a decorator
+    plugins.decorators = {n: d for n, d in plugins.decorators.items() if not d.differentiable}
+    assert plugins.differentiable_decorator() is None
+    with pytest.raises(ember.AutodiffError, match="no installed decorator records gradients: install a decorator"):
+        (x * 2).sum().backward()
+
+
 def test_private_attributes_do_not_trigger_discovery(plugins: manager.PluginRegistry) -> None:
     with pytest.raises(AttributeError):
         Device("flex")._no_such_thing  # noqa: B018

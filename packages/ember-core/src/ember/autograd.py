@@ -92,14 +92,14 @@ def _stack_of(op: str, tensors: Sequence[Any]) -> Any:
             raise DeviceError(f"{op}: expected all tensors on the same device, got {dev} and {t._device}")
     stack = dev.stack
     if not getattr(stack, "differentiable", False):
-        from .plugins.manager import install_hint, registry
+        from .plugins.manager import missing_plugin_hint, registry
 
-        # name an extra only where one exists (ember-core[autodiff] in a core-only install), and none when installed
-        hint = "" if "autodiff" in registry.decorators else f" ({install_hint('autodiff', 'decorator')})"
-        raise AutodiffError(
-            f"{op}: tensors on device {dev} record no gradients; create them on a device with autodiff, "
-            f"e.g. Device.{dev.kind}().autodiff(){hint}"
-        )
+        spec = registry.differentiable_decorator()  # a declared capability: core names no decorator
+        if spec is not None:
+            fix = f"create them on a device that records gradients, e.g. Device.{dev.kind}().{spec.name}()"
+        else:
+            fix = f"no installed decorator records gradients: {missing_plugin_hint('a decorator that does')}"
+        raise AutodiffError(f"{op}: tensors on device {dev} record no gradients; {fix}")
     return stack
 
 

@@ -51,7 +51,7 @@ def register_backends(register: Callable[..., None]) -> None:
 def register_decorators(register: Callable[..., None]) -> None:
     """Register backend decorators (autodiff, fusion, router, ...).
 
-    ``register(name, factory, *, contract, description="", automatic=False, enabled=None)``
+    ``register(name, factory, *, contract, description="", automatic=False, enabled=None, differentiable=False)``
 
     ``factory(inner: ember.backend.Backend, **options) -> ember.backend.Backend`` wraps an inner backend.
     Once registered, ``device.<name>(**options)`` returns the decorated device (``device.autodiff()``). ``name``
@@ -62,6 +62,10 @@ def register_decorators(register: Callable[..., None]) -> None:
     a device out (the factory is then not called) and ``device.<name>(**options)`` sets its options.
     ``enabled() -> bool`` says whether it is on by default right now (fusion reads ``EMBER_FUSION``); when it
     is off, devices print as opted out (``flex+fusion(enabled=False)``) so labels say what runs.
+
+    ``differentiable=True`` declares that the decorated stack records gradients (it implements
+    :class:`ember.decorator.Differentiable`): core names it in hints for the gradient API, and the conformance kit
+    uses it to test gradients, without knowing its name.
     """
 
 
@@ -75,7 +79,9 @@ def register_ops(register: Callable[..., None]) -> None:
     name to a faster implementation with the same signature. On a fused device a backend's own implementation is
     a fusion boundary (its inputs are computed first); ``fusable=True`` declares that the default composition
     should be used there instead, so its ops are recorded and fused with their neighbours.
-    Call registered ops with ``ember.dispatch.call(name, ...)``.
+    Call registered ops with ``ember.dispatch.call(name, ...)``. The ops join the registry of
+    :func:`ember.backend_extension` (the newer way to declare an op, with a shape rule and a vjp) and take the
+    same path through :mod:`ember.dispatch`.
     """
 
 

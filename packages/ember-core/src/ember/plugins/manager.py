@@ -92,6 +92,9 @@ class DecoratorSpec:
     #: for an automatic decorator: whether it is on by default right now (an environment switch such as
     #: ``EMBER_FUSION=0`` turns it off for every device); None means always on
     enabled: Callable[[], bool] | None = None
+    #: the decorated stack records gradients (implements ember.decorator.Differentiable); a capability core and
+    #: the conformance kit look for instead of a name
+    differentiable: bool = False
 
     def on_by_default(self) -> bool:
         """Whether this automatic decorator applies to devices that do not mention it (never raises)."""
@@ -209,10 +212,14 @@ def _plugin_extras(dist: str) -> list[str]:
 
 
 def missing_backend_hint(*, host: bool = False) -> str:
-    """What to do when no backend (``host=True``: no host backend) is usable, read from the installed metadata:
+    """What to do when no backend (``host=True``: no host backend) is usable (see :func:`missing_plugin_hint`)."""
+    return missing_plugin_hint("a host backend" if host else "a backend")
+
+
+def missing_plugin_hint(what: str) -> str:
+    """What to do when no installed plugin provides ``what`` ("a backend"), read from the installed metadata:
     plugins that are installed but disabled or failed to load, else the extras of the installed ember
     distribution (``ember``, else ``ember-core``) that install plugins. Core names no plugin itself."""
-    what = "a host backend" if host else "a backend"
     disabled = _disabled()
     failed = {p.name: p for p in registry.plugins if p.error}
     notes = []
@@ -470,6 +477,12 @@ class PluginRegistry:
         """Decorators applied to every device unless it opts out, in name order (see ``register_decorators``)."""
         self.ensure_loaded()
         return sorted((d for d in self.decorators.values() if d.automatic), key=lambda d: d.name)
+
+    def differentiable_decorator(self) -> DecoratorSpec | None:
+        """The installed decorator that records gradients (``differentiable=True``), first by name; None if none."""
+        self.ensure_loaded()
+        found = sorted((d for d in self.decorators.values() if d.differentiable), key=lambda d: d.name)
+        return found[0] if found else None
 
     def hook_results(self, name: str, *, check: bool = True) -> dict[str, Any]:
         """Call the argument-less hook ``name`` (``plugin_info``) on each loaded plugin: {plugin: result}.

@@ -360,7 +360,7 @@ def _autodiff_installed() -> bool:
     from ember.plugins import registry
 
     registry.ensure_loaded()
-    return registry.decorator("autodiff") is not None
+    return registry.differentiable_decorator() is not None  # a declared capability, not a name
 
 
 @pytest.fixture

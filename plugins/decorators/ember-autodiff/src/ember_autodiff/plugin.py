@@ -33,6 +33,7 @@ def register_decorators(register: Callable[..., None]) -> None:
         _factory,
         contract=CONTRACT,
         description=f"reverse-mode differentiation (ember-autodiff {__version__})",
+        differentiable=True,
     )
 
 
