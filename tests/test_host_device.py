@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember import Device, DeviceError
+from ember import Device, DeviceError, dispatch
 from ember import device as device_mod
 from ember.plugins import CONTRACT_VERSION, hookimpl, manager
 
@@ -35,18 +35,18 @@ def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[manager.PluginRegistry]
         monkeypatch.delenv(var, raising=False)
     fresh = manager.PluginRegistry()
     monkeypatch.setattr(manager, "registry", fresh)
-    saved_cache = dict(device_mod._backend_cache)
+    saved_cache = dict(dispatch._backend_cache)
     saved_stacks = {key: dev._stack for key, dev in device_mod._interned.items()}
     saved_default = device_mod._default
-    device_mod._backend_cache.clear()
+    dispatch._backend_cache.clear()
     for dev in device_mod._interned.values():
         dev._stack = None
     device_mod._default = None
     try:
         yield fresh
     finally:
-        device_mod._backend_cache.clear()
-        device_mod._backend_cache.update(saved_cache)
+        dispatch._backend_cache.clear()
+        dispatch._backend_cache.update(saved_cache)
         for key, dev in device_mod._interned.items():
             dev._stack = saved_stacks.get(key)
         device_mod._default = saved_default

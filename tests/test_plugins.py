@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import ember
-from ember import Device, PluginError
+from ember import Device, PluginError, dispatch
 from ember import device as device_mod
 from ember.plugins import CONTRACT_VERSION, hookimpl, manager
 
@@ -35,22 +35,22 @@ def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[manager.PluginRegistry]
         monkeypatch.delenv(var, raising=False)
     fresh = manager.PluginRegistry()
     monkeypatch.setattr(manager, "registry", fresh)
-    saved_cache = dict(device_mod._backend_cache)
+    saved_cache = dict(dispatch._backend_cache)
     saved_stacks = {key: dev._stack for key, dev in device_mod._interned.items()}
     saved_default = device_mod._default
     _clear_devices()
     try:
         yield fresh
     finally:
-        device_mod._backend_cache.clear()
-        device_mod._backend_cache.update(saved_cache)
+        dispatch._backend_cache.clear()
+        dispatch._backend_cache.update(saved_cache)
         for key, dev in device_mod._interned.items():
             dev._stack = saved_stacks.get(key)  # devices first made in this test resolve again later
         device_mod._default = saved_default
 
 
 def _clear_devices() -> None:
-    device_mod._backend_cache.clear()
+    dispatch._backend_cache.clear()
     for dev in device_mod._interned.values():
         dev._stack = None
     device_mod._default = None

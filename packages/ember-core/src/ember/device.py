@@ -22,10 +22,8 @@ from .errors import DeviceError, PluginError
 _Options = tuple[tuple[str, Any], ...]
 _Decorators = tuple[tuple[str, _Options], ...]
 
-# Resolved backends are shared by every device with the same (kind, index, options): decorators wrap the same
-# inner backend, so Device.flex() and Device.flex().autodiff() see one memory pool and one random stream. The
-# backend under its automatic decorators is cached too, keyed by those decorators' settings.
-_backend_cache: dict[tuple[Any, ...], Any] = {}
+# Devices are interned: equal devices are one object, so device checks are identity tests. (Their stacks are
+# built by ember.dispatch.resolve_stack.)
 _interned: dict[tuple[str, int, _Options, _Decorators], Device] = {}
 _lock = threading.RLock()
 
@@ -353,41 +351,12 @@ class Device(metaclass=_DeviceType):
         return s
 
     def _resolve(self) -> Any:
-        from .plugins.manager import registry
+        from .dispatch import resolve_stack
 
         with _lock:
-            if self._stack is not None:
-                return self._stack
-            bkey = (self.kind, self.index, self.options)
-            backend = _backend_cache.get(bkey)
-            if backend is None:
-                spec = registry.backend(self.kind)
-                try:
-                    backend = spec.factory(self.index, **dict(self.options))
-                except Exception as exc:
-                    raise DeviceError(f"could not create device {self}: {type(exc).__name__}: {exc}") from exc
-                _backend_cache[bkey] = backend
-            named = dict(self.decorators)
-            # each automatic decorator with this device's settings and its global switch (part of the key, so a
-            # switch turned off later is not served the stack built while it was on)
-            autos = tuple((d.name, named.get(d.name, ()), d.on_by_default()) for d in registry.automatic_decorators())
-            # the automatically decorated backend is shared too: flex and flex+autodiff use one fusion stack
-            stack = _backend_cache.get((*bkey, autos))
-            if stack is None:
-                stack = backend
-                for name, opts, on in autos:
-                    kw = dict(opts)
-                    if on and kw.pop("enabled", True) is not False:
-                        stack = registry.decorator(name).factory(stack, **kw)
-                _backend_cache[(*bkey, autos)] = stack
-            for name, opts in self.decorators:
-                deco = registry.decorator(name)
-                if deco is None:
-                    raise PluginError(f"cannot resolve device {self}: {_unknown_decorator(name)}")
-                if not deco.automatic:
-                    stack = deco.factory(stack, **dict(opts))
-            self._stack = stack
-            return stack
+            if self._stack is None:
+                self._stack = resolve_stack(self)
+            return self._stack
 
     # -- queries and control -----------------------------------------------------------------------------------
     def sync(self) -> None:

@@ -1,9 +1,9 @@
-"""Dispatch: finding an op's implementation for a device's resolved stack.
+"""Dispatch: finding an op's implementation for a device.
 
-A device resolves once to a stack object (``Autodiff(Fusion(Flex))``). Built-in ops are methods of the stack
-(``stack.conv(...)``): a backend overrides the method or inherits the default composition from
-:class:`ember.backend.Backend`, and each decorator declares how it treats the method, so dispatching a built-in
-op is one attribute lookup.
+A device resolves once, here (:func:`resolve_stack`), to a stack object: its backend wrapped by its decorators,
+``Autodiff(Fusion(Flex))``. Built-in ops are methods of the stack (``stack.conv(...)``): a backend overrides the
+method or inherits the default composition from :class:`ember.backend.Backend`, and each decorator declares how
+it treats the method (:class:`ember.decorator.Policy`), so dispatching a built-in op is one attribute lookup.
 
 Extension ops (:func:`ember.backend_extension`, or a plugin's ``register_ops`` hook) are resolved here: the kernel
 for a stack is the one registered for the backend at the bottom of its decorator chain, found once per
@@ -12,18 +12,64 @@ for a stack is the one registered for the backend at the bottom of its decorator
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .errors import UnsupportedError
+from .errors import DeviceError, PluginError, UnsupportedError
 from .tensor import Tensor
 
 if TYPE_CHECKING:
+    from .device import Device
     from .extension import ExtensionOp
 
+# Resolved backends are shared by every device with the same (kind, index, options): decorators wrap the same
+# inner backend, so Device.flex() and Device.flex().autodiff() see one memory pool and one random stream. The
+# backend under its automatic decorators is cached too, keyed by those decorators' settings.
+_backend_cache: dict[tuple[Any, ...], Any] = {}
+_lock = threading.RLock()
 _resolved: dict[tuple[int, int], Any] = {}
 #: ops registered through the register_ops hook, as extension ops (rebuilt when the hook's spec changes)
 _hook_ops: dict[str, tuple[Any, ExtensionOp]] = {}
+
+
+def resolve_stack(device: Device) -> Any:
+    """Build ``device``'s stack: the registered backend for its kind, index and options (one instance shared by
+    all its decorations), under the automatic decorators (fusion) as the device's settings and their switches say,
+    under the decorators the device names, in order. ``Device.stack`` calls this once per device."""
+    from .device import _unknown_decorator
+    from .plugins.manager import registry
+
+    with _lock:
+        bkey = (device.kind, device.index, device.options)
+        backend = _backend_cache.get(bkey)
+        if backend is None:
+            spec = registry.backend(device.kind)
+            try:
+                backend = spec.factory(device.index, **dict(device.options))
+            except Exception as exc:
+                raise DeviceError(f"could not create device {device}: {type(exc).__name__}: {exc}") from exc
+            _backend_cache[bkey] = backend
+        named = dict(device.decorators)
+        # each automatic decorator with this device's settings and its global switch (part of the key, so a
+        # switch turned off later is not served the stack built while it was on)
+        autos = tuple((d.name, named.get(d.name, ()), d.on_by_default()) for d in registry.automatic_decorators())
+        # the automatically decorated backend is shared too: flex and flex+autodiff use one fusion stack
+        stack = _backend_cache.get((*bkey, autos))
+        if stack is None:
+            stack = backend
+            for name, opts, on in autos:
+                kw = dict(opts)
+                if on and kw.pop("enabled", True) is not False:
+                    stack = registry.decorator(name).factory(stack, **kw)
+            _backend_cache[(*bkey, autos)] = stack
+        for name, opts in device.decorators:
+            deco = registry.decorator(name)
+            if deco is None:
+                raise PluginError(f"cannot resolve device {device}: {_unknown_decorator(name)}")
+            if not deco.automatic:
+                stack = deco.factory(stack, **dict(opts))
+        return stack
 
 
 def stack_chain(stack: Any) -> Iterator[Any]:

@@ -3,9 +3,9 @@
 
 from . import functional, init, layers, sequence, utils
 from .layers import *  # noqa: F403 - the layer classes, listed in layers.__all__
-from .sequence import *  # noqa: F403 - attention, transformer and recurrent layers
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential
 from .param_group import ParamGroup, param_groups
+from .sequence import *  # noqa: F403 - attention, transformer and recurrent layers
 
 __all__ = [
     "functional", "init", "utils", "Module", "Parameter", "Sequential", "ModuleList", "ModuleDict",
