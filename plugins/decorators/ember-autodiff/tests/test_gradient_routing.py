@@ -151,3 +151,16 @@ def test_inplace_on_intermediate_keeps_history(dev: Device) -> None:
         return y + z
 
     _grads(dev, fn, tfn, a)
+
+
+@pytest.mark.parametrize("name", ["relu", "relu6", "hardtanh"])
+def test_clamping_activations_zero_gradient_at_bounds(dev: Device, name: str) -> None:
+    # PyTorch: zero gradient at the tie (relu at 0) and at the bounds (hardtanh at -1 and 1, relu6 at 0 and 6);
+    # a NaN passes the gradient
+    a = np.array([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 6.0, 7.0, NAN])
+    _grads(dev, getattr(F, name), getattr(torch.nn.functional, name), a)
+
+
+def test_relu_inplace_on_intermediate(dev: Device) -> None:
+    a = np.array([-1.0, 0.0, 2.0])
+    _grads(dev, lambda x: F.relu((x * 2.0), inplace=True), lambda t: torch.relu_(t * 2.0), a)

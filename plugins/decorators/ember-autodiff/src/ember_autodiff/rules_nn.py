@@ -234,6 +234,33 @@ class NNRules(Recorder):
         pad = self.reshape(self.binary("eq", index, padding_idx), (index.shape[0], 1))
         return self.where(pad, self.index_select(self.wrap(weight.value), 0, index), rows)
 
+    def relu(self, h: ADArray) -> ADArray:
+        """PyTorch's relu gradient: zero where x <= 0 (at 0 too; maximum's rule would split the tie), g where
+        x > 0 or x is NaN."""
+        inner = self.inner
+        value = inner.relu(h.value)
+        if not self.tracking(h):
+            return self.wrap(value)
+        x = self.save(h)
+        return self.record("relu", value, (h,), lambda g: (inner.where(inner.binary("le", x(), 0.0), 0.0, g),),
+                           recompute=lambda: inner.relu(x()))
+
+    def hardtanh(self, h: ADArray, lo: Any, hi: Any) -> ADArray:
+        """PyTorch's hardtanh gradient: zero where x <= lo or x >= hi (the bounds included), g inside and at a
+        NaN."""
+        inner = self.inner
+        value = inner.hardtanh(h.value, lo, hi)
+        if not self.tracking(h):
+            return self.wrap(value)
+        x = self.save(h)
+
+        def vjp(g: Any) -> tuple[Any]:
+            xv = x()
+            outside = inner.binary("logical_or", inner.binary("le", xv, lo), inner.binary("ge", xv, hi))
+            return (inner.where(outside, 0.0, g),)
+
+        return self.record("hardtanh", value, (h,), vjp, recompute=lambda: inner.hardtanh(x(), lo, hi))
+
     def matmul(self, a: ADArray, b: ADArray) -> ADArray:
         inner = self.inner
         value = inner.matmul(a.value, b.value)
