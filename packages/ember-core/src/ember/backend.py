@@ -332,7 +332,8 @@ class Backend:
     # -- gradient routing: results computed elsewhere, declared for differentiable stacks ---------------------
     def select_at(self, h: Handle, dim: int, index: Handle, values: Handle) -> Handle:
         """``values``, already computed and equal to ``gather(h, dim, index)`` reshaped to ``values.shape``
-        (``index`` has h's rank), declared as selected from h at ``index`` along ``dim``. A differentiable stack
+        (``index`` has h's rank, or h's rank without ``dim``, as argreduce returns it without keepdim), declared as
+        selected from h at ``index`` along ``dim``. A differentiable stack
         sends the result's gradient to those elements (PyTorch's rule for max/min along a dim and cummax/cummin:
         the gradient follows the returned indices); every other stack returns ``values`` unchanged."""
         return values
@@ -366,6 +367,16 @@ class Backend:
         return self.index_select(weight, 0, index)
 
     # -- neural-network composites (see ember._compositions for the defaults) --------------------------------
+    def relu(self, h: Handle) -> Handle:
+        """max(h, 0); NaN propagates. A differentiable stack gives PyTorch's gradient: zero where h <= 0 (at 0
+        too, where maximum's rule would split the tie)."""
+        return self.binary("maximum", h, 0.0 if self.dtype_of(h).is_floating_point else 0)
+
+    def hardtanh(self, h: Handle, lo: Any, hi: Any) -> Handle:
+        """h clamped to [lo, hi] (scalars valid for h's dtype, lo <= hi; core checked). A differentiable stack
+        gives PyTorch's gradient: zero where h <= lo or h >= hi (the bounds included; a NaN passes it)."""
+        return self.binary("minimum", self.binary("maximum", h, lo), hi)
+
     def conv(self, x: Handle, w: Handle, b: Handle | None, stride: tuple[int, ...],
              padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> Handle:
         """N-d convolution (cross-correlation), torch layouts; padding is (lo, hi) per spatial dim."""
