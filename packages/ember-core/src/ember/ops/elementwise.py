@@ -11,15 +11,17 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
+from .. import opinfo
 from .._bridge import broadcast_shapes2
 from ..dtypes import DType
 from ..errors import DeviceError, DTypeError, ShapeError, ValueRangeError
 from ..tensor import Tensor
 
-_FLOAT_RESULT = frozenset({"div", "atan2", "hypot", "copysign"})
-_BOOL_RESULT = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"})
+# the dtype rules are the op registry's; the finer sets below (logical, shifts, no-bool) are this module's own
+_FLOAT_RESULT = opinfo.FLOAT_BINARY_OPS
+_BOOL_RESULT = opinfo.COMPARISON_OPS
 _LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor"})
-_INT_ONLY = frozenset({"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"})
+_INT_ONLY = opinfo.INTEGRAL_BINARY_OPS
 _SHIFTS = frozenset({"bitwise_left_shift", "bitwise_right_shift"})
 _NO_BOOL = frozenset({"sub", "remainder", "fmod", "floor_divide"})
 
@@ -276,11 +278,8 @@ def _bump_version(t: Tensor) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # unary
 # ---------------------------------------------------------------------------------------------------------------
-_FLOAT_UNARY = frozenset(
-    """exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh tanh
-    asinh acosh atanh erf erfc erfinv sigmoid""".split()
-)
-_PRED_UNARY = frozenset("isnan isinf isfinite isposinf isneginf signbit logical_not".split())
+_FLOAT_UNARY = opinfo.FLOAT_UNARY_OPS
+_PRED_UNARY = opinfo.PREDICATE_UNARY_OPS
 _INT_IDENTITY = frozenset("floor ceil round trunc".split())
 
 
