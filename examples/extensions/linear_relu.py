@@ -24,7 +24,6 @@ import numpy as np
 import ember
 from ember import dtypes as dt
 from ember.errors import DTypeError, ShapeError
-from ember.nn import functional as F
 
 OP = "examples.linear_relu"
 
@@ -51,7 +50,7 @@ def linear_relu(x: ember.Tensor, w: ember.Tensor, b: ember.Tensor) -> ember.Tens
 
     This body is the default composition: devices without their own kernel run it, op by op.
     """
-    return F.relu(x @ w.T + b)
+    return ember.relu(x @ w.T + b)
 
 
 # -- backward ---------------------------------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ for _n in UNARY:
     op(_n, _gen_unary, _fn_or_method(_n), grad=_n not in NONDIFF)
 
 INPLACE_UNARY = ("neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan "
-                 "sinh cosh tanh asinh acosh atanh erf erfc erfinv floor ceil trunc sigmoid round sinc").split()
+                 "sinh cosh tanh asinh acosh atanh erf erfc erfinv floor ceil trunc sigmoid round sinc relu").split()
 
 
 def _inplace_unary(name: str) -> Callable[..., Any]:

@@ -241,6 +241,7 @@ OPS: tuple[OpInfo, ...] = (
     _comp("square", 1, _S, "square", doc="input * input (bool squares as int64)"),
     _comp("frac", 1, _S, "frac", domain="off_integers", doc="input - trunc(input)"),
     _comp("positive", 1, _S, "positive", doc="input itself (bool refused)"),
+    _comp("relu", 1, _S, "relu relu_", doc="max(input, 0), NaN propagates (bool refused)"),
     _comp("rsub", 2, _S, "rsub", doc="other - alpha * input"),
     _comp("clamp", 1, _S, "clamp clamp_ clip clip_", aliases="clip",
           doc="limit to [min, max] (scalar or tensor bounds; promotes with them)"),

@@ -14,6 +14,7 @@ from ..dtypes import convert_scalar
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ..tensor import Tensor
 from .elementwise import binary, inplace_binary, tracks_grad, unary, write_result
+from .nn import activation
 
 #: the elementwise ops whose front door lives in this module, from the op registry (ember.opinfo)
 _OPS = tuple(_opinfo.select(module=__name__))
@@ -163,6 +164,25 @@ def frac(input: Tensor) -> Tensor:
                          "floating point tensors only")
     return binary("sub", input, unary("trunc", input))
 
+
+
+def relu(input: Tensor) -> Tensor:
+    """max(input, 0), NaN propagates (``torch.relu``; the same op as ``nn.functional.relu``); bool is refused."""
+    _check_relu(input, "relu")
+    return activation("relu", input)
+
+
+def relu_(self: Tensor) -> Tensor:
+    """relu in place."""
+    _check_relu(self, "relu_")
+    return activation("relu", self, inplace=True)
+
+
+def _check_relu(x: Any, op: str) -> None:
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"{op}: expected a Tensor, got {type(x).__name__} {x!r}")
+    if x._dtype.is_bool:
+        raise DTypeError(f"{op}: not implemented for bool tensors")
 
 
 def positive(input: Tensor) -> Tensor:
@@ -479,6 +499,7 @@ def equal(input: Tensor, other: Tensor) -> bool:
 
 # in-place twins whose out-of-place op takes extra arguments (alpha, rounding_mode, bounds)
 _INPLACE_CUSTOM: dict[str, Any] = {
+    "relu_": relu_,
     "add_": lambda self, other, *, alpha=1: inplace_binary("add", self, _scaled("add_", self, other, alpha)),
     "sub_": lambda self, other, *, alpha=1: inplace_binary("sub", self, _scaled("sub_", self, other, alpha)),
     "div_": div_,
