@@ -153,23 +153,13 @@ def cast(x: Tensor, d: DType) -> Tensor:
 # activations
 # ------------------------------------------------------------------------------------------------------------
 def _relu(s: Any, x: Tensor) -> Handle:
-    zero = 0.0 if x._dtype.is_floating_point else 0
-    h = x._h
-    if tracks_grad(s, h):
-        # PyTorch's gradient is zero where x <= 0 (so at x == 0; a NaN passes it); maximum's would halve the tie
-        d = s.detach(h)
-        return s.where(s.binary("le", d, zero), s.binary("maximum", d, zero), h)
-    return s.binary("maximum", h, zero)
+    # Backend.relu: a differentiable stack gives PyTorch's gradient (zero at the tie x == 0)
+    return s.relu(x._h)
 
 
 def _hardtanh(s: Any, x: Tensor, lo: Any, hi: Any) -> Handle:
-    if x._dtype.is_floating_point and tracks_grad(s, x._h):
-        # PyTorch zeroes the gradient where x <= min_val or x >= max_val (the bounds included; a NaN passes it)
-        d = s.detach(x._h)
-        outside = s.binary("logical_or", s.binary("le", d, lo), s.binary("ge", d, hi))
-        val = s.binary("minimum", s.binary("maximum", d, lo), hi)
-        return s.where(outside, val, x._h)
-    return s.binary("minimum", s.binary("maximum", x._h, lo), hi)
+    # Backend.hardtanh: a differentiable stack gives PyTorch's gradient (zero at and beyond the bounds)
+    return s.hardtanh(x._h, lo, hi)
 
 
 def _gelu(s: Any, x: Tensor, approximate: str) -> Handle:
