@@ -164,3 +164,17 @@ def test_clamping_activations_zero_gradient_at_bounds(dev: Device, name: str) ->
 def test_relu_inplace_on_intermediate(dev: Device) -> None:
     a = np.array([-1.0, 0.0, 2.0])
     _grads(dev, lambda x: F.relu((x * 2.0), inplace=True), lambda t: torch.relu_(t * 2.0), a)
+    a = np.array([-1.0, 0.0, 2.0])
+    _grads(dev, lambda x: F.relu((x * 2.0), inplace=True), lambda t: torch.relu_(t * 2.0), a)
+
+
+@pytest.mark.parametrize("case", ["plain", "zero-row", "tiny"])
+def test_cosine_similarity_clamp_is_invisible_to_the_gradient(dev: Device, case: str) -> None:
+    a = np.array([[0.3, -1.2, 2.5], [0.7, -0.1, 0.4]])
+    b = np.array([[1.0, 2.0, -0.5], [0.2, 0.1, -0.3]])
+    if case == "zero-row":
+        a[1] = 0.0
+    elif case == "tiny":
+        b[0] *= 1e-9  # norm below eps: the value is clamped, the gradient is not
+    _grads(dev, lambda x, y: F.cosine_similarity(x, y, dim=1, eps=1e-8),
+           lambda x, y: torch.nn.functional.cosine_similarity(x, y, dim=1, eps=1e-8), a, b)

@@ -229,6 +229,24 @@ class ReductionRules(Recorder):
 
         return self.record("select_ties", v, (h,), vjp)
 
+    def clamped_norm(self, h: ADArray, dim: int, eps: float) -> ADArray:
+        """cosine_similarity's max(||x||, eps): torch clamps without recording, so the gradient is the unclamped
+        norm's, x / ||x||, and 0 at a zero vector (not sqrt's 0 * inf)."""
+        inner = self.inner
+        value = inner.clamped_norm(h.value, dim, eps)
+        if not self.tracking(h):
+            return self.wrap(value)
+        x = self.save(h)
+
+        def vjp(g: Any) -> tuple[Any]:
+            xv = x()
+            ss = inner.reduce("sum", inner.binary("mul", xv, xv), (dim,), True)
+            pos = inner.binary("gt", ss, 0.0)
+            n = inner.unary("sqrt", inner.where(pos, ss, 1.0))
+            return (inner.where(pos, inner.binary("mul", g, inner.binary("div", xv, n)), 0.0),)
+
+        return self.record("clamped_norm", value, (h,), vjp, recompute=lambda: inner.clamped_norm(x(), dim, eps))
+
     def sort(self, h: ADArray, dim: int, descending: bool, stable: bool) -> tuple[ADArray, ADArray]:
         inner = self.inner
         v, i = inner.sort(h.value, dim, descending, stable)
