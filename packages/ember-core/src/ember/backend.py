@@ -372,6 +372,12 @@ class Backend:
         too, where maximum's rule would split the tie)."""
         return self.binary("maximum", h, 0.0 if self.dtype_of(h).is_floating_point else 0)
 
+    def clamped_norm(self, h: Handle, dim: int, eps: float) -> Handle:
+        """max(||h||_2, eps) along dim, kept as size 1 (cosine_similarity's denominator). A differentiable stack
+        gives torch's gradient: that of the unclamped norm (the clamp is invisible to it), 0 at a zero vector."""
+        ss = self.reduce("sum", self.binary("mul", h, h), (dim,), True)
+        return self.binary("maximum", self.unary("sqrt", ss), float(eps))
+
     def hardtanh(self, h: Handle, lo: Any, hi: Any) -> Handle:
         """h clamped to [lo, hi] (scalars valid for h's dtype, lo <= hi; core checked). A differentiable stack
         gives PyTorch's gradient: zero where h <= lo or h >= hi (the bounds included; a NaN passes it)."""
