@@ -29,7 +29,7 @@ from .. import dtypes as dt
 from ..dtypes import DType
 from ..errors import IndexOutOfRangeError, ValueRangeError
 from ..tensor import Tensor
-from .elementwise import keep_graph, tracks_grad, unary, write_result
+from .elementwise import keep_graph, unary, write_result
 
 Handle = Any
 Shape = tuple[int, ...]
@@ -947,24 +947,12 @@ def cross_entropy_probs(input: Tensor, target: Tensor, weight: Tensor | None, d:
     return Tensor._make(_reduce_loss(s, loss, reduction), d, input._device)
 
 
-def _clamped_norm_for_grad(s: Any, h: Handle, dim: int, eps: float) -> Handle:
-    """torch's cosine_similarity norm: its value clamped to eps, but the clamp is invisible to the gradient (torch
-    clamps in place without grad), and the norm's gradient at a zero vector is 0 (not sqrt's 0 * inf)."""
-    ss = s.reduce("sum", s.binary("mul", h, h), (dim,), True)
-    pos = s.binary("gt", ss, 0.0)
-    n = s.where(pos, s.unary("sqrt", s.where(pos, ss, 1.0)), 0.0)
-    return s.binary("add", n, s.detach(s.binary("sub", s.binary("maximum", n, eps), n)))
-
-
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int, eps: float, d: DType, shape: Shape) -> Tensor:
     """sum(x1 * x2) / (max(||x1||, eps) * max(||x2||, eps)) along the normalised dim of the broadcast shape."""
     s = _stack(x1)
     a, b = _promote_pair(s, x1, x2, d, shape)
-    if tracks_grad(s, a) or tracks_grad(s, b):
-        n1, n2 = _clamped_norm_for_grad(s, a, dim, float(eps)), _clamped_norm_for_grad(s, b, dim, float(eps))
-    else:
-        n1 = s.binary("maximum", _vector_norm(s, a, 2.0, (dim,), True), float(eps))
-        n2 = s.binary("maximum", _vector_norm(s, b, 2.0, (dim,), True), float(eps))
+    # Backend.clamped_norm: a differentiable stack gives torch's gradient (the clamp is invisible to it)
+    n1, n2 = s.clamped_norm(a, dim, float(eps)), s.clamped_norm(b, dim, float(eps))
     r = s.reduce("sum", s.binary("mul", s.binary("div", a, n1), s.binary("div", b, n2)), (dim,), False)
     return Tensor._make(r, d, x1._device)
 
