@@ -20,7 +20,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import UnsupportedError
-from .shapes import pool_output_size
+from .shapes import einsum_labels, pool_output_size
 
 Handle = Any
 
@@ -570,49 +570,8 @@ def scatter(be, h: Handle, dim: int, index: Handle, src: Handle | Any, reduce: s
 # ----------------------------------------------------------------------------------------------------------
 # einsum
 # ----------------------------------------------------------------------------------------------------------
-def _parse_einsum(equation: str, shapes: Sequence[tuple[int, ...]]):
-    eq = equation.replace(" ", "")
-    if "->" in eq:
-        lhs, rhs = eq.split("->")
-    else:
-        lhs, rhs = eq, None
-    terms = lhs.split(",")
-    if len(terms) != len(shapes):
-        raise ValueError(f"einsum(): {len(terms)} operand subscripts for {len(shapes)} operands")
-    ell = 0
-    for t, s in zip(terms, shapes):
-        if "..." in t:
-            ell = max(ell, len(s) - (len(t) - 3))
-    ell_labels = [f".{j}" for j in range(ell)]
-    labels = []
-    for t, s in zip(terms, shapes):
-        if "..." in t:
-            a, b = t.split("...")
-            e = len(s) - (len(t) - 3)
-            lab = list(a) + ell_labels[ell - e:] + list(b)
-        else:
-            lab = list(t)
-        if len(lab) != len(s):
-            raise ValueError(f"einsum(): subscripts {t!r} do not match an operand of rank {len(s)}")
-        labels.append(lab)
-    if rhs is None:
-        counts: dict[str, int] = {}
-        for lab in labels:
-            for c in lab:
-                if not c.startswith("."):
-                    counts[c] = counts.get(c, 0) + 1
-        out = ell_labels + sorted(c for c, k in counts.items() if k == 1)
-    else:
-        if "..." in rhs:
-            a, b = rhs.split("...")
-            out = list(a) + ell_labels + list(b)
-        else:
-            out = list(rhs)
-    return labels, out
-
-
 def einsum(be, equation: str, *hs: Handle) -> Handle:
-    labels, out = _parse_einsum(equation, [tuple(h.shape) for h in hs])
+    labels, out = einsum_labels(equation, [tuple(h.shape) for h in hs])
     sizes: dict[str, int] = {}
     for h, lab in zip(hs, labels):
         for c, s in zip(lab, h.shape):

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DimError, ShapeError
+from .errors import DimError, ShapeError, ValueRangeError
 
 Shape = tuple[int, ...]
 
@@ -208,3 +208,65 @@ __all__ = [
     "pool_output_size",
     "view_strides",
 ]
+
+
+def einsum_labels(equation: str, shapes: Sequence[Shape], op: str = "einsum") -> tuple[list[list[str]], list[str]]:
+    """Check an einsum equation against the operands' shapes and label every dim: one label list per operand and
+    the output's (``torch.einsum``'s rules: an implicit output is the ellipsis dims, then the labels used once,
+    sorted). Ellipsis dims get the labels ``".0"``, ``".1"``, ... (right-aligned across operands).
+
+    Raises ValueRangeError for a malformed equation (operand count, a subscript that is no letter, an output
+    label absent from the inputs) and ShapeError when subscripts and shapes disagree, naming op and the equation.
+
+    >>> einsum_labels("ij,jk->ik", [(2, 3), (3, 4)])
+    ([['i', 'j'], ['j', 'k']], ['i', 'k'])
+    >>> einsum_labels("...i,i", [(5, 2, 3), (3,)])
+    ([['.0', '.1', 'i'], ['i']], ['.0', '.1'])
+    """
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise ValueRangeError(f"{op}: equation {equation!r} has {len(terms)} operands but {len(shapes)} were given")
+    sizes: dict[str, int] = {}
+    ell = 0
+    for term, shape in zip(terms, shapes):
+        letters = term.replace("...", "")
+        if not all(c.isalpha() for c in letters) or term.count("...") > 1:
+            raise ValueRangeError(f"{op}: invalid subscript {term!r} in {equation!r}")
+        has_ell = "..." in term
+        if (not has_ell and len(letters) != len(shape)) or (has_ell and len(letters) > len(shape)):
+            raise ShapeError(f"{op}: subscript {term!r} does not match operand of shape {tuple(shape)}")
+        lead = term.index("...") if has_ell else len(letters)
+        dims = list(shape[:lead]) + list(shape[len(shape) - (len(letters) - lead):])
+        for c, n in zip(letters, dims):
+            if sizes.setdefault(c, n) != n and n != 1 and sizes[c] != 1:
+                raise ShapeError(f"{op}: subscript {c!r} has size {n} for one operand and {sizes[c]} for another")
+        if has_ell:
+            ell = max(ell, len(shape) - len(letters))
+    if arrow and not all(c.isalpha() for c in rhs.replace("...", "")):
+        raise ValueRangeError(f"{op}: invalid output subscript {rhs!r} in {equation!r}")
+    if arrow:
+        for c in rhs.replace("...", ""):
+            if c not in sizes:
+                raise ValueRangeError(f"{op}: output subscript {c!r} does not appear in the inputs of {equation!r}")
+    ell_labels = [f".{j}" for j in range(ell)]
+    labels = []
+    for term, shape in zip(terms, shapes):
+        if "..." in term:
+            a, b = term.split("...")
+            e = len(shape) - (len(term) - 3)
+            labels.append(list(a) + ell_labels[ell - e:] + list(b))
+        else:
+            labels.append(list(term))
+    if not arrow:
+        counts: dict[str, int] = {}
+        for lab in labels:
+            for c in lab:
+                if not c.startswith("."):
+                    counts[c] = counts.get(c, 0) + 1
+        return labels, ell_labels + sorted(c for c, k in counts.items() if k == 1)
+    if "..." in rhs:
+        a, b = rhs.split("...")
+        return labels, list(a) + ell_labels + list(b)
+    return labels, list(rhs)

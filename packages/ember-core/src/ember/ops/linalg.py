@@ -6,8 +6,8 @@ from typing import Any
 
 from .. import dtypes as dt
 from .._bridge import same_device
-from ..errors import DTypeError, ShapeError, ValueRangeError
-from ..shapes import broadcast_shapes
+from ..errors import DTypeError, ShapeError
+from ..shapes import broadcast_shapes, einsum_labels
 from ..tensor import Tensor
 
 
@@ -80,31 +80,6 @@ def outer(input: Tensor, vec2: Tensor) -> Tensor:
 ger = outer
 
 
-def _parse_einsum(equation: str, shapes: list[tuple[int, ...]]) -> None:
-    eq = equation.replace(" ", "")
-    lhs, arrow, rhs = eq.partition("->")
-    terms = lhs.split(",")
-    if len(terms) != len(shapes):
-        raise ValueRangeError(f"einsum: equation {equation!r} has {len(terms)} operands but {len(shapes)} were given")
-    sizes: dict[str, int] = {}
-    for term, shape in zip(terms, shapes):
-        letters = term.replace("...", "")
-        if not all(c.isalpha() for c in letters):
-            raise ValueRangeError(f"einsum: invalid subscript {term!r} in {equation!r}")
-        has_ell = "..." in term
-        if (not has_ell and len(letters) != len(shape)) or (has_ell and len(letters) > len(shape)):
-            raise ShapeError(f"einsum: subscript {term!r} does not match operand of shape {shape}")
-        lead = term.index("...") if has_ell else len(letters)
-        dims = list(shape[:lead]) + list(shape[len(shape) - (len(letters) - lead):])
-        for c, n in zip(letters, dims):
-            if sizes.setdefault(c, n) != n and n != 1 and sizes[c] != 1:
-                raise ShapeError(f"einsum: subscript {c!r} has size {n} for one operand and {sizes[c]} for another")
-    if arrow:
-        for c in rhs.replace("...", ""):
-            if c not in sizes:
-                raise ValueRangeError(f"einsum: output subscript {c!r} does not appear in the inputs of {equation!r}")
-
-
 def einsum(equation: str, *operands: Any) -> Tensor:
     """Einstein summation (``torch.einsum``); operands may also be passed as one list."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
@@ -115,7 +90,7 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     d = operands[0]._dtype
     for o in operands[1:]:
         d = dt.promote_types(d, o._dtype)
-    _parse_einsum(equation, [o.shape for o in operands])
+    einsum_labels(equation, [o.shape for o in operands])  # typed errors before any work
     stack = dev.stack
     hs = [o._h if o._dtype is d else stack.cast(o._h, d) for o in operands]
     return Tensor._make(stack.einsum(equation.replace(" ", ""), *hs), d, dev)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ember import dtypes as dt
 from ember.backend import Backend
+from ember.shapes import einsum_labels
 
 from .graph import ADArray
 from .recorder import Recorder
@@ -77,10 +78,8 @@ def matmul_vjp(be: Any, g: Any, sa: tuple[int, ...], sb: tuple[int, ...], a: Cal
 def einsum_plan(equation: str, shapes: Sequence[tuple[int, ...]]) -> tuple[list[str], str, dict[str, int]] | None:
     """Explicit single-letter subscripts per operand, the output's, and each label's (broadcast) size; ellipsis
     dims get unused letters. None when the equation cannot be rewritten so (too many labels)."""
-    from ember._compositions import _parse_einsum
-
     try:
-        labels, out = _parse_einsum(equation, shapes)
+        labels, out = einsum_labels(equation, shapes)
     except ValueError:
         return None
     used = {c for lab in labels for c in lab if not c.startswith(".")}
