@@ -1,8 +1,9 @@
 """``ember.nn.init``: in-place parameter initialisation with PyTorch's names, arguments and formulas.
 
-Every function fills its tensor in place under ``no_grad`` and returns it. Random draws come from the tensor's
-own device random stream (``tensor.device.seed(n)`` reproduces them); the distributions match PyTorch's, the
-individual samples cannot (a different generator).
+Every function fills its tensor in place under ``no_grad`` and returns it, through ember ops only (the Tensor
+random fills of :mod:`ember.ops.random`, ``copy_``, ``fill_``): no device stack is called here. Random draws come
+from the tensor's own device random stream (``tensor.device.seed(n)`` reproduces them); the distributions match
+PyTorch's, the individual samples cannot (a different generator).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import numpy as np
 from ..autograd import no_grad
 from ..dtypes import DType, float32
 from ..errors import DTypeError, ShapeError, UnsupportedError, ValueRangeError
+from ..ops.creation import eye, rand, randn
+from ..ops.creation import tensor as _as_tensor
 from ..tensor import Tensor
 
 _LINEAR_FNS = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
@@ -40,20 +43,18 @@ def _work_dtype(tensor: Tensor) -> DType:
     return float32 if tensor._dtype.itemsize < 4 else tensor._dtype
 
 
-def _write(tensor: Tensor, h: Any) -> Tensor:
-    """Store handle h (of _work_dtype(tensor), tensor's shape) into tensor in place, outside the gradient graph."""
-    s = tensor._device.stack
+def _write(tensor: Tensor, values: Tensor) -> Tensor:
+    """Store values (of _work_dtype(tensor), tensor's shape) into tensor in place, outside the gradient graph;
+    copy_ rounds half precision once."""
     with no_grad():
-        if _work_dtype(tensor) is not tensor._dtype:
-            h = s.cast(h, tensor._dtype)
-        s.assign(tensor._h, h)
+        tensor.copy_(values)
     return tensor
 
 
-def _draw(tensor: Tensor, kind: str) -> Any:
-    """A handle of uniform [0, 1) ('rand') or standard normal ('randn') samples shaped like tensor."""
+def _draw(tensor: Tensor, fn: Any) -> Tensor:
+    """Uniform [0, 1) (fn=rand) or standard normal (fn=randn) samples shaped like tensor, in its work dtype."""
     with no_grad():
-        return getattr(tensor._device.stack, kind)(tensor.shape, _work_dtype(tensor))
+        return fn(tensor.shape, dtype=_work_dtype(tensor), device=tensor._device)
 
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
@@ -103,10 +104,8 @@ def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator: Any = No
     _no_generator("uniform_", generator)
     if not a <= b:
         raise ValueRangeError(f"nn.init.uniform_: expected a <= b, got a={a}, b={b}")
-    s = tensor._device.stack
     with no_grad():
-        h = s.binary("add", s.binary("mul", _draw(tensor, "rand"), float(b) - float(a)), float(a))
-    return _write(tensor, h)
+        return tensor.uniform_(float(a), float(b))
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Tensor:
@@ -115,10 +114,8 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any 
     _no_generator("normal_", generator)
     if not std >= 0:
         raise ValueRangeError(f"nn.init.normal_: expected std >= 0, got {std}")
-    s = tensor._device.stack
     with no_grad():
-        h = s.binary("add", s.binary("mul", _draw(tensor, "randn"), float(std)), float(mean))
-    return _write(tensor, h)
+        return tensor.normal_(float(mean), float(std))
 
 
 def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
@@ -138,20 +135,17 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
         return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
 
     lo, hi = cdf((a - mean) / std), cdf((b - mean) / std)
-    s = tensor._device.stack
     with no_grad():
-        u = s.binary("add", s.binary("mul", _draw(tensor, "rand"), 2 * hi - 2 * lo), 2 * lo - 1)
-        h = s.binary("add", s.binary("mul", s.unary("erfinv", u), std * math.sqrt(2.0)), float(mean))
-        h = s.binary("minimum", s.binary("maximum", h, float(a)), float(b))
-    return _write(tensor, h)
+        u = _draw(tensor, rand) * (2 * hi - 2 * lo) + (2 * lo - 1)
+        v = (u.erfinv() * (std * math.sqrt(2.0)) + float(mean)).clamp(float(a), float(b))
+    return _write(tensor, v)
 
 
 def constant_(tensor: Tensor, val: float) -> Tensor:
     """Fill with val."""
     _check(tensor, "constant_", floating=False)
     with no_grad():
-        tensor._device.stack.assign(tensor._h, val)
-    return tensor
+        return tensor.fill_(val)
 
 
 def ones_(tensor: Tensor) -> Tensor:
@@ -167,10 +161,7 @@ def eye_(tensor: Tensor) -> Tensor:
     _check(tensor, "eye_", floating=False)
     if tensor.ndim != 2:
         raise ShapeError(f"nn.init.eye_: only tensors with 2 dimensions are supported, got shape {tensor.shape}")
-    s = tensor._device.stack
-    with no_grad():
-        s.assign(tensor._h, s.from_numpy(np.eye(*tensor.shape, dtype=tensor._dtype.numpy)))
-    return tensor
+    return _write(tensor, eye(*tensor.shape, dtype=tensor._dtype, device=tensor._device))
 
 
 def dirac_(tensor: Tensor, groups: int = 1) -> Tensor:
@@ -187,10 +178,7 @@ def dirac_(tensor: Tensor, groups: int = 1) -> Tensor:
     for g in range(groups):
         for d in range(min(out_per, tensor.shape[1])):
             a[(g * out_per + d, d) + centre] = 1
-    s = tensor._device.stack
-    with no_grad():
-        s.assign(tensor._h, s.from_numpy(a))
-    return tensor
+    return _write(tensor, _as_tensor(a, dtype=tensor._dtype, device=tensor._device))
 
 
 def xavier_uniform_(tensor: Tensor, gain: float = 1.0, generator: Any = None) -> Tensor:
@@ -248,9 +236,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0, generator: Any = None) -> Ten
         return tensor
     rows = tensor.shape[0]
     cols = tensor.numel() // rows
-    s = tensor._device.stack
-    with no_grad():
-        draw = np.asarray(s.to_numpy(_draw(tensor, "randn")), dtype=np.float64).reshape(rows, cols)
+    draw = np.asarray(_draw(tensor, randn).numpy(), dtype=np.float64).reshape(rows, cols)
     if rows < cols:
         draw = draw.T
     q, r = np.linalg.qr(draw)
@@ -258,7 +244,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0, generator: Any = None) -> Ten
     if rows < cols:
         q = q.T
     q = np.ascontiguousarray((q * gain).reshape(tensor.shape).astype(_work_dtype(tensor).numpy))
-    return _write(tensor, s.from_numpy(q))
+    return _write(tensor, _as_tensor(q, dtype=_work_dtype(tensor), device=tensor._device))
 
 
 # PyTorch's deprecated non-underscore aliases are not provided: they warn in torch and are rarely used.

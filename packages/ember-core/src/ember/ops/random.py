@@ -23,9 +23,10 @@ from .. import dtypes as dt
 from .._bridge import check_dtype_supported
 from ..autograd import no_grad
 from ..dtypes import DType
-from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
+from ..errors import AutodiffError, DeviceError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ..shapes import broadcast_shapes
 from ..tensor import Tensor
+from .elementwise import tracks_grad
 
 Handle = Any
 
@@ -35,12 +36,16 @@ _FROM_DEFAULT = 0.0  # uniform_'s default from; identity tells "not given" from 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
 def _target(self: Any, op: str, floating: bool) -> Tensor:
-    """self, checked: a Tensor, and of a floating dtype for the continuous distributions (as PyTorch)."""
+    """self, checked: a Tensor, of a floating dtype for the continuous distributions (as PyTorch), and not a leaf
+    that requires grad while grad mode is on (refused before anything is drawn, naming the fill)."""
     if not isinstance(self, Tensor):
         raise DTypeError(f"{op}: expected a Tensor, got {type(self).__name__}")
     if floating and not self._dtype.is_floating_point:
         raise DTypeError(f"{op}: expected a floating point tensor, got dtype {self._dtype.name} (the distribution "
                          "is continuous)")
+    if tracks_grad(self._device.stack, self._h) and self.is_leaf:
+        raise AutodiffError(f"{op}: a leaf tensor that requires grad is being used in an in-place operation; wrap "
+                            "it in `with ember.no_grad():` (as nn.init does) or clone() it first")
     return self
 
 

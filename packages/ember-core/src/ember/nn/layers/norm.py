@@ -82,9 +82,8 @@ class _BatchNorm(_NormBase):
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             nbt = self.num_batches_tracked
-            s = nbt._device.stack
             with no_grad():
-                s.assign(nbt._h, s.binary("add", nbt._h, 1))
+                nbt.add_(1)
             if self.momentum is None:  # cumulative moving average
                 factor = 1.0 / float(nbt.item())
         # in eval, batch statistics are used only when there are no running statistics to use
