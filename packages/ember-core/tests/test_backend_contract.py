@@ -29,7 +29,7 @@ def test_a_missing_primitive_raises_a_clear_error(name: str) -> None:
 def test_broadcast_shape_helper_matches_numpy() -> None:
     import numpy as np
 
-    from ember.backend import broadcast_shape
+    from ember.shapes import broadcast_shapes
 
     for shapes in [((3, 1), (4,)), ((2, 1, 5), (1, 3, 1), (5,)), ((), (2, 3)), ((0, 1), (1, 4)), ((7,),)]:
-        assert broadcast_shape(*shapes) == np.broadcast_shapes(*shapes), shapes
+        assert broadcast_shapes(*shapes) == np.broadcast_shapes(*shapes), shapes

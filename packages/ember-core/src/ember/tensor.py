@@ -65,7 +65,7 @@ class Tensor:
     def size(self, dim: int | None = None) -> Any:
         if dim is None:
             return self.shape
-        from ._bridge import norm_dim
+        from .shapes import norm_dim
 
         return self.shape[norm_dim(dim, self.ndim, "size")] if self.ndim else 1
 

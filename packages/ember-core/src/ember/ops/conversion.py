@@ -59,14 +59,14 @@ def contiguous(self: Tensor) -> Tensor:
 
 def copy_(self: Tensor, src: Any) -> Tensor:
     """Copy src (broadcast to self's shape, cast to self's dtype, moved to self's device) into self."""
-    from .._bridge import broadcast_shapes2
+    from ..shapes import broadcast_shapes
 
     if not isinstance(src, Tensor):
         from .creation import tensor
 
         src = tensor(src, dtype=self._dtype, device=self._device)
     src = to(src, self._device)
-    if broadcast_shapes2(self.shape, src.shape, "copy_") != self.shape:
+    if broadcast_shapes(self.shape, src.shape, op="copy_") != self.shape:
         from ..errors import ShapeError
 
         raise ShapeError(f"copy_: source of shape {src.shape} cannot be broadcast to {self.shape}")

@@ -12,9 +12,9 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import opinfo
-from .._bridge import broadcast_shapes2
 from ..dtypes import DType
 from ..errors import DeviceError, DTypeError, ShapeError, ValueRangeError
+from ..shapes import broadcast_shapes
 from ..tensor import Tensor
 
 # the dtype rules are the op registry's; the finer sets below (logical, shifts, no-bool) are this module's own
@@ -126,7 +126,7 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
             )
         ha, hb = a._h, b._h
         if ha.shape != hb.shape:
-            broadcast_shapes2(ha.shape, hb.shape, op)
+            broadcast_shapes(ha.shape, hb.shape, op=op)
         da = a._dtype
         if da is b._dtype:  # hot path: one dtype, no casts
             r = _same_cache.get((op, da))
@@ -214,10 +214,10 @@ def inplace_binary(op: str, a: Tensor, b: Any) -> Tensor:
     if isinstance(b, Tensor):
         if b._device is not a._device:
             raise DeviceError(f"{op}_: expected all tensors on the same device, got {a._device} and {b._device}")
-        if b.shape != a.shape and broadcast_shapes2(a.shape, b.shape, op + "_") != a.shape:
+        if b.shape != a.shape and broadcast_shapes(a.shape, b.shape, op=op + "_") != a.shape:
             raise ShapeError(
                 f"{op}_: output with shape {a.shape} doesn't match the broadcast shape "
-                f"{broadcast_shapes2(a.shape, b.shape, op + '_')}"
+                f"{broadcast_shapes(a.shape, b.shape, op=op + '_')}"
             )
     else:
         b = _check_scalar(op + "_", b, a)

@@ -9,9 +9,9 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import opinfo as _opinfo
-from .._bridge import broadcast_shapes2
 from ..dtypes import convert_scalar
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
+from ..shapes import broadcast_shapes
 from ..tensor import Tensor
 from .elementwise import binary, inplace_binary, tracks_grad, unary, write_result
 from .nn import activation
@@ -235,7 +235,7 @@ def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A
     shape = input.shape
     for b in bounds:
         if isinstance(b, Tensor):
-            shape = broadcast_shapes2(shape, b.shape, "clamp")
+            shape = broadcast_shapes(shape, b.shape, op="clamp")
 
     def operand(v: Any) -> Any:
         if v is None:
@@ -326,7 +326,7 @@ def where(condition: Tensor, input: Any = None, other: Any = None) -> Any:
         if isinstance(v, Tensor):
             if v._device is not dev:
                 raise DeviceError(f"where: expected all tensors on the same device, got {dev} and {v._device}")
-            shape = broadcast_shapes2(shape, v.shape, "where")
+            shape = broadcast_shapes(shape, v.shape, op="where")
     cands = [v for v in (input, other) if isinstance(v, Tensor)] or [input, other]
     rdt = dt.result_type(*(v for v in (input, other)))
     del cands

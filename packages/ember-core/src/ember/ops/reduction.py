@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import dtypes as dt
-from .._bridge import norm_dim, norm_dims
 from ..autograd import no_grad
 from ..dtypes import DType
 from ..errors import DimError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
+from ..shapes import norm_dim, norm_dims
 from ..tensor import Tensor
 from .elementwise import binary
 

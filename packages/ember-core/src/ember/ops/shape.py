@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
-from .._bridge import broadcast_shapes as _broadcast_shapes
-from .._bridge import norm_dim, norm_dims, same_device
-from ..backend import view_strides
+from .._bridge import same_device
 from ..errors import DimError, DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
+from ..shapes import broadcast_shapes as _broadcast_shapes
+from ..shapes import norm_dim, norm_dims, view_strides
 from ..tensor import Tensor
 from .elementwise import keep_graph
 

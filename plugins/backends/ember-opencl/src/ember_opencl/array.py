@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ember.backend import view_strides
 from ember.dtypes import DType
+from ember.shapes import view_strides
 
 from .memory import Block
 

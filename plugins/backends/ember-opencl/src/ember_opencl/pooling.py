@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from ember import dtypes as dt
-from ember.backend import pool_output_size
 from ember.dtypes import DType
 from ember.errors import ShapeError, UnsupportedError
+from ember.shapes import pool_output_size
 
 from . import elementwise as ew
 from .array import CLArray, empty

@@ -22,10 +22,11 @@ from collections import OrderedDict
 from typing import Any
 
 from ember import dtypes as dt
-from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, Backend, Decorator, broadcast_shape
+from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, Backend, Decorator
 from ember.decorator import Policy
 from ember.dtypes import DType
 from ember.ir import Ref, Scalar
+from ember.shapes import broadcast_shapes
 
 from .graph import FArray, Node, PendingSet, pending_leaves, pending_subgraph
 from .schedule import Graph, build_plan, run_plan
@@ -355,7 +356,7 @@ class FusionBackend(Decorator):
         ta, tb = type(a), type(b)
         if ta is FArray and tb is FArray:
             na, nb = a.node, b.node
-            shape = na.shape if na.shape == nb.shape else broadcast_shape(na.shape, nb.shape)
+            shape = na.shape if na.shape == nb.shape else broadcast_shapes(na.shape, nb.shape)
             args, srcs, d = (op, _R0, _R1), (na, nb), na.dtype
         elif ta is FArray and tb in _SCALARS:
             na = a.node
@@ -381,7 +382,7 @@ class FusionBackend(Decorator):
             else:
                 args.append(Scalar(x))
         d = (a if ta is FArray else b).node.dtype
-        return self._record("where", tuple(args), tuple(srcs), broadcast_shape(*(s.shape for s in srcs)), d)
+        return self._record("where", tuple(args), tuple(srcs), broadcast_shapes(*(s.shape for s in srcs)), d)
 
     def cast(self, h: FArray, dtype: DType) -> FArray:
         n = h.node

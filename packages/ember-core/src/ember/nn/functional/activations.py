@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ... import dtypes as dt
-from ..._bridge import norm_dim
 from ...dtypes import DType, as_dtype
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...ops import nn as _nn
+from ...shapes import norm_dim
 from ...tensor import Tensor
 from ._util import check_float, check_tensor
 

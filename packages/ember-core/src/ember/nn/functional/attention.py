@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from ... import dtypes as dt
-from ..._bridge import broadcast_shapes2
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...ops import nn as _nn
+from ...shapes import broadcast_shapes
 from ...tensor import Tensor
 from ._util import check_float, check_like, check_tensor
 
@@ -49,7 +49,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         rk, rv = hq // hk, hq // hv
     batch_q, batch_k, batch_v = query.shape[:-2], _repeated(key.shape, rk)[:-2], _repeated(value.shape, rv)[:-2]
     try:
-        batch = broadcast_shapes2(broadcast_shapes2(batch_q, batch_k, op), batch_v, op)
+        batch = broadcast_shapes(batch_q, batch_k, batch_v, op=op)
     except ShapeError:
         raise ShapeError(f"{op}: batch dims of query {query.shape}, key {key.shape} and value {value.shape} do "
                          f"not broadcast") from None
@@ -60,7 +60,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             raise DTypeError(f"{op}: expected attn_mask dtype to be bool or {d.name} (the query's), got "
                              f"{attn_mask._dtype.name}")
         try:
-            broadcast_shapes2(attn_mask.shape, batch + (L, S), op)
+            broadcast_shapes(attn_mask.shape, batch + (L, S), op=op)
         except ShapeError:
             raise ShapeError(f"{op}: attn_mask of shape {attn_mask.shape} does not broadcast to the attention "
                              f"shape {batch + (L, S)}") from None

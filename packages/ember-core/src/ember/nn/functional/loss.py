@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ... import dtypes as dt
-from ..._bridge import broadcast_shapes2, norm_dim
 from ...errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
 from ...ops import nn as _nn
+from ...shapes import broadcast_shapes, norm_dim
 from ...tensor import Tensor
 from ._util import check_float, check_like, check_reduction, check_tensor
 
@@ -33,13 +33,13 @@ def _pair(op: str, input: Any, target: Any, same_shape: bool = False,
     if same_shape:
         if target.shape != input.shape:
             raise ShapeError(f"{op}: target size {target.shape} must be the same as input size {input.shape}")
-    return dt.promote_types(input._dtype, target._dtype), broadcast_shapes2(input.shape, target.shape, op)
+    return dt.promote_types(input._dtype, target._dtype), broadcast_shapes(input.shape, target.shape, op=op)
 
 
 def _check_bcast(op: str, name: str, t: Tensor, shape: tuple[int, ...]) -> None:
     """t's shape must broadcast to shape (the input's) without growing it."""
     try:
-        ok = broadcast_shapes2(t.shape, shape, op) == shape
+        ok = broadcast_shapes(t.shape, shape, op=op) == shape
     except ShapeError:
         ok = False
     if not ok:
