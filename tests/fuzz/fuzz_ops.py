@@ -1632,7 +1632,7 @@ def _clip_style_bounds(case: Case, torch_error: BaseException | None,
 
 def _no_size_is_0d(case: Case, torch_error: BaseException | None, ember_error: BaseException | None) -> str | None:
     # ember reads an absent size as the 0-d shape (zeros(), x.expand() / x.repeat() of a 0-d x) and squeeze(x, None)
-    # as squeeze-all, like dim=None of its reductions (ember._bridge.check_shape_arg, ember.ops.shape); torch
+    # as squeeze-all, like dim=None of its reductions (ember.shapes.check_shape_arg, ember.ops.shape); torch
     # requires the argument
     if ember_error is None and isinstance(torch_error, TypeError) and (
             "missing 1 required positional argument" in str(torch_error) or "invalid combination" in str(torch_error)):

@@ -1,7 +1,7 @@
 """Argument forms where ember deliberately differs from torch, found by the fuzz suite (tests/fuzz) and kept.
 
 torch refuses these calls; ember accepts them on purpose, consistently, and they are documented where they are
-implemented (``_bridge.check_shape_arg``, ``ops.shape._int_args``, ``ops.shape.squeeze``):
+implemented (``shapes.check_shape_arg``, ``ops.shape._int_args``, ``ops.shape.squeeze``):
 
 * no size at all is the empty size: ``zeros()``, ``ones()``, ``empty()``, ``rand()`` give a 0-d tensor, and
   ``x.expand()``, ``x.repeat()``, ``x.reshape()`` of a 0-d ``x`` give a 0-d tensor (torch: TypeError, missing size);

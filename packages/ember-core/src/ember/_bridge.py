@@ -16,19 +16,7 @@ from . import dtypes as dt
 from .device import Device, as_device, default_device
 from .dtypes import DType
 from .errors import DeviceError, DTypeError, EmberError, ShapeError, UnsupportedError, ValueRangeError
-
-# transitional re-exports: the shape helpers live in the leaf module ember.shapes; these names go once every
-# caller imports from there (issue 15)
-from .shapes import broadcast_shapes, check_shape_arg, norm_dim, norm_dims  # noqa: F401
 from .tensor import Tensor  # tensor imports no Bridge module at import time: no cycle
-
-Shape = tuple[int, ...]
-
-
-def broadcast_shapes2(a: Shape, b: Shape, op: str = "broadcast") -> Shape:
-    """Transitional alias of :func:`ember.shapes.broadcast_shapes` for two shapes; removed once every caller
-    imports from :mod:`ember.shapes` (issue 15)."""
-    return broadcast_shapes(a, b, op=op)
 
 
 def same_device(op: str, *tensors: Tensor) -> Device:

@@ -36,10 +36,6 @@ from .errors import UnsupportedError
 # the elementwise op names unary() and binary() accept come from the op registry (a leaf module, one entry per op)
 from .opinfo import BINARY_OPS, COMPARISON_OPS, PREDICATE_UNARY_OPS, UNARY_OPS  # noqa: F401
 
-# transitional re-exports: the shape helpers live in the leaf module ember.shapes; these names go once every
-# caller imports from there (issue 15)
-from .shapes import broadcast_shapes, pool_output_size, view_strides  # noqa: F401
-
 Handle = Any
 Shape = tuple[int, ...]
 
@@ -50,12 +46,6 @@ REQUIRED_PRIMITIVES = frozenset(
     """from_numpy to_numpy full arange cast copy dtype_of assign unary binary where reduce argreduce cumulative
     matmul sort reshape permute expand getitem setitem cat seed rand randn""".split()
 )
-
-
-def broadcast_shape(*shapes: Shape) -> Shape:
-    """Transitional alias of :func:`ember.shapes.broadcast_shapes`; removed once every caller imports from
-    :mod:`ember.shapes` (issue 15)."""
-    return broadcast_shapes(*shapes, op="broadcast_shape")
 
 
 class Backend:
