@@ -362,6 +362,17 @@ class Backend:
         too, where maximum's rule would split the tie)."""
         return self.binary("maximum", h, 0.0 if self.dtype_of(h).is_floating_point else 0)
 
+    def clamp(self, h: Handle, lo: Handle | Any | None, hi: Handle | Any | None) -> Handle:
+        """h clamped to [lo, hi]: each bound a handle of h's dtype (broadcasting with h), a scalar, or None (at
+        least one given; core checked). max(h, lo) then min(., hi), so hi wins where hi < lo and NaN propagates, as
+        in PyTorch. A differentiable stack gives PyTorch's gradients: h's where lo <= h <= hi (never at NaN), a
+        tensor lo's where h < lo < hi, a tensor hi's where h > hi or hi < lo."""
+        if lo is not None:
+            h = self.binary("maximum", h, lo)
+        if hi is not None:
+            h = self.binary("minimum", h, hi)
+        return h
+
     def clamped_norm(self, h: Handle, dim: int, eps: float) -> Handle:
         """max(||h||_2, eps) along dim, kept as size 1 (cosine_similarity's denominator). A differentiable stack
         gives torch's gradient: that of the unclamped norm (the clamp is invisible to it), 0 at a zero vector."""

@@ -13,7 +13,7 @@ from ..dtypes import convert_scalar
 from ..errors import DeviceError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ..shapes import broadcast_shapes
 from ..tensor import Tensor
-from .elementwise import binary, inplace_binary, tracks_grad, unary, write_result
+from .elementwise import binary, inplace_binary, unary, write_result
 from .nn import activation
 
 #: the elementwise ops whose front door lives in this module, from the op registry (ember.opinfo)
@@ -244,51 +244,11 @@ def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A
             return v._h if v._dtype is rdt else stack.cast(v._h, rdt)
         return convert_scalar(v, rdt, "clamp")  # PyTorch refuses bounds the dtype cannot hold
 
-    hx, lo, hi = operand(input), operand(min), operand(max)
-    if tracks_grad(stack, hx, lo, hi):
-        h = _clamp_tracked(stack, hx, lo, hi)
-    else:
-        h = hx
-        if lo is not None:
-            h = stack.binary("maximum", h, lo)
-        if hi is not None:
-            h = stack.binary("minimum", h, hi)
+    # the stack clamps (Backend.clamp): a differentiable stack routes each operand's gradient as PyTorch does
+    h = stack.clamp(operand(input), operand(min), operand(max))
     if tuple(h.shape) != shape:
         h = stack.expand(h, shape)
     return Tensor._make(h, rdt, dev)
-
-
-def _clamp_tracked(s: Any, x: Any, lo: Any, hi: Any) -> Any:
-    """clamp on a differentiable stack as wheres over masks, so each operand's gradient is PyTorch's (the
-    maximum/minimum composition would split ties in half and pass gradients through NaN)."""
-    def det(v: Any) -> Any:
-        return v if v is None or isinstance(v, (bool, int, float)) else s.detach(v)
-
-    dx, dlo, dhi = det(x), det(lo), det(hi)
-    val = dx
-    if lo is not None:
-        val = s.binary("maximum", val, dlo)
-    if hi is not None:
-        val = s.binary("minimum", val, dhi)  # the values, untracked; the wheres below route the gradients
-    if lo is not None and hi is not None:
-        inside = s.binary("logical_and", s.binary("ge", dx, dlo), s.binary("le", dx, dhi))
-    elif lo is not None:
-        inside = s.binary("ge", dx, dlo)
-    else:
-        inside = s.binary("le", dx, dhi)
-    out = s.where(inside, x, val)
-    if lo is not None and not isinstance(lo, (bool, int, float)) and tracks_grad(s, lo):
-        below = s.binary("lt", dx, dlo)
-        if hi is not None:
-            below = s.binary("logical_and", below, s.binary("lt", dlo, dhi))
-        out = s.where(below, lo, out)
-    if hi is not None and not isinstance(hi, (bool, int, float)) and tracks_grad(s, hi):
-        above = s.binary("gt", dx, dhi)
-        if lo is not None:
-            above = s.binary("logical_or", above, s.binary("lt", dhi, dlo))
-        out = s.where(above, hi, out)
-    return out
-
 
 
 def clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002

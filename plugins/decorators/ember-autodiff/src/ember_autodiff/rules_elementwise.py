@@ -251,6 +251,51 @@ class ElementwiseRules(Recorder):
         y = self.save(out)
         return out
 
+    def clamp(self, h: ADArray, lo: Any, hi: Any) -> ADArray:
+        """PyTorch's clamp gradients: h's where lo <= h <= hi (never at NaN; maximum/minimum would split ties
+        and pass NaN), a tensor lo's where h < lo < hi, a tensor hi's where h > hi or hi < lo."""
+        inner = self.inner
+
+        def val(v: Any) -> Any:
+            return v.value if type(v) is ADArray else v
+
+        value = inner.clamp(h.value, val(lo), val(hi))
+        if not self.tracking(h, lo, hi):
+            return self.wrap(value)
+        x, glo, ghi = self.save(h), self.save(lo) if type(lo) is ADArray else None, \
+            self.save(hi) if type(hi) is ADArray else None
+
+        def bound(v: Any, getter: Any) -> Any:
+            return getter() if getter is not None else v
+
+        def vjp(g: Any) -> tuple[Any, Any, Any]:
+            xv = x()
+            lv = None if lo is None else bound(lo, glo)
+            hv = None if hi is None else bound(hi, ghi)
+            if lv is not None and hv is not None:
+                inside = inner.binary("logical_and", inner.binary("ge", xv, lv), inner.binary("le", xv, hv))
+            elif lv is not None:
+                inside = inner.binary("ge", xv, lv)
+            else:
+                inside = inner.binary("le", xv, hv)
+            dx = dlo = dhi = None
+            if h.meta is not None:
+                dx = unbroadcast(inner, inner.where(inside, g, 0.0), tuple(h.shape))
+            if type(lo) is ADArray and lo.meta is not None:
+                below = inner.binary("lt", xv, lv)
+                if hv is not None:
+                    below = inner.binary("logical_and", below, inner.binary("lt", lv, hv))
+                dlo = unbroadcast(inner, inner.where(below, g, 0.0), tuple(lo.shape))
+            if type(hi) is ADArray and hi.meta is not None:
+                above = inner.binary("gt", xv, hv)
+                if lv is not None:
+                    above = inner.binary("logical_or", above, inner.binary("lt", hv, lv))
+                dhi = unbroadcast(inner, inner.where(above, g, 0.0), tuple(hi.shape))
+            return dx, dlo, dhi
+
+        return self.record("clamp", value, (h, lo, hi), vjp,
+                           recompute=lambda: inner.clamp(x(), bound(val(lo), glo), bound(val(hi), ghi)))
+
     def binary(self, op: str, a: Any, b: Any) -> ADArray:
         inner = self.inner
         ta, tb = type(a) is ADArray, type(b) is ADArray
