@@ -178,3 +178,26 @@ def test_cosine_similarity_clamp_is_invisible_to_the_gradient(dev: Device, case:
         b[0] *= 1e-9  # norm below eps: the value is clamped, the gradient is not
     _grads(dev, lambda x, y: F.cosine_similarity(x, y, dim=1, eps=1e-8),
            lambda x, y: torch.nn.functional.cosine_similarity(x, y, dim=1, eps=1e-8), a, b)
+
+
+# -- clamp (Backend.clamp): the input's gradient inside [lo, hi] inclusive, never at NaN; tensor bounds' outside --
+_X = np.array([[-2.0, -0.5, 0.0, 0.5, 2.0, NAN], [1.0, -1.0, 0.25, -0.25, 3.0, -3.0]])
+
+
+@pytest.mark.parametrize("case", ["scalars", "at-bounds", "min-only", "tensor-bounds", "crossed", "broadcast-bounds"])
+def test_clamp_routes_each_operands_gradient_as_torch(dev: Device, case: str) -> None:
+    if case == "scalars":
+        _grads(dev, lambda x: ember.clamp(x, -0.5, 0.5), lambda x: torch.clamp(x, -0.5, 0.5), _X)
+    elif case == "at-bounds":  # values equal to a bound keep the input's gradient (inclusive), like torch
+        _grads(dev, lambda x: ember.clamp(x, -1.0, 1.0), lambda x: torch.clamp(x, -1.0, 1.0), _X)
+    elif case == "min-only":
+        _grads(dev, lambda x: ember.clamp(x, min=0.0), lambda x: torch.clamp(x, min=0.0), _X)
+    elif case == "tensor-bounds":
+        lo, hi = np.full((2, 6), -0.5), np.full((2, 6), 0.5)
+        _grads(dev, lambda x, a, b: ember.clamp(x, a, b), lambda x, a, b: torch.clamp(x, a, b), _X, lo, hi)
+    elif case == "crossed":  # hi < lo in some places: hi wins, and gets the gradient there
+        lo, hi = np.full((2, 6), 0.5), np.array([[1.0, -1.0, 1.0, -1.0, 1.0, -1.0]] * 2)
+        _grads(dev, lambda x, a, b: ember.clamp(x, a, b), lambda x, a, b: torch.clamp(x, a, b), _X, lo, hi)
+    else:  # bounds broadcast against the input: their gradients are summed back to their own shapes
+        lo, hi = np.array([-0.5] * 6), np.array([[0.4], [0.6]])
+        _grads(dev, lambda x, a, b: ember.clamp(x, a, b), lambda x, a, b: torch.clamp(x, a, b), _X, lo, hi)
