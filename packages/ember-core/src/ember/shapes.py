@@ -5,7 +5,7 @@ compositions size their outputs with them, and backends and decorators (flex, Op
 shapes and strides with them. This module is therefore a *leaf*: it imports only the standard library, numpy
 and :mod:`ember.errors`, so any ember module or plugin can import it at module level without an import cycle
 (``tests/test_invariants.py`` holds it to that). Anything that needs a tensor, a device or a dtype belongs in
-the Bridge (``ember._bridge``), not here.
+the Bridge (``ember.bridge``), not here.
 
 Errors are ember's typed errors and name the op: :class:`~ember.errors.ShapeError` for shapes,
 :class:`~ember.errors.DimError` for dims.

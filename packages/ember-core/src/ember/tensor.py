@@ -29,7 +29,7 @@ class Tensor:
     _device: Device
 
     def __init__(self, data: Any, dtype: Any = None, device: Any = None) -> None:
-        from ._bridge import to_tensor
+        from .bridge import to_tensor
 
         t = to_tensor(data, dtype, device)
         self._h, self._dtype, self._device = t._h, t._dtype, t._device
@@ -269,9 +269,9 @@ class Tensor:
         return repr(self)
 
     def __reduce__(self) -> Any:
-        from . import _bridge
+        from . import bridge
 
-        return (_bridge.to_tensor, (self.numpy().copy(), self._dtype.name, self._device))
+        return (bridge.to_tensor, (self.numpy().copy(), self._dtype.name, self._device))
 
     # -- indexing -------------------------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import dtypes as dt
-from .._bridge import check_dtype_supported, transfer
+from ..bridge import check_dtype_supported, transfer
 from ..device import Device, as_device
 from ..dtypes import DType
 from ..errors import DTypeError, ShapeError

@@ -8,7 +8,7 @@ from functools import cache
 from typing import Any
 
 from .. import dtypes as dt
-from .._bridge import check_dtype_supported, to_tensor
+from ..bridge import check_dtype_supported, to_tensor
 from ..device import Device, as_device, default_device
 from ..dtypes import DType
 from ..errors import DTypeError, EmberError, OutOfMemoryError, ValueRangeError

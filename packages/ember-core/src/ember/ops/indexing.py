@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
-from .._bridge import same_device, to_tensor, transfer
+from ..bridge import same_device, to_tensor, transfer
 from ..errors import (
     DeviceError,
     DTypeError,

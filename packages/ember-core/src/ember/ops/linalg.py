@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import dtypes as dt
-from .._bridge import same_device
+from ..bridge import same_device
 from ..errors import DTypeError, ShapeError
 from ..shapes import broadcast_shapes, einsum_labels
 from ..tensor import Tensor

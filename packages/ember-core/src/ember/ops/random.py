@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
-from .._bridge import check_dtype_supported
 from ..autograd import no_grad
+from ..bridge import check_dtype_supported
 from ..dtypes import DType
 from ..errors import AutodiffError, DeviceError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ..shapes import broadcast_shapes

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
-from .._bridge import same_device
+from ..bridge import same_device
 from ..errors import DimError, DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
 from ..shapes import broadcast_shapes as _broadcast_shapes
 from ..shapes import norm_dim, norm_dims, view_strides
