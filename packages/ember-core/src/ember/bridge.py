@@ -2,10 +2,10 @@
 
 The Bridge is the one layer every op crosses between a Tensor and its device's stack: the op functions of
 :mod:`ember.ops` (and :mod:`ember.ops.nn` for ``ember.nn.functional``) validate, promote and convert with the
-helpers here, in :mod:`ember.shapes` and in the op registry :mod:`ember.opinfo`. This module converts user values (tensors, Python scalars, numpy arrays, nested lists) into handles on a device, checks
-that operands share a device, and moves data between devices (DLPack where both sides speak it, else host
-memory). The shape helpers it validates with (broadcasting, dim normalisation, size arguments) live in the leaf
-module :mod:`ember.shapes`, which every layer can import without a cycle.
+helpers here, in :mod:`ember.shapes` (the leaf module of shape helpers: broadcasting, dims, size arguments) and in
+the op registry :mod:`ember.opinfo`. This module converts user values (tensors, Python scalars, numpy arrays,
+nested lists) into handles on a device, checks that operands share a device, and moves data between devices
+(DLPack where both sides speak it, else host memory).
 """
 
 from __future__ import annotations
