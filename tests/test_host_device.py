@@ -6,7 +6,7 @@ from the registry, never imported), so no plugin is imported by these tests."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember import Device, DeviceError, dispatch
-from ember import device as device_mod
+from ember import Device, DeviceError
 from ember.plugins import CONTRACT_VERSION, hookimpl, manager
 
 
@@ -24,32 +23,6 @@ def factories() -> dict[str, Callable[..., Any]]:
     """The installed backends' factories by name (from the real registry, before any test swaps it)."""
     manager.registry.ensure_loaded()
     return {name: spec.factory for name, spec in manager.registry.backends.items()}
-
-
-@pytest.fixture
-def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[manager.PluginRegistry]:
-    """A fresh plugin registry (it discovers the installed plugins again) and empty device caches; restored after.
-
-    The registry is swapped, not reset, so devices and tensors made by other tests keep working."""
-    for var in ("EMBER_DISABLE_PLUGINS", "EMBER_DEVICE"):
-        monkeypatch.delenv(var, raising=False)
-    fresh = manager.PluginRegistry()
-    monkeypatch.setattr(manager, "registry", fresh)
-    saved_cache = dict(dispatch._backend_cache)
-    saved_stacks = {key: dev._stack for key, dev in device_mod._interned.items()}
-    saved_default = device_mod._default
-    dispatch._backend_cache.clear()
-    for dev in device_mod._interned.values():
-        dev._stack = None
-    device_mod._default = None
-    try:
-        yield fresh
-    finally:
-        dispatch._backend_cache.clear()
-        dispatch._backend_cache.update(saved_cache)
-        for key, dev in device_mod._interned.items():
-            dev._stack = saved_stacks.get(key)
-        device_mod._default = saved_default
 
 
 def _backend_plugin(name: str, factory: Callable[..., Any], **extra: Any) -> Any:
