@@ -46,3 +46,15 @@ def test_quick_suite_reports_every_section(tmp_path: Path) -> None:
     for m in result["memory"]:
         assert m["bytes"]["ember"] is None or m["bytes"]["ember"] >= 0
     assert result["environment"]["cpu"] and result["environment"]["numpy"]
+
+
+def test_compare_overhead_runs_two_checkouts() -> None:
+    """benchmarks/compare_overhead.py: the same checkout as both trees, tiny loops; one row per device with a ratio."""
+    script = ROOT / "benchmarks" / "compare_overhead.py"
+    out = subprocess.run([sys.executable, str(script), "--base", str(ROOT), "--new", str(ROOT), "--rounds", "1",
+                          "--number", "200", "--repeats", "3"], capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("flex")]
+    assert [r[0] for r in rows] == ["flex", "flex+fusion(False)", "flex+autodiff"], out
+    for r in rows:
+        before, after, ratio = float(r[1]), float(r[2]), float(r[3])
+        assert before > 0 and after > 0 and abs(ratio - after / before) < 0.01, out
