@@ -94,4 +94,8 @@ def __getattr__(name: str) -> Any:
         from importlib import import_module
 
         return import_module(f".{name}", __name__)
+    if name in ("save", "load"):  # torch.save/torch.load; safetensors-based, loaded on first use
+        from . import serialization
+
+        return getattr(serialization, name)
     raise AttributeError(f"module 'ember' has no attribute {name!r}")

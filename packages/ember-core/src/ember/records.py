@@ -481,20 +481,26 @@ def load(path: str | os.PathLike[str], *, device: Any = None, dtype: Any = None)
     p = _fspath(path, op)
     make = _maker(device, dtype, op)
     arrays, meta = _read_safetensors(p, op)
+    return _restore(arrays, meta, make, p, op)
+
+
+def _restore(arrays: Mapping[str, np.ndarray], meta: Mapping[str, str], make: Callable[[np.ndarray], Tensor],
+             p: str, op: str) -> Any:
+    """The state a record's arrays and header metadata encode (shared by ``load`` and ``ember.load``)."""
     try:
         if meta.get(_KIND) == "nested":
             return _decode(_parse_json(meta[_STRUCTURE], _STRUCTURE, p, op), arrays, make, p)
         order = _parse_json(meta[_KEYS], _KEYS, p, op) if _KEYS in meta else list(arrays)
         if sorted(order) != sorted(arrays):
-            raise CorruptRecordError(f"load: {p!r}: its key list does not match the tensors it holds")
+            raise CorruptRecordError(f"{op}: {p!r}: its key list does not match the tensors it holds")
     except (KeyError, ValueError, TypeError) as e:
         if isinstance(e, EmberError):
             raise
-        raise CorruptRecordError(f"load: {p!r} has unreadable ember metadata ({type(e).__name__}: {e})") from e
+        raise CorruptRecordError(f"{op}: {p!r} has unreadable ember metadata ({type(e).__name__}: {e})") from e
     try:
         return OrderedDict((k, make(arrays[k])) for k in order)
     except DTypeError as e:
-        raise DTypeError(f"load: {p!r}: {e}") from e
+        raise DTypeError(f"{op}: {p!r}: {e}") from e
 
 
 # -- key remapping -----------------------------------------------------------------------------------------------
