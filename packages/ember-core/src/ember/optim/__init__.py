@@ -13,11 +13,18 @@
 
 from ..nn.param_group import param_groups
 from . import lr_scheduler
+from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
+from .adamax import Adamax
+from .asgd import ASGD
 from .lion import Lion
+from .nadam import NAdam
 from .optimizer import Optimizer
+from .radam import RAdam
 from .rmsprop import RMSprop
 from .sgd import SGD
+from .unsupported import LBFGS, SparseAdam
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Lion", "lr_scheduler", "param_groups"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Lion", "Adadelta", "Adamax", "NAdam", "RAdam",
+           "ASGD", "SparseAdam", "LBFGS", "lr_scheduler", "param_groups"]

@@ -59,12 +59,23 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _check_state_value(name: str, where: str, p: Tensor, key: Any, val: Any) -> None:
-    """One per-parameter state entry: ``step`` a finite count >= 0; tensors of the parameter's shape (floating
-    for a floating parameter); otherwise finite numbers, None or dicts of such."""
+def _check_state_value(name: str, where: str, p: Tensor, key: Any, val: Any,
+                       scalar_keys: tuple[str, ...] = ()) -> None:
+    """One per-parameter state entry: ``step`` a finite count >= 0; ``scalar_keys`` (per-parameter scalars such
+    as ASGD's ``eta``) finite one-element numbers; tensors of the parameter's shape (floating for a floating
+    parameter); otherwise finite numbers, None or dicts of such."""
     if not isinstance(key, str):
         raise ValueRangeError(f"{name}: {where} has a non-string key {key!r}")
     at = f"{where}[{key!r}]"
+    if key in scalar_keys:
+        if isinstance(val, Tensor):
+            if val.numel() != 1 or not val._dtype.is_floating_point:
+                raise ValueRangeError(f"{name}: {at} must be a one-element floating tensor, got shape "
+                                      f"{tuple(val.shape)} {val._dtype}")
+            val = val.item()
+        if not _is_number(val) or not math.isfinite(val):
+            raise ValueRangeError(f"{name}: {at} is {val!r}; expected a finite number")
+        return
     if key == "step":
         if isinstance(val, Tensor):
             if val.numel() != 1 or val._dtype.is_bool or not (val._dtype.is_floating_point or val._dtype.is_integer):
@@ -267,6 +278,9 @@ class Optimizer:
         """The state entries ``step`` needs once a parameter has state (subclasses; checked on load)."""
         return ()
 
+    #: per-parameter state entries that are one-element scalars (kept in their saved dtype, like ``step``)
+    _scalar_state_keys: tuple[str, ...] = ()
+
     def _prepare_load(self, state_dict: Any, cast: bool
                       ) -> tuple[defaultdict[Tensor, dict[str, Any]], list[dict[str, Any]]]:
         """Validate a state dict and build the new state and groups without touching the optimizer."""
@@ -338,8 +352,9 @@ class Optimizer:
                 raise ValueRangeError(f"{name}: {where} lacks {missing} (has {sorted(map(str, v))}); "
                                       f"{type(self).__name__}'s step needs them")
             for key, val in v.items():
-                _check_state_value(name, where, p, key, val)
-            new_state[p] = {key: self._cast_state(p, key, val) for key, val in v.items()} if cast else dict(v)
+                _check_state_value(name, where, p, key, val, self._scalar_state_keys)
+            new_state[p] = ({key: self._cast_state(p, key, val, self._scalar_state_keys) for key, val in v.items()}
+                            if cast else dict(v))
         return new_state, new_groups
 
     def _check_group_values(self, name: str, i: int, group: dict[str, Any]) -> None:
@@ -371,9 +386,9 @@ class Optimizer:
                     raise ValueRangeError(f"{name}: param_groups[{i}][{key!r}] is {v!r}; expected finite numbers")
 
     @staticmethod
-    def _cast_state(p: Tensor, key: str, value: Any) -> Any:
+    def _cast_state(p: Tensor, key: str, value: Any, scalar_keys: tuple[str, ...] = ()) -> Any:
         if isinstance(value, Tensor):
-            if key == "step":
+            if key == "step" or key in scalar_keys:
                 return value.to(p._device).clone()
             if value._dtype.is_floating_point:
                 return value.to(p._device, p._dtype).clone()

@@ -1,0 +1,38 @@
+"""``SparseAdam`` and ``LBFGS``: PyTorch optimizers ember does not provide; constructing one raises
+UnsupportedError naming what to use instead (the names exist so a port fails with that message, not an
+AttributeError)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UnsupportedError
+from .optimizer import Optimizer
+
+
+class SparseAdam(Optimizer):
+    """Not supported: ember has no sparse gradients (``nn.Embedding(sparse=True)`` gives dense ones), so the
+    lazy sparse Adam update has nothing to act on. Use :class:`ember.optim.Adam` (identical on dense gradients
+    except that rows with a zero gradient still decay their moments)."""
+
+    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 maximize: bool = False) -> None:
+        raise UnsupportedError(
+            "SparseAdam: ember has no sparse gradients, so SparseAdam is not provided; use "
+            f"ember.optim.Adam(params, lr={lr!r}, betas={betas!r}, eps={eps!r}, maximize={maximize!r}) on the "
+            "dense gradients instead"
+        )
+
+
+class LBFGS(Optimizer):
+    """Not supported yet: the closure-driven quasi-Newton method (``torch.optim.LBFGS``). Use a first-order
+    optimizer such as :class:`ember.optim.Adam`, or run L-BFGS on NumPy arrays (e.g.
+    ``scipy.optimize.minimize(method="L-BFGS-B")``) with gradients from ``ember.autograd``."""
+
+    def __init__(self, params: Any, lr: float = 1, max_iter: int = 20, max_eval: int | None = None,
+                 tolerance_grad: float = 1e-7, tolerance_change: float = 1e-9, history_size: int = 100,
+                 line_search_fn: str | None = None) -> None:
+        raise UnsupportedError(
+            "LBFGS: not implemented in ember; use a first-order optimizer (ember.optim.Adam, ember.optim.SGD), or "
+            "scipy.optimize.minimize(method='L-BFGS-B') with the loss and gradients computed by ember"
+        )
