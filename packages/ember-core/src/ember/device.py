@@ -14,7 +14,10 @@ from __future__ import annotations
 import ast
 import os
 import re
+import secrets
+import sys
 import threading
+import types
 from typing import Any
 
 from .errors import DeviceError, PluginError
@@ -355,7 +358,9 @@ class Device(metaclass=_DeviceType):
 
         with _lock:
             if self._stack is None:
-                self._stack = resolve_stack(self)
+                stack = resolve_stack(self)
+                _apply_global_seed(stack)  # a device first used after ember.manual_seed(n) starts from n too
+                self._stack = stack
             return self._stack
 
     # -- queries and control -----------------------------------------------------------------------------------
@@ -542,3 +547,110 @@ def set_default_device(device: Device | str | None) -> None:
     """Set the device used by factories without ``device=`` (None: back to ``Device.default()``)."""
     global _default
     _default = None if device is None else as_device(device)
+
+
+# -- the global seed (ember.manual_seed) --------------------------------------------------------------------------
+# ember.manual_seed(n) seeds every device's stream with n: those already resolved at once, the others when they are
+# first resolved (Device._resolve calls _apply_global_seed), so a device's stream never depends on whether it was
+# used before or after the call. A backend is shared by all decorations of a device, so it is seeded once per
+# manual_seed, tracked by identity (a backend rebuilt after its cache was cleared is seeded again). Before any
+# manual_seed, backends keep the seed they start with. Host-side randomness (the DataLoader's shuffle seed) draws
+# from one numpy generator seeded by the same n, so it never perturbs the device streams, nor they it.
+_MASK64 = 2**64 - 1
+_global_seed: int | None = None  # what manual_seed/seed last gave every device; None: never called
+_initial_seed: int | None = None  # the host generator's seed (drawn from the OS at first use when never given)
+_host_rng: Any = None
+_seeded_backends: dict[int, Any] = {}  # id -> backend (the reference keeps the id from being reused)
+
+
+def check_seed(seed: Any, op: str) -> int:
+    """``seed`` as PyTorch takes it: an int in [-2**63, 2**64); negative seeds wrap modulo 2**64."""
+    import numbers
+
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise DeviceError(f"{op}: seed must be an int, got {type(seed).__name__}: {seed!r}")
+    seed = int(seed)
+    if not -(2**63) <= seed <= _MASK64:
+        raise DeviceError(f"{op}: seed {seed} is out of range [-2**63, 2**64)")
+    return seed & _MASK64
+
+
+def _apply_global_seed(stack: Any) -> None:
+    """Seed a freshly resolved stack with the global seed unless its backend was already seeded with it."""
+    if _global_seed is None:
+        return
+    from .dispatch import stack_chain
+
+    backend = list(stack_chain(stack))[-1]
+    with _lock:
+        if id(backend) in _seeded_backends:
+            return
+        stack.seed(_global_seed)
+        _seeded_backends[id(backend)] = backend
+
+
+def seed_all(seed: int) -> None:
+    """Seed every device's random stream and ember's host generator with ``seed`` (``ember.manual_seed(seed)``)."""
+    global _global_seed, _initial_seed, _host_rng
+    seed = check_seed(seed, "manual_seed")
+    with _lock:
+        _global_seed = _initial_seed = seed
+        _host_rng = None
+        _seeded_backends.clear()
+        for dev in list(_interned.values()):
+            if dev._stack is not None:
+                _apply_global_seed(dev._stack)
+
+
+def initial_seed() -> int:
+    """The seed of ember's host generator: the last ``manual_seed``/``seed`` value, else one drawn from the OS at
+    first use (log it and pass it to ``manual_seed`` to repeat an unseeded run's host-side draws)."""
+    global _initial_seed
+    with _lock:
+        if _initial_seed is None:
+            _initial_seed = secrets.randbits(63)
+        return _initial_seed
+
+
+def draw_seed() -> int:
+    """A fresh seed in [0, 2**63) from ember's host generator (what ``torch.randint`` on the default generator gives
+    a DataLoader): the same sequence after every ``manual_seed(n)`` with the same n."""
+    global _host_rng
+    with _lock:
+        if _host_rng is None:
+            import numpy as np
+
+            _host_rng = np.random.Generator(np.random.PCG64(initial_seed()))
+        return int(_host_rng.integers(0, 2**63))
+
+
+# -- ember.device(...): the module is callable, as torch.device is a type -----------------------------------------
+class _DeviceModule(types.ModuleType):
+    """``ember.device`` is this module; calling it makes a device as ``torch.device`` does, and
+    ``isinstance(x, ember.device)`` asks whether x is a :class:`Device`."""
+
+    def __call__(self, type: Any, index: int | None = None) -> Device:  # noqa: A002 - torch.device's parameter
+        """``ember.device("cpu")``, ``ember.device("cuda:0")``, ``ember.device("flex+autodiff")``,
+        ``ember.device("cuda", 0)`` or a :class:`Device` (returned as it is): see :meth:`Device.parse`."""
+        if isinstance(type, Device):
+            if index is not None:
+                raise DeviceError(f"ember.device({type}, {index!r}): an index goes with a kind string, not a Device")
+            return type
+        if not isinstance(type, str):
+            raise DeviceError(f"ember.device: expected a device string or a Device, got {_builtin_type(type).__name__}"
+                              f": {type!r} (write the kind too, e.g. ember.device('cpu') or ember.device('flex', 0))")
+        if index is None:
+            return Device.parse(type)
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise DeviceError(f"ember.device({type!r}, {index!r}): index must be a non-negative int")
+        if ":" in type or "+" in type:
+            raise DeviceError(f"ember.device({type!r}, {index}): give the index either in the string or as the "
+                              "argument, with a plain kind such as 'flex'")
+        return Device.parse(f"{type}:{index}")
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return isinstance(obj, Device)
+
+
+_builtin_type = type  # the builtin, which __call__ shadows with torch.device's parameter name
+sys.modules[__name__].__class__ = _DeviceModule

@@ -9,7 +9,9 @@ from typing import Any
 
 from .. import dtypes as dt
 from ..bridge import check_dtype_supported, to_tensor
-from ..device import Device, as_device, default_device
+from ..device import Device, as_device, check_seed, default_device, seed_all
+from ..device import draw_seed as _draw_seed
+from ..device import initial_seed as _initial_seed
 from ..dtypes import DType
 from ..errors import DTypeError, EmberError, OutOfMemoryError, ValueRangeError
 from ..shapes import check_shape_arg
@@ -352,12 +354,44 @@ def randperm(n: int, *, dtype: Any = None, device: Any = None) -> Tensor:
 
 
 def manual_seed(seed: int, device: Any = None) -> None:
-    """Seed the random stream of device (default device when None)."""
-    _dev(device).seed(seed)
+    """Seed every random stream a program draws from, as ``torch.manual_seed`` does: each device's stream (those
+    in use now, and the others when first used) and ember's host generator, which a DataLoader without ``seed=``
+    draws its shuffle seed from. ``device=`` seeds that device's stream only. Negative seeds wrap modulo 2**64.
+
+    >>> import ember
+    >>> ember.manual_seed(0); a = ember.rand(3).tolist()
+    >>> ember.manual_seed(0); a == ember.rand(3).tolist()
+    True
+    """
+    if device is None:
+        seed_all(seed)
+    else:
+        _dev(device).seed(check_seed(seed, "manual_seed"))
+
+
+def initial_seed() -> int:
+    """The seed of ember's host generator (``torch.initial_seed``): the last ``manual_seed``/``seed`` value, else
+    one drawn from the OS when first needed; ``manual_seed(initial_seed())`` repeats the run's host-side draws."""
+    return _initial_seed()
+
+
+def seed() -> int:
+    """Seed everything (as :func:`manual_seed`) with a fresh seed from the OS and return it (``torch.seed``)."""
+    import secrets
+
+    s = secrets.randbits(63)
+    seed_all(s)
+    return s
+
+
+def draw_seed() -> int:
+    """A fresh seed in [0, 2**63) from ember's host generator: the same sequence after every ``manual_seed(n)``
+    with the same n. Libraries that need their own reproducible stream (a shuffling DataLoader) take one."""
+    return _draw_seed()
 
 
 __all__ = [
     "tensor", "as_tensor", "from_numpy", "from_dlpack", "full", "zeros", "ones", "empty", "zeros_like",
     "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "arange", "linspace",
-    "logspace", "eye", "rand", "randn", "randint", "randperm", "manual_seed",
+    "logspace", "eye", "rand", "randn", "randint", "randperm", "manual_seed", "initial_seed", "seed", "draw_seed",
 ]
