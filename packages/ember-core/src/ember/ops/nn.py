@@ -822,13 +822,41 @@ def pointwise_loss(name: str, input: Tensor, target: Tensor, d: DType, shape: Sh
     return Tensor._make(_weighted(s, loss, weight, d, reduction, mean_by_weight), d, input._device)
 
 
+#: torch's binary_cross_entropy backward divides by max(x * (1 - x), _BCE_EPS): a prediction of exactly 0 or 1
+#: gets the finite gradient (x - t) / _BCE_EPS (0 when it is right), not 0 / 0
+_BCE_EPS = 1e-12
+
+
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
-    """-(t * log(x) + (1 - t) * log(1 - x)) with each log clamped to >= -100, as torch (x validated in [0, 1])."""
+    """-(t * log(x) + (1 - t) * log(1 - x)) with each log clamped to >= -100, as torch (x validated in [0, 1]).
+
+    Values and gradients match torch's at x == 0 and x == 1 too: there the loss is the constant the clamped logs
+    give (100 * t at 0, 100 * (1 - t) at 1) plus a term that is exactly 0 in value and whose derivative is
+    torch's (x - t) / 1e-12, and the logs read 0.5 instead of x, so no 1 / 0 reaches their gradients (0 * inf
+    would be NaN). Between, the logs' own gradient is torch's (x - t) / (x * (1 - x)). Two deliberate
+    differences: for 0 < x < 1e-12, where torch clamps the denominator to 1e-12, ember gives the exact
+    derivative (so through a sigmoid the logit's gradient is exactly sigmoid(z) - t); at an edge the target's
+    gradient is the finite +-100 of the clamped logs where torch gives +-inf."""
     s = _stack(input)
+    d = input._dtype
     x, t = input._h, target._h
-    lx = s.binary("maximum", s.unary("log", x), -100.0)
-    l1x = s.binary("maximum", s.unary("log", s.binary("sub", 1.0, x)), -100.0)
-    loss = s.unary("neg", s.binary("add", s.binary("mul", t, lx), s.binary("mul", s.binary("sub", 1.0, t), l1x)))
+    edge = s.binary("eq", s.binary("mul", x, s.binary("sub", 1.0, x)), 0.0)  # x == 0 or x == 1 (x is in [0, 1])
+    safe = s.where(edge, 0.5, x)
+    lx = s.binary("maximum", s.unary("log", safe), -100.0)
+    l1x = s.binary("maximum", s.unary("log1p", s.unary("neg", safe)), -100.0)  # log1p as torch: exact near 0
+    inner = s.unary("neg", s.binary("add", s.binary("mul", t, lx), s.binary("mul", s.binary("sub", 1.0, t), l1x)))
+    # at an edge e (0 or 1): 100 * |t - e| written linearly in t (the clamped logs' value and target gradient),
+    # plus (x - e) * ((x - e) / 2 + e - t) / eps: 0 at x == e, derivative (x - t) / eps. The eps term runs in
+    # float32 for 16-bit floats, where 1e-12 rounds to 0 (torch's backward also divides in float32 there)
+    w = d if d.itemsize >= 4 else dt.float32
+    e = s.cast(s.binary("ge", x, 0.5), d)
+    at_edge = s.binary("mul", s.binary("sub", s.binary("add", t, e), s.binary("mul", s.binary("mul", e, t), 2.0)),
+                       100.0)
+    ew = s.cast(e, w)
+    xe = s.binary("sub", _cast(s, input, w), ew)
+    slope = s.binary("mul", xe, s.binary("sub", s.binary("add", s.binary("mul", xe, 0.5), ew), _cast(s, target, w)))
+    slope = s.binary("div", slope, _BCE_EPS)
+    loss = s.where(edge, s.binary("add", at_edge, slope if w is d else s.cast(slope, d)), inner)
     if weight is not None:
         loss = s.binary("mul", loss, weight._h)
     return _like(input, _reduce_loss(s, loss, reduction))
