@@ -3,7 +3,8 @@
 Data order is a pure function of ``(seed, epoch)``: an epoch's permutation is
 ``numpy.random.default_rng(seed + epoch).permutation(len(dataset))``. Together with the position in the epoch
 (batches already handed out) this is the loader's whole state, so ``state_dict()`` / ``load_state_dict()``
-resume a run exactly, and the order never depends on ``num_workers``.
+resume a run exactly, and the order never depends on ``num_workers``. A loader given no seed takes one from
+ember's global generator (``ember.draw_seed()``), so ``ember.manual_seed(n)`` makes its shuffles reproducible.
 """
 
 from __future__ import annotations
@@ -248,8 +249,11 @@ _DONE = object()
 class DataLoader:
     """Batches a dataset into tuples of ember Tensors on ``device``.
 
-    * ``shuffle``: epoch ``e`` uses ``numpy.random.default_rng(seed + e).permutation(n)``; ``seed=None`` draws one
-      seed from the OS at construction (kept in ``state_dict`` so resuming stays exact).
+    * ``shuffle``: epoch ``e`` uses ``numpy.random.default_rng(seed + e).permutation(n)``. ``seed=None`` takes one
+      seed from ember's global generator (``ember.draw_seed()``) when the loader first needs it (its first shuffled
+      epoch or ``state_dict()``), as torch's loader draws from its default generator: after
+      ``ember.manual_seed(n)`` two runs shuffle identically, without it every run differs. The seed is kept in
+      ``state_dict`` so resuming stays exact.
     * every complete pass advances ``epoch`` by one; ``set_epoch(e)`` picks the epoch explicitly.
     * ``num_workers > 0``: a thread pool indexes and collates up to ``prefetch`` batches per worker ahead of the
       consumer; batches still come out in order, identical to ``num_workers=0``. A worker's exception is
@@ -284,7 +288,9 @@ class DataLoader:
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
-        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2**31))
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ValueRangeError(f"DataLoader: seed must be an int >= 0 or None, got {seed!r}")
+        self._seed = None if seed is None else int(seed)
         self.drop_last = bool(drop_last)
         self.collate_fn = collate_fn
         self.num_workers = int(num_workers)
@@ -294,6 +300,18 @@ class DataLoader:
         self.epoch = 0
         self._position = 0  # batches handed out in the current epoch
         self._resume_from = 0  # where the next __iter__ starts (set by load_state_dict)
+
+    @property
+    def seed(self) -> int:
+        """The shuffle seed: given, restored by ``load_state_dict``, or drawn from ember's global generator on
+        first use (drawn late, so ``ember.manual_seed`` called after building the loader still decides it)."""
+        if self._seed is None:
+            self._seed = ember.draw_seed()
+        return self._seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self._seed = int(value)
 
     @property
     def device(self) -> Device:
@@ -482,8 +500,9 @@ class DataLoader:
             th.join()
 
     def __repr__(self) -> str:
+        seed = "<drawn on first use>" if self._seed is None else self._seed  # repr must not draw it
         return (f"DataLoader({type(self.dataset).__name__}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-                f"seed={self.seed}, drop_last={self.drop_last}, num_workers={self.num_workers}, epoch={self.epoch})")
+                f"seed={seed}, drop_last={self.drop_last}, num_workers={self.num_workers}, epoch={self.epoch})")
 
 
 __all__ = [
