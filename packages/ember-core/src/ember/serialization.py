@@ -15,9 +15,12 @@ its tensors under flattened keys and its structure (keys, list/tuple/dict types,
 JSON in the header metadata. ``records.load`` reads what ``ember.save`` writes and the other way round.
 
 Tensors are stored as their values (dtype, including bfloat16, and shape; views and non-contiguous tensors as the
-values they show). A tensor that appears several times in the structure (tied weights) is stored once and comes
-back as one shared tensor in every place. ``requires_grad`` is not stored: loaded tensors are plain values,
-like the detached tensors ``state_dict()`` returns.
+values they show). A tensor that appears several times in the structure (tied weights: the same tensor object,
+or tensors showing the same host memory with the same shape, strides and dtype, as ``state_dict()``'s detached
+entries of one parameter do) is stored once and comes back as one shared tensor in every place; on a backend whose
+memory is not host memory only the same tensor object is recognised, and other tied entries come back as equal
+copies. Distinct views of one tensor (``w`` and ``w.T``) are stored as separate values. ``requires_grad`` is
+not stored: loaded tensors are plain values, like the detached tensors ``state_dict()`` returns.
 """
 
 from __future__ import annotations
@@ -55,7 +58,30 @@ class _Encoder(_rec._Encoder):
 
     def __init__(self) -> None:
         super().__init__(None)
-        self._shared: dict[int, str] = {}  # id(tensor) -> its safetensors key; the structure keeps tensors alive
+        self.shared = False  # whether some tensor was met twice
+        self._by_id: dict[int, str] = {}  # id(tensor) -> its safetensors key; the structure keeps tensors alive
+        # (address, shape, strides, dtype) of a tensor's host array -> its key: state_dict() returns a new
+        # detached Tensor per entry, so tied weights are found by their memory, not by object identity
+        self._by_memory: dict[tuple[Any, ...], str] = {}
+        self._alive: list[np.ndarray] = []  # host copies stay alive so no address is reused while encoding
+
+    def _tensor(self, t: Tensor, keys: list[Any]) -> str:
+        key = self._by_id.get(id(t))
+        if key is not None:
+            self.shared = True
+            return key
+        a = t.detach().numpy()
+        self._alive.append(a)
+        mem = (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+        key = self._by_memory.get(mem) if a.size else None
+        if key is None:
+            key = self._key([str(k) for k in keys])
+            self.arrays[key] = _rec._dense(a)
+            self._by_memory[mem] = key
+        else:
+            self.shared = True
+        self._by_id[id(t)] = key
+        return key
 
     def encode_at(self, obj: Any, keys: list[Any]) -> Any:
         where = _where("obj", keys)
@@ -63,12 +89,7 @@ class _Encoder(_rec._Encoder):
             raise ValueRangeError(f"save: {_where('obj', keys[:8])}... is nested deeper than the "
                                   f"{_rec.MAX_DEPTH} levels a file holds")
         if isinstance(obj, Tensor):
-            key = self._shared.get(id(obj))
-            if key is None:
-                key = self._key([str(k) for k in keys])
-                self.arrays[key] = _rec._to_host(obj, None)
-                self._shared[id(obj)] = key
-            return {_rec._T_TENSOR: key}
+            return {_rec._T_TENSOR: self._tensor(obj, keys)}
         if isinstance(obj, np.ndarray):
             if obj.dtype == object:
                 raise DTypeError(f"save: {where} is a numpy array of dtype object; {_STORABLE}")
@@ -149,18 +170,18 @@ def save(obj: Any, f: str | os.PathLike[str] | BinaryIO) -> None:
 def _encode(obj: Any) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The safetensors arrays and header metadata for ``obj`` (records' format; checked before any write)."""
     meta: dict[str, str] = {"format": "pt", _rec._VERSION: _rec.FORMAT_VERSION}
-    flat = _rec._is_flat(obj) and len({id(v) for v in obj.values()}) == len(obj)
-    if flat:  # a plain state dict: its own keys, readable by every safetensors reader
-        arrays = {k: _rec._to_host(v, None) for k, v in obj.items()}
+    enc = _Encoder()
+    structure = json.dumps(enc.encode_at(obj, []))
+    arrays = enc.arrays
+    if _rec._is_flat(obj) and not enc.shared and list(arrays) == list(obj):
+        # a plain state dict without shared tensors: its own keys, readable by every safetensors reader
         meta[_rec._KIND] = "state_dict"
         meta[_rec._KEYS] = json.dumps(list(arrays))  # safetensors sorts its header; keep the module's order
     else:
-        enc = _Encoder()
-        meta[_rec._STRUCTURE] = json.dumps(enc.encode_at(obj, []))
-        if _rec._json_depth(meta[_rec._STRUCTURE]) > _rec.MAX_DEPTH:  # tagged tuples/dicts add levels
+        if _rec._json_depth(structure) > _rec.MAX_DEPTH:  # tagged tuples/dicts add levels
             raise ValueRangeError(f"save: obj is nested deeper than the {_rec.MAX_DEPTH} levels a file holds")
         meta[_rec._KIND] = "nested"
-        arrays = enc.arrays
+        meta[_rec._STRUCTURE] = structure
     for k, a in arrays.items():
         if a.dtype.name not in _rec._ST_DTYPES:
             raise DTypeError(f"save: tensor {k!r} has dtype {a.dtype}, which safetensors cannot store")
