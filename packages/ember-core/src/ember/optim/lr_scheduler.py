@@ -479,19 +479,25 @@ class ProductLR(LRScheduler):
     ProductLR; it steps its members."""
 
     def __init__(self, optimizer: Optimizer, schedulers: Sequence[LRScheduler]) -> None:
-        _check_optimizer("ProductLR", optimizer)
+        name = type(self).__name__
+        _check_optimizer(name, optimizer)
         schedulers = list(schedulers)
         if not schedulers:
-            raise ValueRangeError("ProductLR: expects at least one scheduler")
+            raise ValueRangeError(f"{name}: expects at least one scheduler")
         for i, s in enumerate(schedulers):
             if not isinstance(s, LRScheduler):
-                raise DTypeError(f"ProductLR: schedulers[{i}] is {type(s).__name__}, not an LRScheduler")
+                raise DTypeError(f"{name}: schedulers[{i}] is {type(s).__name__}, not an LRScheduler")
             if isinstance(s, ProductLR):
-                raise ValueRangeError(f"ProductLR: schedulers[{i}] is itself a ProductLR; flatten the list")
+                raise ValueRangeError(f"{name}: schedulers[{i}] is itself a {type(s).__name__}; flatten the list")
+            if isinstance(s, ReduceLROnPlateau):
+                raise ValueRangeError(
+                    f"{name}: schedulers[{i}] is a ReduceLROnPlateau, which needs a metric in step() and has no "
+                    "closed form to multiply; step it separately"
+                )
             if s.optimizer is not optimizer:
                 raise ValueRangeError(
-                    f"ProductLR: schedulers[{i}] ({type(s).__name__}) is bound to a different optimizer than the "
-                    "one passed to ProductLR"
+                    f"{name}: schedulers[{i}] ({type(s).__name__}) is bound to a different optimizer than the "
+                    f"one passed to {name}"
                 )
         self._schedulers = schedulers
         self.optimizer = optimizer
@@ -516,6 +522,12 @@ class ProductLR(LRScheduler):
         for s in self._schedulers:
             s._last_lr = list(self._last_lr)
 
+    def _advance(self, epoch: Any) -> None:
+        # moved as a member of another composite (SequentialLR): the members follow
+        self.last_epoch = epoch
+        for s in self._schedulers:
+            s._advance(epoch)
+
     def state_dict(self) -> dict[str, Any]:
         sd = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
         sd["_schedulers"] = [s.state_dict() for s in self._schedulers]
@@ -532,7 +544,7 @@ class ProductLR(LRScheduler):
         members = state_dict.get("_schedulers") if isinstance(state_dict, Mapping) else None
         if isinstance(members, (list, tuple)) and len(members) != len(self._schedulers):
             raise ValueRangeError(
-                f"ProductLR.load_state_dict: saved state has {len(members)} schedulers, this one has "
+                f"{type(self).__name__}.load_state_dict: saved state has {len(members)} schedulers, this one has "
                 f"{len(self._schedulers)}"
             )
         sd = super()._checked(state_dict, param_groups)
@@ -540,11 +552,380 @@ class ProductLR(LRScheduler):
             try:
                 s.check_state_dict(m, param_groups)
             except ValueRangeError as e:
-                raise ValueRangeError(f"ProductLR.load_state_dict: _schedulers[{i}]: {e}") from None
+                raise ValueRangeError(f"{type(self).__name__}.load_state_dict: _schedulers[{i}]: {e}") from None
         return sd
 
     def _try_schedule(self, name: str, sd: dict[str, Any], param_groups: Sequence[Mapping[str, Any]] | None) -> None:
         pass  # the product's rates come from its members, each tried on its own
+
+
+class PolynomialLR(LRScheduler):
+    """Decay the learning rate polynomially to 0 over ``total_iters`` steps:
+    ``lr = base_lr * (1 - min(epoch, total_iters) / total_iters) ** power``."""
+
+    def __init__(self, optimizer: Optimizer, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1) -> None:
+        if not _is_int(total_iters) or total_iters <= 0:
+            raise ValueRangeError(f"PolynomialLR: total_iters must be a positive integer, got {total_iters!r}")
+        if not _is_number(power):
+            raise ValueRangeError(f"PolynomialLR: power must be a number, got {power!r}")
+        self.total_iters = total_iters
+        self.power = power
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        f = (1.0 - min(self.total_iters, self.last_epoch) / self.total_iters) ** self.power
+        return [base * f for base in self.base_lrs]
+
+
+class ChainedScheduler(ProductLR):
+    """PyTorch's ``ChainedScheduler(schedulers, optimizer=None)``: step several schedulers together, their effects
+    multiplied. Ember's schedulers are closed-form, so this is :class:`ProductLR` (``lr = base_lr * prod(factors)``),
+    which equals PyTorch's chained recurrences for its multiplicative schedulers (StepLR, MultiStepLR,
+    ExponentialLR, LinearLR, PolynomialLR, CosineAnnealingLR with eta_min=0, ...). Step only the chain."""
+
+    def __init__(self, schedulers: Sequence[LRScheduler], optimizer: Optimizer | None = None) -> None:
+        schedulers = list(schedulers)
+        if not schedulers:
+            raise ValueRangeError("ChainedScheduler: expects at least one scheduler to be chained, but got none")
+        if optimizer is None:
+            optimizer = getattr(schedulers[0], "optimizer", None)
+            if optimizer is None:
+                raise DTypeError(f"ChainedScheduler: schedulers[0] is {type(schedulers[0]).__name__}, not an "
+                                 "LRScheduler")
+        super().__init__(optimizer, schedulers)
+
+
+class SequentialLR(LRScheduler):
+    """Run ``schedulers[i]`` between ``milestones[i-1]`` and ``milestones[i]``; each starts from its own epoch 0 at
+    its milestone (e.g. a LinearLR warm-up, then a CosineAnnealingLR). Step only the SequentialLR."""
+
+    def __init__(self, optimizer: Optimizer, schedulers: Sequence[LRScheduler], milestones: Sequence[int],
+                 last_epoch: int = -1) -> None:
+        _check_optimizer("SequentialLR", optimizer)
+        schedulers = list(schedulers)
+        if not schedulers:
+            raise ValueRangeError("SequentialLR: expects at least one scheduler, but got no scheduler")
+        for i, s in enumerate(schedulers):
+            if not isinstance(s, LRScheduler):
+                raise DTypeError(f"SequentialLR: schedulers[{i}] is {type(s).__name__}, not an LRScheduler")
+            if isinstance(s, ReduceLROnPlateau):
+                raise ValueRangeError(
+                    "SequentialLR: does not support a ReduceLROnPlateau scheduler as it needs a metric in step(), "
+                    f"but got one at index {i}"
+                )
+            if s.optimizer is not optimizer:
+                raise ValueRangeError(
+                    f"SequentialLR: expects all schedulers to belong to the same optimizer, but schedulers[{i}] "
+                    f"({type(s).__name__}) is bound to a different one"
+                )
+        milestones = list(milestones)
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueRangeError(
+                "SequentialLR: expects one more scheduler than milestones, but got "
+                f"{len(schedulers)} schedulers and {len(milestones)} milestones"
+            )
+        if not all(_is_int(m) for m in milestones) or milestones != sorted(milestones):
+            raise ValueRangeError(f"SequentialLR: milestones must be increasing integers, got {milestones!r}")
+        self._schedulers = schedulers
+        self._milestones = milestones
+        self.optimizer = optimizer
+        self.base_lrs = list(schedulers[0].base_lrs)
+        self._step_count = 1
+        self.last_epoch = last_epoch + 1
+        self._advance(self.last_epoch)
+        self._set_lrs(self.get_lr())
+        self._active()._last_lr = list(self._last_lr)
+
+    def _active(self) -> LRScheduler:
+        return self._schedulers[bisect_right(self._milestones, self.last_epoch)]
+
+    def _advance(self, epoch: Any) -> None:
+        # closed form: the active scheduler sits at the epochs since its milestone (PyTorch restarts it with
+        # step(0) there and steps it once per epoch after)
+        self.last_epoch = epoch
+        idx = bisect_right(self._milestones, epoch)
+        self._schedulers[idx]._advance(epoch - (self._milestones[idx - 1] if idx > 0 else 0))
+
+    def get_lr(self) -> list[float]:
+        return self._active().get_lr()
+
+    def step(self, epoch: int | None = None) -> None:
+        """Advance one epoch (an explicit ``epoch`` jumps there)."""
+        self._step_count += 1
+        self._advance(self.last_epoch + 1 if epoch is None else epoch)
+        active = self._active()
+        active._step_count += 1
+        self._set_lrs(active.get_lr())
+        active._last_lr = list(self._last_lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        sd["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sd = self._checked(state_dict, None)
+        members = sd.pop("_schedulers")
+        self.__dict__.update(sd)
+        for s, m in zip(self._schedulers, members):
+            s.load_state_dict(m)
+
+    def _checked(self, state_dict: Any, param_groups: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+        members = state_dict.get("_schedulers") if isinstance(state_dict, Mapping) else None
+        if isinstance(members, (list, tuple)) and len(members) != len(self._schedulers):
+            raise ValueRangeError(f"SequentialLR.load_state_dict: saved state has {len(members)} schedulers, this "
+                                  f"one has {len(self._schedulers)}")
+        sd = super()._checked(state_dict, param_groups)
+        if list(sd["_milestones"]) != sorted(sd["_milestones"]) or not all(_is_int(m) for m in sd["_milestones"]):
+            raise ValueRangeError(f"SequentialLR.load_state_dict: '_milestones' is {sd['_milestones']!r}; expected "
+                                  "increasing integers")
+        for i, (s, m) in enumerate(zip(self._schedulers, sd["_schedulers"])):
+            try:
+                s.check_state_dict(m, param_groups)
+            except ValueRangeError as e:
+                raise ValueRangeError(f"SequentialLR.load_state_dict: _schedulers[{i}]: {e}") from None
+        return sd
+
+    def _try_schedule(self, name: str, sd: dict[str, Any], param_groups: Sequence[Mapping[str, Any]] | None) -> None:
+        pass  # the rates come from the members, each tried on its own
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """Multiply the learning rate by ``factor`` once a metric has stopped improving for ``patience`` epochs
+    (then wait ``cooldown`` epochs); never below ``min_lr``, and changes smaller than ``eps`` are skipped.
+    Call ``scheduler.step(metric)`` once per epoch."""
+
+    def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
+                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0,
+                 min_lr: float | list[float] = 0, eps: float = 1e-8) -> None:
+        if not _is_number(factor) or factor >= 1.0:
+            raise ValueRangeError(f"ReduceLROnPlateau: factor should be < 1.0, got {factor!r}")
+        _check_optimizer("ReduceLROnPlateau", optimizer)
+        self.factor = factor
+        self.optimizer = optimizer
+        if isinstance(min_lr, (list, tuple)):
+            if len(min_lr) != len(optimizer.param_groups):
+                raise ValueRangeError(f"ReduceLROnPlateau: expected {len(optimizer.param_groups)} min_lrs (one per "
+                                      f"parameter group), got {len(min_lr)}")
+            self.default_min_lr: float | None = None
+            self.min_lrs = list(min_lr)
+        else:
+            self.default_min_lr = min_lr
+            self.min_lrs = [min_lr] * len(optimizer.param_groups)
+        for key, v in (("patience", patience), ("cooldown", cooldown)):
+            if not _is_int(v) or v < 0:
+                raise ValueRangeError(f"ReduceLROnPlateau: {key} must be an integer >= 0, got {v!r}")
+        self.patience = patience
+        self.cooldown = cooldown
+        self.eps = eps
+        self.last_epoch = 0
+        self._last_lr = [group["lr"] for group in optimizer.param_groups]
+        self._init_is_better(mode, threshold, threshold_mode)
+        self._reset()
+
+    def _init_is_better(self, mode: str, threshold: float, threshold_mode: str) -> None:
+        if mode not in ("min", "max"):
+            raise ValueRangeError(f"ReduceLROnPlateau: mode {mode!r} is unknown; expected 'min' or 'max'")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueRangeError(f"ReduceLROnPlateau: threshold mode {threshold_mode!r} is unknown; expected 'rel' "
+                                  "or 'abs'")
+        self.mode_worse = math.inf if mode == "min" else -math.inf
+        self.mode = mode
+        self.threshold = threshold
+        self.threshold_mode = threshold_mode
+
+    def _reset(self) -> None:
+        self.best = self.mode_worse
+        self.cooldown_counter = 0
+        self.num_bad_epochs = 0
+
+    @property
+    def in_cooldown(self) -> bool:
+        """Whether the scheduler is waiting out ``cooldown`` epochs after a reduction."""
+        return self.cooldown_counter > 0
+
+    def is_better(self, a: float, best: float) -> bool:
+        """Whether metric ``a`` improves on ``best`` by more than the threshold (per mode and threshold_mode)."""
+        if self.mode == "min":
+            return a < best * (1.0 - self.threshold) if self.threshold_mode == "rel" else a < best - self.threshold
+        return a > best * (self.threshold + 1.0) if self.threshold_mode == "rel" else a > best + self.threshold
+
+    def get_lr(self) -> list[float]:
+        """The current learning rates (this scheduler has no closed form; ``step(metric)`` changes them)."""
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def step(self, metrics: Any, epoch: int | None = None) -> None:  # type: ignore[override]
+        """Record one epoch's metric (a number or one-element tensor) and reduce the rates if it plateaued."""
+        try:
+            current = float(metrics.item() if hasattr(metrics, "item") else metrics)
+        except (TypeError, ValueError):
+            raise DTypeError(f"ReduceLROnPlateau.step: metrics must be a number, got {type(metrics).__name__}"
+                             ) from None
+        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
+        if self.is_better(current, self.best):
+            self.best = current
+            self.num_bad_epochs = 0
+        else:
+            self.num_bad_epochs += 1
+        if self.in_cooldown:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0  # bad epochs during the cooldown do not count
+        if self.num_bad_epochs > self.patience:
+            self._reduce_lr()
+            self.cooldown_counter = self.cooldown
+            self.num_bad_epochs = 0
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def _reduce_lr(self) -> None:
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.min_lrs):
+            if self.default_min_lr is None:
+                raise ValueRangeError(
+                    f"ReduceLROnPlateau: the optimizer has {len(groups)} parameter groups but min_lr has "
+                    f"{len(self.min_lrs)} entries (a group was added after the scheduler was built); set "
+                    "scheduler.min_lrs to one value per group"
+                )
+            self.min_lrs = [self.default_min_lr] * len(groups)
+        for group, min_lr in zip(groups, self.min_lrs):
+            old_lr = float(group["lr"])
+            new_lr = max(old_lr * self.factor, min_lr)
+            if old_lr - new_lr > self.eps:
+                group["lr"] = new_lr
+
+    def _checked(self, state_dict: Any, param_groups: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+        name = "ReduceLROnPlateau.load_state_dict"
+        if not isinstance(state_dict, Mapping):
+            raise ValueRangeError(f"{name}: expected a dict, got {type(state_dict).__name__}")
+        own = self.state_dict()
+        missing, unexpected = sorted(set(own) - set(state_dict)), sorted(map(str, set(state_dict) - set(own)))
+        if missing or unexpected:
+            raise ValueRangeError(f"{name}: the state's keys do not match this scheduler's: missing {missing}, "
+                                  f"unexpected {unexpected}")
+        sd = {}
+        for k in own:
+            v = state_dict[k]
+            if k in ("best", "mode_worse"):  # +-inf before the first metric
+                if not _is_number(v) or math.isnan(v):
+                    raise ValueRangeError(f"{name}: {k!r} is {v!r:.80}; expected a number")
+                sd[k] = v
+            else:
+                sd[k] = _like(name, k, v, own[k])
+        for k in ("last_epoch", "patience", "cooldown", "cooldown_counter", "num_bad_epochs"):
+            if not _is_int(sd[k]) or sd[k] < 0:
+                raise ValueRangeError(f"{name}: {k!r} is {sd[k]!r}; expected an int >= 0")
+        if sd["mode"] not in ("min", "max") or sd["threshold_mode"] not in ("rel", "abs"):
+            raise ValueRangeError(f"{name}: mode {sd['mode']!r} / threshold_mode {sd['threshold_mode']!r} unknown")
+        if sd["factor"] >= 1.0:
+            raise ValueRangeError(f"{name}: 'factor' is {sd['factor']!r}; expected a value < 1.0")
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sd = self._checked(state_dict, None)
+        self.__dict__.update(sd)
+        self._init_is_better(self.mode, self.threshold, self.threshold_mode)
+
+
+class CyclicLR(LRScheduler):
+    """Cyclical learning rates (Smith 2017): the rate cycles between ``base_lr`` and ``max_lr`` (up over
+    ``step_size_up`` steps, down over ``step_size_down``), the amplitude scaled per cycle (``triangular``: constant,
+    ``triangular2``: halved each cycle) or per iteration (``exp_range``: ``gamma**iteration``), or by ``scale_fn``.
+    With ``cycle_momentum`` the momentum (or Adam's beta1) cycles inversely between ``max_momentum`` and
+    ``base_momentum``. Step it after every batch."""
+
+    def __init__(self, optimizer: Optimizer, base_lr: float | list[float], max_lr: float | list[float],
+                 step_size_up: int = 2000, step_size_down: int | None = None, mode: str = "triangular",
+                 gamma: float = 1.0, scale_fn: Callable[[float], float] | None = None, scale_mode: str = "cycle",
+                 cycle_momentum: bool = True, base_momentum: float | list[float] = 0.8,
+                 max_momentum: float | list[float] = 0.9, last_epoch: int = -1) -> None:
+        _check_optimizer("CyclicLR", optimizer)
+        self.optimizer = optimizer
+        base_lrs = _per_group("CyclicLR", "base_lr", optimizer, base_lr)
+        if last_epoch == -1:
+            for lr, group in zip(base_lrs, optimizer.param_groups):
+                group["lr"] = lr
+        self.max_lrs = _per_group("CyclicLR", "max_lr", optimizer, max_lr)
+        if not _is_number(step_size_up) or step_size_up <= 0:
+            raise ValueRangeError(f"CyclicLR: step_size_up must be a positive number, got {step_size_up!r}")
+        if step_size_down is not None and (not _is_number(step_size_down) or step_size_down < 0):
+            raise ValueRangeError(f"CyclicLR: step_size_down must be a number >= 0, got {step_size_down!r}")
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        self.total_size = up + down
+        self.step_ratio = up / self.total_size
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            raise ValueRangeError(f"CyclicLR: mode {mode!r} is invalid and scale_fn is None; expected 'triangular', "
+                                  "'triangular2' or 'exp_range', or a scale_fn")
+        if scale_fn is not None and not callable(scale_fn):
+            raise DTypeError(f"CyclicLR: scale_fn must be callable, got {type(scale_fn).__name__}")
+        if scale_mode not in ("cycle", "iterations"):
+            raise ValueRangeError(f"CyclicLR: scale_mode must be 'cycle' or 'iterations', got {scale_mode!r}")
+        self.mode = mode
+        self.gamma = gamma
+        self._scale_fn_custom = scale_fn
+        # the built-in modes fix the scale mode (as in PyTorch); a custom scale_fn uses the one given
+        self.scale_mode = scale_mode if scale_fn is not None else ("iterations" if mode == "exp_range" else "cycle")
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueRangeError(
+                    f"CyclicLR: optimizer {type(optimizer).__name__} must support momentum or beta1 with the "
+                    "`cycle_momentum` option enabled (pass cycle_momentum=False)"
+                )
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = _per_group("CyclicLR", "base_momentum", optimizer, base_momentum)
+            self.max_momentums = _per_group("CyclicLR", "max_momentum", optimizer, max_momentum)
+            if last_epoch == -1:
+                for mm, bm, group in zip(self.max_momentums, self.base_momentums, optimizer.param_groups):
+                    if self.use_beta1:
+                        group["betas"] = (mm, *group["betas"][1:])
+                    else:
+                        group["momentum"] = mm
+                    group["max_momentum"] = mm
+                    group["base_momentum"] = bm
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def scale_fn(self, x: float) -> float:
+        """The amplitude scale at cycle (or iteration) ``x``."""
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        if self.mode == "triangular":
+            return 1.0
+        if self.mode == "triangular2":
+            return 1 / (2.0 ** (x - 1))
+        return self.gamma**x
+
+    def get_lr(self) -> list[float]:
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle
+        scale_factor = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        scale = self.scale_fn(cycle if self.scale_mode == "cycle" else self.last_epoch)
+        lrs = [base + (mx - base) * scale_factor * scale for base, mx in zip(self.base_lrs, self.max_lrs)]
+        if self.cycle_momentum:
+            for group, bm, mm in zip(self.optimizer.param_groups, self.base_momentums, self.max_momentums):
+                momentum = mm - (mm - bm) * scale_factor * scale
+                if self.use_beta1:
+                    group["betas"] = (momentum, *group["betas"][1:])
+                else:
+                    group["momentum"] = momentum
+        return lrs
+
+    def state_dict(self) -> dict[str, Any]:
+        # a plain function is not saved; a callable object's attributes are (PyTorch's behaviour)
+        sd = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_scale_fn_custom")}
+        fn = self._scale_fn_custom
+        sd["_scale_fn_custom"] = None if fn is None or isinstance(fn, types.FunctionType) else dict(fn.__dict__)
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sd = self._checked(state_dict, None)
+        fn = sd.pop("_scale_fn_custom")
+        self.__dict__.update(sd)
+        if fn is not None and self._scale_fn_custom is not None:
+            self._scale_fn_custom.__dict__.update(fn)
+
+    def _try_schedule(self, name: str, sd: dict[str, Any], param_groups: Sequence[Mapping[str, Any]] | None) -> None:
+        super()._try_schedule(name, {k: v for k, v in sd.items() if k != "_scale_fn_custom"}, param_groups)
 
 
 __all__ = [
@@ -559,4 +940,9 @@ __all__ = [
     "OneCycleLR",
     "NoamLR",
     "ProductLR",
+    "PolynomialLR",
+    "ChainedScheduler",
+    "SequentialLR",
+    "ReduceLROnPlateau",
+    "CyclicLR",
 ]
