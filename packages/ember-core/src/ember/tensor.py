@@ -178,6 +178,33 @@ class Tensor:
             self._h = stack.detach(self._h)
         return self
 
+    @property
+    def data(self) -> Tensor:
+        """This tensor's data outside the gradient history (``torch.Tensor.data``): a detached tensor sharing its
+        memory, so ``p.data.add_(u)`` or ``m.weight.data.normal_()`` change ``p`` without being recorded."""
+        return self.detach()
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        """``p.data = t``: p holds t's data from now on (t's shape, dtype and device, sharing t's memory, as
+        torch), keeping its own identity: a leaf that required grad still does, and its ``.grad`` is kept when it
+        still fits (same shape, dtype and device; torch keeps it regardless, ember's ``.grad`` must fit)."""
+        if not isinstance(value, Tensor):
+            raise DTypeError(f"data: expected a Tensor, got {type(value).__name__}")
+        rg = self.requires_grad and self.is_leaf
+        if rg and not value._dtype.is_floating_point:
+            raise DTypeError(f"data: data set to a tensor that requires gradients must be floating point, got "
+                             f"{value._dtype}")
+        grad = self.grad
+        stack = value._device.stack
+        self._h = stack.detach(value._h) if stack.differentiable else value._h
+        self._dtype, self._device = value._dtype, value._device
+        if rg:
+            self.requires_grad_(True)
+        if grad is not None:
+            fits = grad.shape == self.shape and grad._dtype is self._dtype and grad._device == self._device
+            self.grad = grad if fits else None
+
     # -- conversion -----------------------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """The data as a numpy array (shares memory on host backends: those registered with ``host=True``)."""

@@ -114,7 +114,62 @@ def _caster(d: DType) -> Any:
     return f
 
 
-__all__ = ["clone"]
+#: torch's legacy tensor-type names (``torch.FloatTensor`` ...) by dtype; :func:`type_` spells them ``ember.*``
+_TYPE_NAMES: dict[DType, str] = {
+    dt.float32: "FloatTensor", dt.float64: "DoubleTensor", dt.float16: "HalfTensor", dt.bfloat16: "BFloat16Tensor",
+    dt.int64: "LongTensor", dt.int32: "IntTensor", dt.int16: "ShortTensor", dt.int8: "CharTensor",
+    dt.uint8: "ByteTensor", dt.bool_: "BoolTensor",
+}
+
+
+def _type_name(x: Tensor) -> str:
+    from ..device import is_host
+
+    # torch.FloatTensor on the CPU, torch.cuda.FloatTensor elsewhere: the host backend (decorated or not: the same
+    # memory) is bare, others name their kind
+    where = "" if is_host(x._device.base) else f"{x._device.type}."
+    return f"ember.{where}{_TYPE_NAMES[x._dtype]}"
+
+
+def _dtype_of_type_name(name: str) -> DType | None:
+    """The dtype a legacy type string names (``'ember.FloatTensor'``, ``'torch.LongTensor'``, ``'FloatTensor'``),
+    or None; a device part (``torch.cuda.FloatTensor``) is not a type string here."""
+    prefix, _, last = name.rpartition(".")
+    if prefix not in ("", "ember", "torch"):
+        return None
+    return next((d for d, n in _TYPE_NAMES.items() if n == last), None)
+
+
+def type_(self: Tensor, dtype: Any = None, non_blocking: bool = False) -> Any:
+    """``x.type()``: the legacy type string, ``'ember.FloatTensor'`` (torch's ``'torch.FloatTensor'``) on the host
+    backend (with any decorators) and ``'ember.<kind>.FloatTensor'`` (as ``'torch.cuda.FloatTensor'``) elsewhere.
+    ``x.type(dtype)``: x cast to dtype (a dtype, a dtype name or a type string such as ``'torch.DoubleTensor'``),
+    x itself when it already has it; devices change with ``.to(device)``."""
+    if dtype is None:
+        return _type_name(self)
+    if isinstance(dtype, str):
+        named = _dtype_of_type_name(dtype)
+        if named is None and not _is_dtype_name(dtype):
+            raise DTypeError(f"type: invalid type {dtype!r}: expected a dtype or a type string such as "
+                             f"'ember.FloatTensor' ({', '.join(sorted(_TYPE_NAMES.values()))}); move tensors "
+                             "between devices with .to(device)")
+        dtype = named or dtype
+    return _cast(self, dt.as_dtype(dtype))
+
+
+def is_tensor(obj: Any) -> bool:
+    """True when obj is an ember Tensor (a Parameter included), as ``torch.is_tensor``."""
+    return isinstance(obj, Tensor)
+
+
+def numel(input: Tensor) -> int:
+    """The number of elements of ``input`` (``torch.numel``)."""
+    if not isinstance(input, Tensor):
+        raise DTypeError(f"numel: expected a Tensor, got {type(input).__name__}")
+    return input.numel()
+
+
+__all__ = ["clone", "is_tensor", "numel"]
 
 TENSOR_METHODS: dict[str, Any] = {
     "to": to,
@@ -123,6 +178,7 @@ TENSOR_METHODS: dict[str, Any] = {
     "copy_": copy_,
     "fill_": fill_,
     "zero_": zero_,
+    "type": type_,
     "type_as": type_as,
     "cpu": cpu,
     "float": _caster(dt.float32),

@@ -390,8 +390,60 @@ def draw_seed() -> int:
     return _draw_seed()
 
 
+# -- Tensor.new_*: factories whose dtype and device default to an existing tensor's (torch.Tensor.new_zeros ...) -
+def _new_args(name: str, self: Tensor, dtype: Any, device: Any) -> tuple[DType, Device]:
+    if not isinstance(self, Tensor):
+        raise DTypeError(f"{name}: expected a Tensor, got {type(self).__name__}")
+    return (self._dtype if dtype is None else dt.as_dtype(dtype),
+            self._device if device is None else as_device(device))
+
+
+def new_zeros(self: Tensor, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Zeros of ``size`` (ints or one tuple) with self's dtype and device unless given (``Tensor.new_zeros``)."""
+    d, dev = _new_args("new_zeros", self, dtype, device)
+    return _filled("new_zeros", 0, size, d, dev, requires_grad)
+
+
+def new_ones(self: Tensor, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Ones of ``size`` (ints or one tuple) with self's dtype and device unless given (``Tensor.new_ones``)."""
+    d, dev = _new_args("new_ones", self, dtype, device)
+    return _filled("new_ones", 1, size, d, dev, requires_grad)
+
+
+def new_empty(self: Tensor, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """``Tensor.new_empty``: zero-filled, as :func:`empty`, so results never depend on stale memory."""
+    d, dev = _new_args("new_empty", self, dtype, device)
+    return _filled("new_empty", 0, size, d, dev, requires_grad)
+
+
+def new_full(self: Tensor, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
+             requires_grad: bool = False) -> Tensor:
+    """``fill_value`` in a tensor of ``size`` with self's dtype and device unless given (``Tensor.new_full``):
+    the dtype is self's even for an int or bool fill value, as torch."""
+    d, dev = _new_args("new_full", self, dtype, device)
+    return full(size, fill_value, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def new_tensor(self: Tensor, data: Any, *, dtype: Any = None, device: Any = None,
+               requires_grad: bool = False) -> Tensor:
+    """A copy of ``data`` (lists, scalars, arrays or tensors; never shared, never in a graph) with self's dtype
+    and device unless given (``Tensor.new_tensor``)."""
+    d, dev = _new_args("new_tensor", self, dtype, device)
+    if isinstance(data, Tensor):
+        data = data.detach()
+    return tensor(data, dtype=d, device=dev, requires_grad=requires_grad)
+
+
 __all__ = [
     "tensor", "as_tensor", "from_numpy", "from_dlpack", "full", "zeros", "ones", "empty", "zeros_like",
     "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "arange", "linspace",
     "logspace", "eye", "rand", "randn", "randint", "randperm", "manual_seed", "initial_seed", "seed", "draw_seed",
 ]
+
+TENSOR_METHODS: dict[str, Any] = {
+    "new_zeros": new_zeros,
+    "new_ones": new_ones,
+    "new_empty": new_empty,
+    "new_full": new_full,
+    "new_tensor": new_tensor,
+}
