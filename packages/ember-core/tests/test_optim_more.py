@@ -187,3 +187,21 @@ def test_unsupported_optimizers_name_the_alternative() -> None:
 def test_exported() -> None:
     for name in ("Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "SparseAdam", "LBFGS"):
         assert name in ember.optim.__all__ and getattr(ember.optim, name).__name__ == name
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[8], CASES[12], CASES[14]], ids=lambda c: _id(c))
+def test_on_autodiff_device_params_stay_leaves(case: tuple) -> None:
+    cls, kwargs = case
+    ad = ember.Device.flex().autodiff()
+    init, grads = _data(7)
+    ep = [nn.Parameter(ember.tensor(a, device=ad)) for a in init]
+    tp = [torch.tensor(a, requires_grad=True) for a in init]
+    eo, to = cls(ep, **kwargs), getattr(torch.optim, cls.__name__)(tp, **kwargs)
+    for step in range(6):
+        for p, t, g in zip(ep, tp, grads[step]):
+            p.grad, t.grad = ember.tensor(g, device=ad), torch.tensor(g)
+        eo.step()
+        to.step()
+    for p, t in zip(ep, tp):
+        assert p.is_leaf and p.requires_grad and p.device is ad
+        np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=1e-10, atol=1e-12)
