@@ -861,3 +861,25 @@ def test_save_refuses_structures_load_would_refuse(tmp_path: Path) -> None:
     with pytest.raises(ValueRangeError, match="deeper than"):
         records.save({"t": tuples}, tmp_path / "d.safetensors")
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_safetensors_file_without_its_suffix_is_told_from_a_torch_file_by_its_header(tmp_path: Any) -> None:
+    """Regression: a header length whose first byte is 0x80 (384 bytes, say) looked like a pickle's protocol byte,
+    so a suffix-less safetensors file was handed to torch."""
+    from safetensors.numpy import save_file
+
+    from ember.records import import_torch_weights
+
+    arr = np.arange(6, dtype=np.float32).reshape(2, 3)
+    path = tmp_path / "weights"  # no suffix (.bin would say torch)
+    for pad in range(400):  # grow the metadata until the header length's low byte is 0x80
+        save_file({"w": arr}, str(path), metadata={"pad": "x" * pad})
+        if path.read_bytes()[0] == 0x80:
+            break
+    else:
+        pytest.fail("no padding gave a header length with low byte 0x80")
+    out = import_torch_weights(path)
+    np.testing.assert_array_equal(out["w"].numpy(), arr)
+    (tmp_path / "junk").write_bytes(b"PK\x03\x04" + bytes(20))
+    with pytest.raises(ember.EmberError):
+        import_torch_weights(tmp_path / "junk")

@@ -680,8 +680,12 @@ def _is_safetensors_file(path: str) -> bool:
         return False
     with open(path, "rb") as f:
         head = f.read(9)
-    # torch.save writes a zip archive ("PK") or, in the legacy format, a pickle (protocol byte 0x80)
-    return not (head[:2] == b"PK" or head[:1] == b"\x80") and len(head) == 9 and head[8:9] == b"{"
+    # safetensors starts with its header's length (8 bytes, little-endian) and the header's "{"; torch.save writes
+    # a zip archive ("PK", then a compression method where the "{" would be) or a pickle. The length is checked
+    # against the file's size, not its first byte: a header of 384 bytes starts with 0x80, as a pickle does
+    if len(head) != 9 or head[8:9] != b"{":
+        return False
+    return 0 < int.from_bytes(head[:8], "little") <= os.path.getsize(path) - 8
 
 
 def import_torch_weights(path: str | os.PathLike[str], *, key_map: KeyMap | None = None, device: Any = None,
