@@ -863,7 +863,7 @@ def test_save_refuses_structures_load_would_refuse(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-def test_a_safetensors_file_without_its_suffix_is_told_from_a_torch_file_by_its_header(tmp_path: Any) -> None:
+def test_a_safetensors_file_without_its_suffix_is_told_from_a_torch_file_by_its_header(tmp_path: Path) -> None:
     """Regression: a header length whose first byte is 0x80 (384 bytes, say) looked like a pickle's protocol byte,
     so a suffix-less safetensors file was handed to torch."""
     from safetensors.numpy import save_file
