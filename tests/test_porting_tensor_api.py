@@ -183,3 +183,32 @@ def test_is_tensor_and_numel() -> None:
     assert ember.numel(ember.zeros(0, 5)) == 0 and ember.numel(ember.tensor(3.0)) == 1
     with pytest.raises(DTypeError, match="numel: expected a Tensor, got list"):
         ember.numel([1, 2])  # type: ignore[arg-type]
+
+
+# -- device mismatches say how to fix them (issue 16, item 9) -------------------------------------------------
+def test_module_state_on_another_device_names_model_to() -> None:
+    ad = ember.Device.parse("flex+autodiff")
+    x = ember.ones(2, 3, device=ad)
+    lin = ember.nn.Linear(3, 2)  # on the host device, the inputs on flex+autodiff
+    with pytest.raises(ember.DeviceError, match=r"^linear: expected 'weight' on device flex\+autodiff, got flex; "
+                       r"call model\.to\('flex\+autodiff'\) on the module holding it .*\.to\('flex'\)$"):
+        lin(x)
+    lin.to("flex+autodiff")  # the fix the message names works
+    assert lin(x).shape == (2, 2)
+    emb = ember.nn.Embedding(4, 2)
+    with pytest.raises(ember.DeviceError, match=r"^embedding: expected 'weight' .*model\.to\('flex\+autodiff'\)"):
+        emb(ember.tensor([0, 3], device=ad))
+    bn = ember.nn.BatchNorm1d(3)
+    with pytest.raises(ember.DeviceError, match=r"batch_norm: expected '\w+' .*model\.to\('flex\+autodiff'\)"):
+        bn(x)
+
+
+def test_other_arguments_on_another_device_name_to() -> None:
+    ad = ember.Device.parse("flex+autodiff")
+    F = ember.nn.functional
+    for call, op in ((lambda: F.mse_loss(ember.ones(2), ember.ones(2, device=ad)), "mse_loss"),
+                     (lambda: F.cross_entropy(ember.ones(2, 3), ember.tensor([0, 1], device=ad)), "cross_entropy"),
+                     (lambda: F.binary_cross_entropy(ember.ones(2), ember.ones(2, device=ad)), "binary_cross_entropy")):
+        with pytest.raises(ember.DeviceError, match=rf"^{op}: expected 'target' on device flex, got flex\+autodiff; "
+                           r"move one with \.to\(device\), e\.g\. target\.to\('flex'\)$"):
+            call()

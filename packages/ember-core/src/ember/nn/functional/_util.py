@@ -31,11 +31,24 @@ def check_float(x: Any, op: str, name: str = "input") -> Tensor:
     return x
 
 
+def device_mismatch(op: str, name: str, expected: Tensor, got: Tensor) -> DeviceError:
+    """The DeviceError for argument ``name`` on another device than the input's, saying how to fix it: a
+    module's state (a weight, bias, running statistic) moves with ``model.to(device)``, anything else with
+    ``.to(device)``; both name the device to move to."""
+    want, have = expected._device, got._device
+    if name.endswith(("weight", "bias")) or name.startswith("running_"):
+        fix = (f"call model.to('{want}') on the module holding it (the inputs' device), or move the inputs with "
+               f".to('{have}')")
+    else:
+        fix = f"move one with .to(device), e.g. {name}.to('{want}')"
+    return DeviceError(f"{op}: expected '{name}' on device {want}, got {have}; {fix}")
+
+
 def check_like(x: Tensor, other: Any, op: str, name: str, shape: tuple[int, ...] | None = None) -> Tensor:
     """other must be a Tensor on x's device with x's dtype (and the given shape when one is given)."""
     check_tensor(other, op, name)
     if other._device is not x._device:
-        raise DeviceError(f"{op}: expected '{name}' on device {x._device}, got {other._device}")
+        raise device_mismatch(op, name, x, other)
     if other._dtype is not x._dtype:
         raise DTypeError(f"{op}: expected '{name}' to have dtype {x._dtype.name} like the input, got "
                          f"{other._dtype.name}")

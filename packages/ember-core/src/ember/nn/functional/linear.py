@@ -6,7 +6,7 @@ from ... import dtypes as dt
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...ops import nn as _nn
 from ...tensor import Tensor
-from ._util import check_float, check_like, check_tensor, is_int
+from ._util import check_float, check_like, check_tensor, device_mismatch, is_int
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -67,9 +67,7 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max
         raise ShapeError(f"{op}: expected weight with 2 dims (num_embeddings, embedding_dim), got shape "
                          f"{weight.shape}")
     if input._device is not weight._device:
-        from ...errors import DeviceError
-
-        raise DeviceError(f"{op}: indices are on {input._device} but weight is on {weight._device}")
+        raise device_mismatch(op, "weight", input, weight)
     num = weight.shape[0]
     if padding_idx is not None:
         if not is_int(padding_idx) or not -num <= padding_idx < num:

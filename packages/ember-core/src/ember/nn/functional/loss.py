@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from ... import dtypes as dt
-from ...errors import DeviceError, DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
+from ...errors import DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
 from ...ops import nn as _nn
 from ...shapes import broadcast_shapes, norm_dim
 from ...tensor import Tensor
-from ._util import check_float, check_like, check_reduction, check_tensor
+from ._util import check_float, check_like, check_reduction, check_tensor, device_mismatch
 
 
 def _pair(op: str, input: Any, target: Any, same_shape: bool = False,
@@ -27,9 +27,7 @@ def _pair(op: str, input: Any, target: Any, same_shape: bool = False,
         check_float(input, op)
         check_float(target, op, "target")
     if target._device is not input._device:
-        from ...errors import DeviceError
-
-        raise DeviceError(f"{op}: input is on {input._device} but target is on {target._device}")
+        raise device_mismatch(op, "target", input, target)
     if same_shape:
         if target.shape != input.shape:
             raise ShapeError(f"{op}: target size {target.shape} must be the same as input size {input.shape}")
@@ -159,7 +157,7 @@ def _class_target(op: str, input: Tensor, target: Tensor, weight: Tensor | None,
         raise DTypeError(f"{op}: expected target of dtype int64 or uint8 (class indices) or a floating dtype "
                          f"(class probabilities), got {target._dtype.name}")
     if target._device is not input._device:
-        raise DeviceError(f"{op}: input is on {input._device} but target is on {target._device}")
+        raise device_mismatch(op, "target", input, target)
     if target._dtype is dt.uint8:  # compared with a negative ignore_index below
         target = _nn.cast(target, dt.int64)
     c = input.shape[1] if input.ndim >= 2 else input.shape[0]
@@ -214,7 +212,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
             raise ShapeError(f"{op}: class-probability target must have the input's shape {input.shape}, "
                              f"got {target.shape}")
         if target._device is not input._device:
-            raise DeviceError(f"{op}: input is on {input._device} but target is on {target._device}")
+            raise device_mismatch(op, "target", input, target)
         if ignore_index >= 0:  # torch: a negative ignore_index (the default -100) is simply unused here
             raise UnsupportedError(f"{op}: ignore_index is not supported for class-probability (floating point) "
                                    f"targets, got ignore_index={ignore_index}")
@@ -224,7 +222,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
         if weight is not None:
             check_tensor(weight, op, "weight")
             if weight._device is not input._device:
-                raise DeviceError(f"{op}: expected 'weight' on device {input._device}, got {weight._device}")
+                raise device_mismatch(op, "weight", input, weight)
             if weight.shape != (c,):
                 raise ShapeError(f"{op}: expected 'weight' of shape {(c,)}, got shape {weight.shape}")
             d = dt.promote_types(d, weight._dtype)
