@@ -18,13 +18,14 @@ from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .adamax import Adamax
 from .asgd import ASGD
+from .lbfgs import LBFGS
 from .lion import Lion
 from .nadam import NAdam
 from .optimizer import Optimizer
 from .radam import RAdam
 from .rmsprop import RMSprop
 from .sgd import SGD
-from .unsupported import LBFGS, SparseAdam
+from .unsupported import SparseAdam
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Lion", "Adadelta", "Adamax", "NAdam", "RAdam",
            "ASGD", "SparseAdam", "LBFGS", "lr_scheduler", "param_groups"]

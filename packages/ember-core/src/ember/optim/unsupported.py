@@ -1,6 +1,5 @@
-"""``SparseAdam`` and ``LBFGS``: PyTorch optimizers ember does not provide; constructing one raises
-UnsupportedError naming what to use instead (the names exist so a port fails with that message, not an
-AttributeError)."""
+"""``SparseAdam``: a PyTorch optimizer ember does not provide; constructing one raises UnsupportedError naming
+what to use instead (the name exists so a port fails with that message, not an AttributeError)."""
 
 from __future__ import annotations
 
@@ -23,16 +22,3 @@ class SparseAdam(Optimizer):
             "dense gradients instead"
         )
 
-
-class LBFGS(Optimizer):
-    """Not supported yet: the closure-driven quasi-Newton method (``torch.optim.LBFGS``). Use a first-order
-    optimizer such as :class:`ember.optim.Adam`, or run L-BFGS on NumPy arrays (e.g.
-    ``scipy.optimize.minimize(method="L-BFGS-B")``) with gradients from ``ember.autograd``."""
-
-    def __init__(self, params: Any, lr: float = 1, max_iter: int = 20, max_eval: int | None = None,
-                 tolerance_grad: float = 1e-7, tolerance_change: float = 1e-9, history_size: int = 100,
-                 line_search_fn: str | None = None) -> None:
-        raise UnsupportedError(
-            "LBFGS: not implemented in ember; use a first-order optimizer (ember.optim.Adam, ember.optim.SGD), or "
-            "scipy.optimize.minimize(method='L-BFGS-B') with the loss and gradients computed by ember"
-        )
