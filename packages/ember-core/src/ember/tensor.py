@@ -205,6 +205,45 @@ class Tensor:
             fits = grad.shape == self.shape and grad._dtype is self._dtype and grad._device == self._device
             self.grad = grad if fits else None
 
+    # -- factories and casts of ported code (torch.Tensor.new_zeros, .type): Tensor's own methods, as numel --------
+    def new_zeros(self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """Zeros of ``size`` (ints or one tuple) with this tensor's dtype and device unless given."""
+        from .ops.creation import new_zeros
+
+        return new_zeros(self, *size, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_ones(self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """Ones of ``size`` (ints or one tuple) with this tensor's dtype and device unless given."""
+        from .ops.creation import new_ones
+
+        return new_ones(self, *size, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_empty(self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """A tensor of ``size`` with this tensor's dtype and device unless given; zero-filled, as ``empty``."""
+        from .ops.creation import new_empty
+
+        return new_empty(self, *size, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
+                 requires_grad: bool = False) -> Tensor:
+        """``fill_value`` in a tensor of ``size`` with this tensor's dtype and device unless given."""
+        from .ops.creation import new_full
+
+        return new_full(self, size, fill_value, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_tensor(self, data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """A copy of ``data`` (outside any graph) with this tensor's dtype and device unless given."""
+        from .ops.creation import new_tensor
+
+        return new_tensor(self, data, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def type(self, dtype: Any = None, non_blocking: bool = False) -> Any:
+        """No argument: the legacy type string (``'ember.FloatTensor'``, torch's ``'torch.FloatTensor'``); with a
+        dtype, dtype name or type string: this tensor cast to it (see :func:`ember.ops.conversion.type_`)."""
+        from .ops.conversion import type_
+
+        return type_(self, dtype, non_blocking)
+
     # -- conversion -----------------------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """The data as a numpy array (shares memory on host backends: those registered with ``host=True``)."""

@@ -178,7 +178,6 @@ TENSOR_METHODS: dict[str, Any] = {
     "copy_": copy_,
     "fill_": fill_,
     "zero_": zero_,
-    "type": type_,
     "type_as": type_as,
     "cpu": cpu,
     "float": _caster(dt.float32),

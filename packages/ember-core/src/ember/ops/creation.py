@@ -390,7 +390,8 @@ def draw_seed() -> int:
     return _draw_seed()
 
 
-# -- Tensor.new_*: factories whose dtype and device default to an existing tensor's (torch.Tensor.new_zeros ...) -
+# -- Tensor.new_*: factories whose dtype and device default to an existing tensor's (torch.Tensor.new_zeros ...);
+# Tensor's own methods (like numel and detach, they are no ops of the registry) call these --------------------
 def _new_args(name: str, self: Tensor, dtype: Any, device: Any) -> tuple[DType, Device]:
     if not isinstance(self, Tensor):
         raise DTypeError(f"{name}: expected a Tensor, got {type(self).__name__}")
@@ -440,10 +441,3 @@ __all__ = [
     "logspace", "eye", "rand", "randn", "randint", "randperm", "manual_seed", "initial_seed", "seed", "draw_seed",
 ]
 
-TENSOR_METHODS: dict[str, Any] = {
-    "new_zeros": new_zeros,
-    "new_ones": new_ones,
-    "new_empty": new_empty,
-    "new_full": new_full,
-    "new_tensor": new_tensor,
-}
