@@ -585,7 +585,9 @@ def _apply_global_seed(stack: Any) -> None:
     with _lock:
         if id(backend) in _seeded_backends:
             return
-        stack.seed(_global_seed)
+        # the backend itself: every decoration shares its stream, and seed is a required primitive of backends only
+        # (a minimal decorator need not forward it)
+        backend.seed(_global_seed)
         _seeded_backends[id(backend)] = backend
 
 
