@@ -387,6 +387,22 @@ def _gen_lerp(g: G) -> Case:
 
 
 op("lerp", _gen_lerp, lambda ns, a, b, w: ns.m.lerp(a, b, w), grad=True)
+op("lerp_", _gen_lerp, lambda ns, a, b, w: (a.lerp_(b, w), a))
+
+
+def _gen_addc(g: G) -> Case:
+    x = g.arr(grad=True)
+    kw = {"value": g.pick((1, 0.5, -2, 3.0))} if g.chance(0.7) else {}
+    return Case((x, g.arr(g.broadcastable(x.data.shape), grad=True), g.arr(g.broadcastable(x.data.shape), grad=True)),
+                kw)
+
+
+# addcdiv's gradients are not fuzzed: torch's backward fails when tensor2 is an integer tensor (it casts a float
+# gradient to tensor2's dtype), where ember's differentiates the composition's div
+for _name, _grad in (("addcmul", True), ("addcdiv", False)):
+    op(_name, _gen_addc, (lambda n: lambda ns, a, b, c, **kw: getattr(ns.m, n)(a, b, c, **kw))(_name), grad=_grad)
+    op(_name + "_", _gen_addc,
+       (lambda n: lambda ns, a, b, c, **kw: (getattr(a, n + "_")(b, c, **kw), a))(_name))
 
 
 def _gen_nan_to_num(g: G) -> Case:

@@ -251,15 +251,70 @@ def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A
     return Tensor._make(h, rdt, dev)
 
 
-def clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
-    r = clamp(self, min, max)
+def _write_inplace(self: Tensor, r: Tensor, op: str) -> Tensor:
+    """Store r, an op's out-of-place result, into self as PyTorch's in-place twin does: r's dtype must cast to
+    self's (PyTorch's can_cast) and r's shape must be self's (no broadcasting of the target)."""
     if r._dtype is not self._dtype and not dt.can_cast(r._dtype, self._dtype):
-        raise DTypeError(f"clamp_: result type {r._dtype.name} can't be cast to the desired output type "
+        raise DTypeError(f"{op}: result type {r._dtype.name} can't be cast to the desired output type "
                          f"{self._dtype.name}")
     if r.shape != self.shape:
-        raise ShapeError(f"clamp_: output with shape {self.shape} doesn't match the broadcast shape {r.shape}")
-    return write_result(self, r._h if r._dtype is self._dtype else self._device.stack.cast(r._h, self._dtype),
-                        "clamp_")
+        raise ShapeError(f"{op}: output with shape {self.shape} doesn't match the broadcast shape {r.shape}")
+    return write_result(self, r._h if r._dtype is self._dtype else self._device.stack.cast(r._h, self._dtype), op)
+
+
+def clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+    return _write_inplace(self, clamp(self, min, max), "clamp_")
+
+
+def lerp_(self: Tensor, end: Tensor, weight: Any) -> Tensor:
+    """lerp in place."""
+    return _write_inplace(self, lerp(self, end, weight), "lerp_")
+
+
+def _addc(op: str, input: Tensor, tensor1: Tensor, tensor2: Tensor, value: Any) -> Tensor:
+    """input + value * (tensor1 op tensor2) in the three tensors' promoted dtype; value is cast to it (PyTorch
+    truncates a float value for integer tensors)."""
+    for name, t in (("input", input), ("tensor1", tensor1), ("tensor2", tensor2)):
+        if not isinstance(t, Tensor):
+            raise DTypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__} {t!r}")
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DTypeError(f"{op}: value must be a number, got {type(value).__name__} {value!r}")
+    kind = "div" if op == "addcdiv" else "mul"
+    if kind == "div" and not (tensor1._dtype.is_floating_point or tensor2._dtype.is_floating_point):
+        raise DTypeError(f"{op}: integer division of tensor1 ({tensor1._dtype.name}) by tensor2 "
+                         f"({tensor2._dtype.name}) is not supported, as in PyTorch; cast one to a floating dtype")
+    rd = dt.result_type(input, tensor1, tensor2)
+    if rd is dt.bool_:
+        raise DTypeError(f"{op}: not implemented for bool tensors")
+    if not rd.is_floating_point:
+        value = int(value)
+    q = binary(kind, tensor1.to(rd), tensor2.to(rd))
+    if value != 1:
+        q = binary("mul", q, value)
+    return binary("add", input.to(rd), q)
+
+
+def addcmul(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: Any = 1) -> Tensor:
+    """``input + value * tensor1 * tensor2`` (``torch.addcmul``), broadcast, in the promoted dtype; bool refused."""
+    return _addc("addcmul", input, tensor1, tensor2, value)
+
+
+def addcdiv(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: Any = 1) -> Tensor:
+    """``input + value * tensor1 / tensor2`` (``torch.addcdiv``); tensor1 or tensor2 must be floating, as in
+    PyTorch."""
+    return _addc("addcdiv", input, tensor1, tensor2, value)
+
+
+def addcmul_(self: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: Any = 1) -> Tensor:
+    """addcmul in place (optimizers' ``exp_avg_sq.mul_(b2).addcmul_(g, g, value=1 - b2)``)."""
+    return _write_inplace(self, addcmul(self, tensor1, tensor2, value=value), "addcmul_")
+
+
+def addcdiv_(self: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: Any = 1) -> Tensor:
+    """addcdiv in place (``p.addcdiv_(exp_avg, denom, value=-lr)``)."""
+    return _write_inplace(self, addcdiv(self, tensor1, tensor2, value=value), "addcdiv_")
 
 
 def clamp_min(input: Tensor, min: Any) -> Tensor:  # noqa: A002
@@ -459,6 +514,9 @@ def equal(input: Tensor, other: Tensor) -> bool:
 
 # in-place twins whose out-of-place op takes extra arguments (alpha, rounding_mode, bounds)
 _INPLACE_CUSTOM: dict[str, Any] = {
+    "lerp_": lerp_,
+    "addcmul_": addcmul_,
+    "addcdiv_": addcdiv_,
     "relu_": relu_,
     "add_": lambda self, other, *, alpha=1: inplace_binary("add", self, _scaled("add_", self, other, alpha)),
     "sub_": lambda self, other, *, alpha=1: inplace_binary("sub", self, _scaled("sub_", self, other, alpha)),
