@@ -76,3 +76,27 @@ def test_refusals_are_typed_and_name_the_op() -> None:
     for args in ((torch.tensor([1.0, 2, 3]), torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3])),):
         with pytest.raises(RuntimeError):  # torch refuses the same integer division
             torch.addcdiv(*args)
+
+
+def test_inference_mode_is_no_grad_in_every_form() -> None:
+    dev = Device.parse("flex+autodiff")
+    x = ember.ones(2, device=dev, requires_grad=True)
+    with ember.inference_mode():
+        assert not ember.is_grad_enabled() and not (x * 2).requires_grad
+    assert ember.is_grad_enabled()
+
+    @ember.inference_mode
+    def bare(a: Any) -> Any:
+        return a * 2
+
+    @ember.inference_mode()
+    def called(a: Any) -> Any:
+        return a * 2
+
+    assert not bare(x).requires_grad and not called(x).requires_grad and bare.__name__ == "bare"
+    with ember.inference_mode(False):
+        assert (x * 2).requires_grad  # mode=False leaves grad mode on, as torch
+    with ember.no_grad(), ember.inference_mode(False):
+        assert not ember.is_grad_enabled()  # ... and off where it was off
+    with torch.inference_mode(False), torch.no_grad():
+        assert not torch.is_grad_enabled()  # the same rule in torch

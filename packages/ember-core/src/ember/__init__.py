@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import autograd, dtypes
-from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .device import Device, default_device, set_default_device
 from .dtypes import (
     DType,

@@ -83,6 +83,39 @@ class enable_grad(_GradModeContext):
     _mode = True
 
 
+class inference_mode(_GradModeContext):
+    """``torch.inference_mode``: a context manager and decorator (``@inference_mode`` or ``@inference_mode()``)
+    inside which ops record no gradient history. ``mode=False`` leaves grad mode as it is.
+
+    In ember this is ``no_grad``: a stack records nothing it need not, so there is no faster mode to switch to, and
+    tensors made inside are ordinary tensors (PyTorch's "inference tensors" refuse later use in autograd; these
+    do not)."""
+
+    def __new__(cls, mode: Any = True) -> Any:
+        if callable(mode) and not isinstance(mode, bool):  # the bare decorator: @inference_mode
+            return cls(True)(mode)
+        return super().__new__(cls)
+
+    def __init__(self, mode: bool = True) -> None:
+        self._on = bool(mode)
+
+    def __enter__(self) -> inference_mode:
+        self._prev = GRAD_MODE.enabled
+        if self._on:
+            GRAD_MODE.enabled = False
+        return self
+
+    def __call__(self, fn: F) -> F:
+        on = self._on
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with inference_mode(on):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
 def _stack_of(op: str, tensors: Sequence[Any]) -> Any:
     dev = tensors[0]._device
     for t in tensors[1:]:
