@@ -290,10 +290,10 @@ def _addc(op: str, input: Tensor, tensor1: Tensor, tensor2: Tensor, value: Any) 
         raise DTypeError(f"{op}: not implemented for bool tensors")
     if not rd.is_floating_point:
         value = int(value)
-    q = binary(kind, tensor1.to(rd), tensor2.to(rd))
-    if value != 1:
-        q = binary("mul", q, value)
-    return binary("add", input.to(rd), q)
+    t1 = tensor1.to(rd)
+    if value != 1:  # PyTorch's order, value * tensor1 first: the same rounding
+        t1 = binary("mul", t1, value)
+    return binary("add", input.to(rd), binary(kind, t1, tensor2.to(rd)))
 
 
 def addcmul(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: Any = 1) -> Tensor:

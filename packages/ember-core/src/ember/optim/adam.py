@@ -7,7 +7,7 @@ from typing import Any
 from ..ops.creation import zeros_like
 from ..ops.pointwise import maximum
 from ..tensor import Tensor
-from .optimizer import Optimizer, _check_betas, _check_range, addcdiv_, addcmul_, lerp_
+from .optimizer import Optimizer, _check_adam_group, addcdiv_, addcmul_, lerp_
 
 
 class Adam(Optimizer):
@@ -25,11 +25,7 @@ class Adam(Optimizer):
         super().__init__(params, defaults)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
-        op = type(self).__name__
-        _check_range(op, "learning rate (lr)", group["lr"])
-        _check_range(op, "epsilon value (eps)", group["eps"])
-        _check_betas(op, group["betas"])
-        _check_range(op, "weight_decay value", group["weight_decay"])
+        _check_adam_group(type(self).__name__, group)
 
     def _state_keys(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())

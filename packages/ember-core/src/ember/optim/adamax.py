@@ -7,7 +7,7 @@ from typing import Any
 from ..ops.creation import zeros_like
 from ..ops.pointwise import maximum
 from ..tensor import Tensor
-from .optimizer import Optimizer, _check_betas, _check_range, addcdiv_, lerp_
+from .optimizer import Optimizer, _check_adam_group, addcdiv_, lerp_
 
 
 class Adamax(Optimizer):
@@ -22,10 +22,7 @@ class Adamax(Optimizer):
         super().__init__(params, defaults)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
-        _check_range("Adamax", "learning rate (lr)", group["lr"])
-        _check_range("Adamax", "epsilon value (eps)", group["eps"])
-        _check_betas("Adamax", group["betas"])
-        _check_range("Adamax", "weight_decay value", group["weight_decay"])
+        _check_adam_group("Adamax", group)
 
     def _state_keys(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("step", "exp_avg", "exp_inf")

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..ops.creation import zeros_like
 from ..tensor import Tensor
-from .optimizer import Optimizer, _check_betas, _check_range, addcdiv_, addcmul_, lerp_
+from .optimizer import Optimizer, _check_adam_group, _check_range, addcdiv_, addcmul_, lerp_
 
 
 class NAdam(Optimizer):
@@ -27,10 +27,7 @@ class NAdam(Optimizer):
         super().__init__(params, defaults)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
-        _check_range("NAdam", "learning rate (lr)", group["lr"])
-        _check_range("NAdam", "epsilon value (eps)", group["eps"])
-        _check_betas("NAdam", group["betas"])
-        _check_range("NAdam", "weight_decay value", group["weight_decay"])
+        _check_adam_group("NAdam", group)
         _check_range("NAdam", "momentum_decay value", group["momentum_decay"])
 
     def _state_keys(self, group: dict[str, Any]) -> tuple[str, ...]:

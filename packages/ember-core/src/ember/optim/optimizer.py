@@ -51,6 +51,14 @@ def _check_betas(op: str, betas: Any) -> None:
         _check_range(op, f"beta parameter at index {i} (betas[{i}])", b, 0.0, 1.0)
 
 
+def _check_adam_group(op: str, group: dict[str, Any]) -> None:
+    """The hyper-parameters the Adam family shares (lr, eps, betas, weight_decay), checked as PyTorch does."""
+    _check_range(op, "learning rate (lr)", group["lr"])
+    _check_range(op, "epsilon value (eps)", group["eps"])
+    _check_betas(op, group["betas"])
+    _check_range(op, "weight_decay value", group["weight_decay"])
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

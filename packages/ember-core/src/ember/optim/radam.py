@@ -6,7 +6,7 @@ from typing import Any
 
 from ..ops.creation import zeros_like
 from ..tensor import Tensor
-from .optimizer import Optimizer, _check_betas, _check_range, addcmul_, lerp_
+from .optimizer import Optimizer, _check_adam_group, addcmul_, lerp_
 
 
 class RAdam(Optimizer):
@@ -23,10 +23,7 @@ class RAdam(Optimizer):
         super().__init__(params, defaults)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
-        _check_range("RAdam", "learning rate (lr)", group["lr"])
-        _check_range("RAdam", "epsilon value (eps)", group["eps"])
-        _check_betas("RAdam", group["betas"])
-        _check_range("RAdam", "weight_decay value", group["weight_decay"])
+        _check_adam_group("RAdam", group)
 
     def _state_keys(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("step", "exp_avg", "exp_avg_sq")
