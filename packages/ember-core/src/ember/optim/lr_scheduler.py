@@ -473,7 +473,43 @@ class NoamLR(LRScheduler):
         return [lr for _ in self.base_lrs]
 
 
-class ProductLR(LRScheduler):
+class _Composite(LRScheduler):
+    """The state of a scheduler made of member schedulers (``_schedulers``): its own fields plus each member's
+    state dict, checked member by member on load."""
+
+    _schedulers: list[LRScheduler]
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        sd["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sd = self._checked(state_dict, None)
+        members = sd.pop("_schedulers")
+        self.__dict__.update(sd)
+        for s, m in zip(self._schedulers, members):
+            s.load_state_dict(m)
+
+    def _checked(self, state_dict: Any, param_groups: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+        name = type(self).__name__
+        members = state_dict.get("_schedulers") if isinstance(state_dict, Mapping) else None
+        if isinstance(members, (list, tuple)) and len(members) != len(self._schedulers):
+            raise ValueRangeError(f"{name}.load_state_dict: saved state has {len(members)} schedulers, this one has "
+                                  f"{len(self._schedulers)}")
+        sd = super()._checked(state_dict, param_groups)
+        for i, (s, m) in enumerate(zip(self._schedulers, sd["_schedulers"])):
+            try:
+                s.check_state_dict(m, param_groups)
+            except ValueRangeError as e:
+                raise ValueRangeError(f"{name}.load_state_dict: _schedulers[{i}]: {e}") from None
+        return sd
+
+    def _try_schedule(self, name: str, sd: dict[str, Any], param_groups: Sequence[Mapping[str, Any]] | None) -> None:
+        pass  # the rates come from the members, each tried on its own
+
+
+class ProductLR(_Composite):
     """Compose schedulers multiplicatively: ``lr = base_lr * prod(member factors)``, each factor being a member's
     lr divided by its base lr (e.g. a LinearLR warm-up times a CosineAnnealingLR decay). Step only the
     ProductLR; it steps its members."""
@@ -528,35 +564,6 @@ class ProductLR(LRScheduler):
         for s in self._schedulers:
             s._advance(epoch)
 
-    def state_dict(self) -> dict[str, Any]:
-        sd = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
-        sd["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return sd
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        sd = self._checked(state_dict, None)
-        members = sd.pop("_schedulers")
-        self.__dict__.update(sd)
-        for s, m in zip(self._schedulers, members):
-            s.load_state_dict(m)
-
-    def _checked(self, state_dict: Any, param_groups: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
-        members = state_dict.get("_schedulers") if isinstance(state_dict, Mapping) else None
-        if isinstance(members, (list, tuple)) and len(members) != len(self._schedulers):
-            raise ValueRangeError(
-                f"{type(self).__name__}.load_state_dict: saved state has {len(members)} schedulers, this one has "
-                f"{len(self._schedulers)}"
-            )
-        sd = super()._checked(state_dict, param_groups)
-        for i, (s, m) in enumerate(zip(self._schedulers, sd["_schedulers"])):
-            try:
-                s.check_state_dict(m, param_groups)
-            except ValueRangeError as e:
-                raise ValueRangeError(f"{type(self).__name__}.load_state_dict: _schedulers[{i}]: {e}") from None
-        return sd
-
-    def _try_schedule(self, name: str, sd: dict[str, Any], param_groups: Sequence[Mapping[str, Any]] | None) -> None:
-        pass  # the product's rates come from its members, each tried on its own
 
 
 class PolynomialLR(LRScheduler):
@@ -595,7 +602,7 @@ class ChainedScheduler(ProductLR):
         super().__init__(optimizer, schedulers)
 
 
-class SequentialLR(LRScheduler):
+class SequentialLR(_Composite):
     """Run ``schedulers[i]`` between ``milestones[i-1]`` and ``milestones[i]``; each starts from its own epoch 0 at
     its milestone (e.g. a LinearLR warm-up, then a CosineAnnealingLR). Step only the SequentialLR."""
 
@@ -658,36 +665,12 @@ class SequentialLR(LRScheduler):
         self._set_lrs(active.get_lr())
         active._last_lr = list(self._last_lr)
 
-    def state_dict(self) -> dict[str, Any]:
-        sd = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
-        sd["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return sd
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        sd = self._checked(state_dict, None)
-        members = sd.pop("_schedulers")
-        self.__dict__.update(sd)
-        for s, m in zip(self._schedulers, members):
-            s.load_state_dict(m)
-
     def _checked(self, state_dict: Any, param_groups: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
-        members = state_dict.get("_schedulers") if isinstance(state_dict, Mapping) else None
-        if isinstance(members, (list, tuple)) and len(members) != len(self._schedulers):
-            raise ValueRangeError(f"SequentialLR.load_state_dict: saved state has {len(members)} schedulers, this "
-                                  f"one has {len(self._schedulers)}")
         sd = super()._checked(state_dict, param_groups)
         if list(sd["_milestones"]) != sorted(sd["_milestones"]) or not all(_is_int(m) for m in sd["_milestones"]):
             raise ValueRangeError(f"SequentialLR.load_state_dict: '_milestones' is {sd['_milestones']!r}; expected "
                                   "increasing integers")
-        for i, (s, m) in enumerate(zip(self._schedulers, sd["_schedulers"])):
-            try:
-                s.check_state_dict(m, param_groups)
-            except ValueRangeError as e:
-                raise ValueRangeError(f"SequentialLR.load_state_dict: _schedulers[{i}]: {e}") from None
         return sd
-
-    def _try_schedule(self, name: str, sd: dict[str, Any], param_groups: Sequence[Mapping[str, Any]] | None) -> None:
-        pass  # the rates come from the members, each tried on its own
 
 
 class ReduceLROnPlateau(LRScheduler):
