@@ -6,9 +6,9 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ..autograd import no_grad
-from ..errors import DeviceError, DTypeError, ShapeError, ValueRangeError
-from ..tensor import Tensor
+from ...autograd import no_grad
+from ...errors import DeviceError, DTypeError, ShapeError, ValueRangeError
+from ...tensor import Tensor
 
 
 def _as_tensors(op: str, parameters: Any) -> list[Tensor]:
@@ -40,10 +40,10 @@ def _norm_type(op: str, norm_type: Any) -> float:
 def get_total_norm(tensors: Any, norm_type: float | str = 2.0, error_if_nonfinite: bool = False,
                    foreach: bool | None = None) -> Tensor:
     """The norm of all tensors together, as if concatenated into one vector (``torch.nn.utils.get_total_norm``)."""
-    from .. import dtypes as dt
-    from ..linalg import vector_norm
-    from ..ops.creation import tensor
-    from ..ops.shape import stack
+    from ... import dtypes as dt
+    from ...linalg import vector_norm
+    from ...ops.creation import tensor
+    from ...ops.shape import stack
 
     op = "get_total_norm"
     ts = _as_tensors(op, tensors)
@@ -110,7 +110,7 @@ def clip_grad_value_(parameters: Any, clip_value: float, foreach: bool | None = 
 
 def parameters_to_vector(parameters: Iterable[Tensor]) -> Tensor:
     """All parameters flattened and concatenated into one 1-D tensor (a copy)."""
-    from ..ops.shape import cat
+    from ...ops.shape import cat
 
     op = "parameters_to_vector"
     params = _as_tensors(op, parameters)
