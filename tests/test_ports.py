@@ -1,0 +1,113 @@
+"""Compatibility suite of issue 16: each PyTorch program under ``examples/ports/torch/`` and its ember port under
+``examples/ports/`` run in lockstep -- the same initial weights (torch's, copied into ember through
+``state_dict`` -> numpy -> ``load_state_dict``), the same batches -- and must agree in losses and parameters after a
+few training steps, to float32 precision.
+
+Random parts are taken out of the lockstep, and each case says how: dropout runs with p = 0 (or the model in
+eval mode), noise the program draws (VAE's ``randn_like``, DCGAN's latent vectors) is drawn once in numpy and fed to
+both. Every case runs on the fused default training device and on the unfused one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ember
+from ember import Device
+
+torch = pytest.importorskip("torch")
+
+PORTS = Path(__file__).resolve().parents[1] / "examples" / "ports"
+#: float32 lockstep tolerances (relative to each tensor's largest magnitude)
+LOSS_RTOL = 1e-4
+PARAM_TOL = 2e-4
+
+DEVICES = {
+    "fused": lambda: Device.default().autodiff(),
+    "unfused": lambda: Device.default().fusion(False).autodiff(),
+}
+
+
+def load(name: str, framework: str) -> ModuleType:
+    """``examples/ports/<name>.py`` (ember) or ``examples/ports/torch/<name>.py``, imported by path under a
+    private module name (the torch originals live in a folder named ``torch``: never put it on sys.path)."""
+    path = PORTS / (f"torch/{name}.py" if framework == "torch" else f"{name}.py")
+    mod_name = f"_ember_port_{framework}_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def copy_weights(src: Any, dst: Any, device: Device) -> None:
+    """torch module -> ember module: every state_dict entry through numpy, strict (same names)."""
+    state = {k: ember.tensor(v.detach().cpu().numpy().copy(), device=device) for k, v in src.state_dict().items()}
+    dst.load_state_dict(state)
+
+
+def assert_params_close(tm: Any, em: Any, what: str) -> None:
+    """Every named parameter of the torch module against the ember one of the same name."""
+    t_params = dict(tm.named_parameters())
+    e_params = dict(em.named_parameters())
+    assert list(t_params) == list(e_params), f"{what}: parameter names differ"
+    for name, tp in t_params.items():
+        ref = tp.detach().numpy().astype(np.float64)
+        got = e_params[name].detach().numpy().astype(np.float64)
+        scale = max(float(np.max(np.abs(ref))), 1e-6)
+        err = float(np.max(np.abs(got - ref))) / scale
+        assert err <= PARAM_TOL, f"{what}: parameter {name} differs from torch by {err:.2e} (relative)"
+
+
+def assert_losses_close(t_losses: list[float], e_losses: list[float], what: str) -> None:
+    np.testing.assert_allclose(e_losses, t_losses, rtol=LOSS_RTOL, atol=1e-6, err_msg=f"{what}: losses")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# word_lm: tied-weight 2-layer LSTM LM, manual SGD on p.data, clip_grad_norm_, repackaged hidden state
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flavour", list(DEVICES))
+def test_word_lm_lockstep(flavour: str) -> None:
+    """dropout = 0 for the lockstep (the program's own default is 0.2); 3 BPTT steps carry the hidden state."""
+    tw, ew = load("word_lm", "torch"), load("word_lm", "ember")
+    dev = DEVICES[flavour]()
+    lines = tw.corpus_text(60)
+    t_corpus, e_corpus = tw.Corpus(lines), ew.Corpus(lines)
+    assert t_corpus.dictionary.idx2word == e_corpus.dictionary.idx2word
+    np.testing.assert_array_equal(e_corpus.train.numpy(), t_corpus.train.numpy())
+    ntokens, bsz, bptt, lr = len(t_corpus.dictionary), 4, 6, 20.0
+
+    torch.manual_seed(0)
+    tm = tw.build(ntokens, torch.device("cpu"), emsize=16, nhid=16, dropout=0.0)
+    em = ew.build(ntokens, dev, emsize=16, nhid=16, dropout=0.0)
+    assert em.decoder.weight is em.encoder.weight  # tied
+    copy_weights(tm, em, dev)
+    assert em.decoder.weight is em.encoder.weight  # still tied after loading
+    tm.train()
+    em.train()
+    t_data = tw.batchify(t_corpus.train, bsz, torch.device("cpu"))
+    e_data = ew.batchify(e_corpus.train, bsz, dev)
+    t_hidden, e_hidden = tm.init_hidden(bsz), em.init_hidden(bsz)
+    t_losses: list[float] = []
+    e_losses: list[float] = []
+    for i in range(0, 3 * bptt, bptt):
+        t_x, t_y = tw.get_batch(t_data, i, bptt)
+        e_x, e_y = ew.get_batch(e_data, i, bptt)
+        loss, t_hidden = tw.train_step(tm, t_x, t_y, t_hidden, lr)
+        t_losses.append(loss)
+        loss, e_hidden = ew.train_step(em, e_x, e_y, e_hidden, lr)
+        e_losses.append(loss)
+    assert_losses_close(t_losses, e_losses, "word_lm")
+    assert_params_close(tm, em, "word_lm")
+    for t_h, e_h in zip(t_hidden, e_hidden):
+        np.testing.assert_allclose(e_h.detach().numpy(), t_h.detach().numpy(), rtol=1e-4, atol=2e-5)
