@@ -52,6 +52,8 @@ from .errors import (
     ValueRangeError,
 )
 from .extension import TensorSpec, backend_extension
+from .generator import Generator
+from .shapes import Size
 from .tensor import Tensor
 
 __version__ = "0.1.0"
@@ -90,7 +92,8 @@ def info() -> dict[str, Any]:
 
 def __getattr__(name: str) -> Any:
     # subpackages that cost import time load on first use
-    if name in ("nn", "testing", "linalg", "plugins", "backend", "dispatch", "extension", "records", "optim", "utils"):
+    if name in ("nn", "testing", "linalg", "plugins", "backend", "dispatch", "extension", "records", "optim", "utils",
+                "cuda"):
         from importlib import import_module
 
         return import_module(f".{name}", __name__)

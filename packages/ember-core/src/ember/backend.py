@@ -244,6 +244,17 @@ class Backend:
         r = self.unary("floor", self.binary("add", self.binary("mul", u, float(high - low)), float(low)))
         return self.cast(r, dtype)
 
+    def new_random_stream(self, seed: int) -> Any:
+        """A new random stream started from ``seed`` (an int in [0, 2**64)) for an ``ember.Generator`` of this
+        backend: an object with ``rand(shape, dtype)``, ``randn(shape, dtype)``, ``randint(low, high, shape,
+        dtype)`` returning this backend's handles, and ``get_state() -> bytes`` / ``set_state(bytes)`` that restore
+        it exactly (see :class:`ember.generator.RandomStream`). It never touches the device's own stream (``seed``,
+        ``rand``, ...). The default draws on the host with numpy's Philox4x32-10 and uploads with ``from_numpy``;
+        a backend with an on-device generator returns its own stream."""
+        from .generator import HostRandomStream
+
+        return HostRandomStream(self, np.random.Philox(seed))
+
     def inplace_binary(self, op: str, a: Handle, b: Handle | Any) -> None:
         """a = a (op) b in place; the result already has a's dtype and shape (core checked)."""
         self.assign(a, self.binary(op, a, b))

@@ -14,6 +14,7 @@ from ..device import draw_seed as _draw_seed
 from ..device import initial_seed as _initial_seed
 from ..dtypes import DType
 from ..errors import DTypeError, EmberError, OutOfMemoryError, ValueRangeError
+from ..generator import draw as _draw
 from ..shapes import check_shape_arg
 from ..tensor import Tensor
 
@@ -307,22 +308,27 @@ def _random_float(name: str, size: tuple[Any, ...], dtype: Any, device: Any) -> 
     return shape, d, dev
 
 
-def rand(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """Uniform samples in [0, 1) from the device's random stream (``device.seed(n)`` to reproduce)."""
+def rand(*size: Any, generator: Any = None, dtype: Any = None, device: Any = None,
+         requires_grad: bool = False) -> Tensor:
+    """Uniform samples in [0, 1) from ``generator`` (an :class:`ember.Generator` of the device), else from the
+    device's random stream (``device.seed(n)`` to reproduce)."""
     shape, d, dev = _random_float("rand", size, dtype, device)
-    return _finish(Tensor._make(_alloc(dev, "rand", shape, d, lambda: dev.stack.rand(shape, d)), d, dev),
-                   requires_grad)
+    h = _alloc(dev, "rand", shape, d, lambda: _draw("rand", generator, dev, "rand", shape, d))
+    return _finish(Tensor._make(h, d, dev), requires_grad)
 
 
-def randn(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """Standard normal samples from the device's random stream."""
+def randn(*size: Any, generator: Any = None, dtype: Any = None, device: Any = None,
+          requires_grad: bool = False) -> Tensor:
+    """Standard normal samples from ``generator`` (an :class:`ember.Generator`), else the device's stream."""
     shape, d, dev = _random_float("randn", size, dtype, device)
-    return _finish(Tensor._make(_alloc(dev, "randn", shape, d, lambda: dev.stack.randn(shape, d)), d, dev),
-                   requires_grad)
+    h = _alloc(dev, "randn", shape, d, lambda: _draw("randn", generator, dev, "randn", shape, d))
+    return _finish(Tensor._make(h, d, dev), requires_grad)
 
 
-def randint(low: int, high: Any = None, size: Any = None, *, dtype: Any = None, device: Any = None) -> Tensor:
-    """Integers uniform in [low, high); ``randint(high, size)`` and ``randint(low, high, size)`` as in PyTorch."""
+def randint(low: int, high: Any = None, size: Any = None, *, generator: Any = None, dtype: Any = None,
+            device: Any = None) -> Tensor:
+    """Integers uniform in [low, high); ``randint(high, size)`` and ``randint(low, high, size)`` as in PyTorch.
+    Drawn from ``generator`` (an :class:`ember.Generator`) when given, else from the device's stream."""
     if size is None:
         if high is None or not isinstance(high, (tuple, list)):
             raise ValueRangeError("randint: size is required, e.g. randint(0, 10, (3, 4))")
@@ -340,14 +346,17 @@ def randint(low: int, high: Any = None, size: Any = None, *, dtype: Any = None, 
             raise ValueRangeError(f"randint: the range [{low}, {high}) is out of bounds for dtype {d.name} "
                                   f"(values {lo} to {hi})")
     check_dtype_supported(dev, d, "randint")
-    return Tensor._make(_alloc(dev, "randint", shape, d, lambda: dev.stack.randint(low, high, shape, d)), d, dev)
+    return Tensor._make(_alloc(dev, "randint", shape, d,
+                               lambda: _draw("randint", generator, dev, "randint", shape, d, low, high)), d, dev)
 
 
-def randperm(n: int, *, dtype: Any = None, device: Any = None) -> Tensor:
+def randperm(n: int, *, generator: Any = None, dtype: Any = None, device: Any = None) -> Tensor:
+    """A random permutation of 0..n-1 (int64 unless ``dtype``), from ``generator`` when given, else the device's
+    stream: the argsort of n uniform keys."""
     if not isinstance(n, int) or n < 0:
         raise ValueRangeError(f"randperm: n must be a non-negative int, got {n!r}")
     dev = _dev(device)
-    keys = Tensor._make(dev.stack.rand((n,), dt.float64), dt.float64, dev)
+    keys = Tensor._make(_draw("randperm", generator, dev, "rand", (n,), dt.float64), dt.float64, dev)
     _, idx = dev.stack.sort(keys._h, 0, False, True)
     t = Tensor._make(idx, dt.int64, dev)
     return t if dtype is None else t.to(dt.as_dtype(dtype))

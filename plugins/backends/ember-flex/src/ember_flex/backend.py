@@ -528,6 +528,13 @@ class FlexBackend(Backend):
         draw = dtype.numpy if dtype.is_integer else np.int64
         return self._rng.integers(low, high, size=shape, dtype=draw).astype(dtype.numpy, copy=False)
 
+    def new_random_stream(self, seed: int) -> Any:
+        """An ``ember.Generator``'s stream: numpy's PCG64 drawn exactly as this backend's own stream (the arrays are
+        adopted, not copied), so a generator seeded with n repeats ``Device.flex().seed(n)``'s draws."""
+        from ember.generator import HostRandomStream
+
+        return HostRandomStream(self, np.random.PCG64(seed))
+
     # -- optional backward kernels: the autodiff decorator uses them for conv gradients when present -------------
     def conv_input_grad(self, grad_y: ndarray, w: ndarray, x_shape: tuple[int, ...], stride: tuple[int, ...],
                         padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> ndarray:
