@@ -1,0 +1,202 @@
+"""Step-time benchmark of the PyTorch ports (issue 16): each program of ``examples/ports/`` -- the PyTorch original
+under ``examples/ports/torch/`` and its ember port -- one training step as the program writes it, timed side by
+side and alternating:
+
+* ``torch cpu``: the PyTorch original
+* ``ember fused``: the port on the default training device, ``Device.default().autodiff()`` (fusion on)
+* ``ember unfused``: the same device with fusion off, ``Device.default().fusion(False).autodiff()``
+
+Every case starts from the same weights (torch's initialisation, copied into ember through numpy) and trains on
+the same batches; every step reads its loss value (``loss.item()``), so all its work is realized. Each figure is the
+median over >= 5 timed repetitions after warm-up, with spread; ratios are of median times (> 1: ember slower).
+
+Usage::
+
+    python benchmarks/ports.py [--quick] [--json PATH] [--programs NAME ...]
+    ember bench --only ports [--quick]          (the suite's optional ``ports`` section)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # loaded by path (`ember bench`, the suite): make its siblings importable
+    sys.path.insert(0, str(HERE))
+
+from _common import bench_parser, describe_environment, environment, write_json  # noqa: E402
+from micro import TORCH, figure, measure, torch_module  # noqa: E402
+
+import ember  # noqa: E402
+from ember import Device  # noqa: E402
+
+PORTS = HERE.parent / "examples" / "ports"
+FUSED = "ember fused"
+UNFUSED = "ember unfused"
+Step = Callable[[], float]
+#: a program's benchmark setup: (torch step, ember step on a device, description of the configuration)
+Setup = tuple[Callable[[], Step], Callable[[Device], Step], str]
+
+
+def load_port(name: str, framework: str) -> ModuleType:
+    """``examples/ports/<name>.py`` (``framework="ember"``) or ``examples/ports/torch/<name>.py``, imported by path
+    under a private name (the originals' folder is called ``torch``: it must never be on sys.path)."""
+    path = PORTS / (f"torch/{name}.py" if framework == "torch" else f"{name}.py")
+    mod_name = f"_ember_port_{framework}_{name}"
+    if mod_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"ports: cannot load {path}")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[mod_name]
+
+
+def torch_state(module: Any) -> dict[str, np.ndarray]:
+    """A torch module's state_dict as numpy copies (the weights every case starts from)."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def load_into(module: Any, state: dict[str, np.ndarray], device: Device) -> Any:
+    """Load numpy weights (torch's names) into an ember module on ``device``; returns the module."""
+    module.load_state_dict({k: ember.tensor(v, device=device) for k, v in state.items()})
+    return module
+
+
+# ----------------------------------------------------------------------------------------------------------
+# programs
+# ----------------------------------------------------------------------------------------------------------
+def setup_word_lm(quick: bool) -> Setup:
+    """pytorch/examples' defaults: emsize = nhid = 200, 2 layers, dropout 0.2, tied, bptt 35, batch 20, SGD lr 20
+    with clip 0.25; the hidden state carries over between steps (repackaged) and batches cycle over the corpus."""
+    torch = torch_module()
+    tw, ew = load_port("word_lm", "torch"), load_port("word_lm", "ember")
+    lines = tw.corpus_text(300 if quick else None)
+    size, bsz, bptt = (32, 8, 10) if quick else (200, 20, 35)
+    t_corpus = tw.Corpus(lines)
+    ntokens = len(t_corpus.dictionary)
+    torch.manual_seed(0)
+    state = torch_state(tw.build(ntokens, torch.device("cpu"), emsize=size, nhid=size))
+    ids = t_corpus.train.numpy()
+
+    def make(mod: ModuleType, model: Any, data: Any) -> Step:
+        hidden = model.init_hidden(bsz)
+        starts = list(range(0, data.size(0) - 1 - bptt, bptt))
+        pos = [0]
+        model.train()
+
+        def step() -> float:
+            nonlocal hidden
+            x, y = mod.get_batch(data, starts[pos[0] % len(starts)], bptt)
+            pos[0] += 1
+            loss, hidden = mod.train_step(model, x, y, hidden, 20.0)
+            return float(loss)
+
+        return step
+
+    def torch_step() -> Step:
+        cpu = torch.device("cpu")
+        model = tw.build(ntokens, cpu, emsize=size, nhid=size)
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        return make(tw, model, tw.batchify(torch.from_numpy(ids), bsz, cpu))
+
+    def ember_step(dev: Device) -> Step:
+        model = load_into(ew.build(ntokens, dev, emsize=size, nhid=size), state, dev)
+        return make(ew, model, ew.batchify(ember.tensor(ids), bsz, dev))
+
+    return torch_step, ember_step, f"vocab {ntokens}, LSTM 2x{size}, bptt {bptt}, batch {bsz}"
+
+
+PROGRAMS: dict[str, Callable[[bool], Setup]] = {
+    "word_lm": setup_word_lm,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# driver
+# ----------------------------------------------------------------------------------------------------------
+def devices() -> dict[str, Device]:
+    """The two ember training devices: the default one (fused) and the same with fusion off."""
+    base = Device.default()
+    return {FUSED: base.autodiff(), UNFUSED: base.fusion(False).autodiff()}
+
+
+def bench_program(name: str, quick: bool, repeats: int, warmup: int) -> dict[str, Any]:
+    """One figure: median step time of torch, ember fused and ember unfused, alternating."""
+    make_torch, make_ember, config = PROGRAMS[name](quick)
+    cases: dict[str, Step] = {FUSED: make_ember(devices()[FUSED]), UNFUSED: make_ember(devices()[UNFUSED])}
+    if torch_module() is not None:
+        cases[TORCH] = make_torch()
+    seconds = measure(cases, repeats, 1, warmup)
+    extra: dict[str, Any] = {"program": name, "config": config, "fused_case": FUSED, "unfused_case": UNFUSED,
+                             "speedup_fused": seconds[UNFUSED]["median"] / seconds[FUSED]["median"],
+                             "ratio_unfused_torch": None}
+    if TORCH in seconds:
+        extra["ratio_unfused_torch"] = seconds[UNFUSED]["median"] / seconds[TORCH]["median"]
+    return figure("ports", f"{name} train step ({config})", "ms", seconds, ember_case=FUSED, **extra)
+
+
+def plan(quick: bool) -> dict[str, int]:
+    """Repeat counts: >= 5 timed repeats everywhere; quick shrinks the programs, not the statistics."""
+    return {"repeats": 5, "warmup": 1} if quick else {"repeats": 7, "warmup": 2}
+
+
+def run(quick: bool, programs: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The figures of ``programs`` (all when empty), in PROGRAMS' order."""
+    p = plan(quick)
+    figures = []
+    for name in PROGRAMS:
+        if programs and name not in programs:
+            continue
+        t0 = time.perf_counter()
+        figures.append(bench_program(name, quick, p["repeats"], p["warmup"]))
+        print(f"[ports {name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
+    return figures
+
+
+def _ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def format_ports(figures: list[dict[str, Any]]) -> str:
+    """Per program: median step times (ms) and the ratios ember/torch (fused, unfused) and fused/unfused."""
+    header = ["program", "torch ms", "fused ms", "unfused ms", "fused/torch", "unfused/torch", "fused/unfused",
+              "configuration"]
+    rows = [header]
+    for fig in figures:
+        s = fig["seconds"]
+        ms = [f"{s[c]['median'] * 1e3:.2f}" if c in s else "-" for c in (TORCH, FUSED, UNFUSED)]
+        rows.append([fig["program"], *ms, _ratio(fig["ratio_ember_torch"]), _ratio(fig["ratio_unfused_torch"]),
+                     _ratio(1.0 / fig["speedup_fused"]), fig["config"]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = bench_parser("ember benchmark: train-step time of the PyTorch ports (examples/ports), ember vs torch",
+                          "small configurations (CI smoke)", tuple(PROGRAMS), flag="--programs")
+    args = parser.parse_args(argv)
+    env = environment()
+    print(describe_environment(env))
+    print(f"ember fused = {devices()[FUSED]}, unfused = {devices()[UNFUSED]}; median of >= 5 alternating repeats "
+          "after warm-up; ratios of median times (> 1: the first is slower)\n")
+    figures = run(args.quick, args.programs or ())
+    print(format_ports(figures))
+    if args.json:
+        write_json(args.json, {"benchmark": "ports", "quick": args.quick, "figures": figures, "environment": env})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
