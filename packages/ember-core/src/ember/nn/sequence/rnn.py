@@ -16,6 +16,7 @@ from ...ops.creation import zeros
 from ...ops.shape import cat, stack
 from ...tensor import Tensor
 from .. import functional as F
+from ..functional.recurrent import run_layer
 from ..module import Module, Parameter
 from ._common import check_input, check_positive_int, check_prob, uniform_param
 
@@ -172,9 +173,11 @@ class RNNBase(Module):
             raise ShapeError(f"{cls}: expected {name} of size {shown}, got {tuple(hx.shape)}")
         return h
 
-    def _run(self, x: Tensor, h0: Tensor, c0: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _run(self, x: Tensor, h0: Tensor, c0: Tensor | None,
+             batch_sizes: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """All layers and directions: each layer direction is one ``rnn_layer`` op (the whole time loop, one
+        kernel where the backend has one); inter-layer dropout in training as torch."""
         d = 2 if self.bidirectional else 1
-        steps = x.shape[0]
         h0s, c0s = h0.unbind(0), (c0.unbind(0) if c0 is not None else None)
         hn: list[Tensor] = []
         cn: list[Tensor] = []
@@ -182,21 +185,11 @@ class RNNBase(Module):
         for layer in range(self.num_layers):
             outs = []
             for direction in range(d):
-                w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, direction)
-                xg = F.linear(layer_in, w_ih, b_ih).unbind(0)  # all steps' input projections in one matmul
                 idx = layer * d + direction
-                h = h0s[idx]
-                c = c0s[idx] if c0s is not None else None
-                ys: list[Any] = [None] * steps
-                for t in (range(steps) if direction == 0 else range(steps - 1, -1, -1)):
-                    if self.mode == "LSTM":
-                        h, c = _lstm_step(xg[t], h, c, w_hh, b_hh, w_hr)  # type: ignore[arg-type]
-                    elif self.mode == "GRU":
-                        h = _gru_step(xg[t], h, w_hh, b_hh)
-                    else:
-                        h = _rnn_step(self.mode, xg[t], h, w_hh, b_hh)
-                    ys[t] = h
-                outs.append(stack(ys, 0))
+                y, h, c = run_layer(layer_in, h0s[idx], c0s[idx] if c0s is not None else None,
+                                    self._weights(layer, direction), mode=self.mode, reverse=direction == 1,
+                                    batch_sizes=batch_sizes)
+                outs.append(y)
                 hn.append(h)
                 if c is not None:
                     cn.append(c)
