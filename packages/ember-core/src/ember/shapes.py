@@ -23,6 +23,49 @@ from .errors import DimError, ShapeError, ValueRangeError
 
 Shape = tuple[int, ...]
 
+
+class Size(tuple):
+    """A tensor's shape: a tuple of ints, as ``torch.Size`` (``x.shape``, ``x.size()``, ``ember.Size([2, 3])``).
+
+    It compares, hashes and unpacks as the plain tuple it is, so it can be passed wherever a shape is accepted;
+    slicing and ``+`` keep it a Size, and :meth:`numel` is the number of elements. ``repr`` is PyTorch's
+    (``ember.Size([2, 3])``); ``str`` and f-strings give the tuple, ``(2, 3)``, so messages stay short.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, sizes: Any = ()) -> Size:
+        return tuple.__new__(cls, sizes)
+
+    def numel(self) -> int:
+        """The number of elements of a tensor of this shape (1 for ``Size([])``)."""
+        return math.prod(self)
+
+    def __getitem__(self, index: Any) -> Any:
+        got = tuple.__getitem__(self, index)
+        return Size(got) if isinstance(index, slice) else got
+
+    def __add__(self, other: Any) -> Size:
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return Size(tuple.__add__(self, other))
+
+    def __radd__(self, other: Any) -> Size:
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return Size(tuple.__add__(other, self))
+
+    def __repr__(self) -> str:
+        return f"ember.Size({list(self)})"
+
+    def __str__(self) -> str:
+        # printed and formatted as the plain tuple: error messages and logs read "(2, 3)" (repr says it is a Size)
+        return tuple.__repr__(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Size, (tuple(self),))
+
+
 # (a, b) -> broadcast shape; ops ask the same pair on every call, so the hot path is one dict lookup. Bounded so
 # that a workload with ever-new shapes cannot grow it without limit; only valid results are stored.
 _pair_cache: dict[tuple[Shape, Shape], Shape] = {}

@@ -14,6 +14,7 @@ import numpy as np
 from .device import Device, is_host
 from .dtypes import DType
 from .errors import DTypeError, ShapeError
+from .shapes import Size
 
 
 class Tensor:
@@ -44,8 +45,8 @@ class Tensor:
 
     # -- metadata -------------------------------------------------------------------------------------------
     @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self._h.shape)
+    def shape(self) -> Size:
+        return Size(self._h.shape)
 
     @property
     def dtype(self) -> DType:
@@ -155,6 +156,26 @@ class Tensor:
 
             _stack_of("retain_grad", [self])
         stack.retain_grad(self._h)
+
+    def register_hook(self, hook: Any) -> Any:
+        """Call ``hook(grad) -> Tensor | None`` each time a backward pass (``backward()`` or ``autograd.grad``)
+        computes this tensor's gradient, a leaf's or not (``torch.Tensor.register_hook``). It runs once per pass,
+        with the whole gradient, before the gradient is accumulated into ``.grad``, kept by ``retain_grad()`` or
+        passed on; a Tensor it returns (same shape, dtype and device) replaces the gradient from then on. Several
+        hooks run in registration order. Returns a :class:`ember.utils.hooks.RemovableHandle`. An AutodiffError
+        when the tensor does not require grad or its device records no gradients."""
+        from .autograd import register_tensor_hook
+
+        return register_tensor_hook(self, hook)
+
+    def register_post_accumulate_grad_hook(self, hook: Any) -> Any:
+        """Call ``hook(tensor)`` (which returns None) after ``backward()`` has accumulated this leaf's ``.grad``
+        (``torch.Tensor.register_post_accumulate_grad_hook``; not called by ``autograd.grad``). Returns a
+        :class:`ember.utils.hooks.RemovableHandle`. An AutodiffError for a non-leaf, a tensor that does not
+        require grad, or one on a device that records no gradients."""
+        from .autograd import register_post_accumulate_hook
+
+        return register_post_accumulate_hook(self, hook)
 
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
                  create_graph: bool = False) -> None:

@@ -105,6 +105,21 @@ def cpu(self: Tensor) -> Tensor:
     return to(self, Device.host())
 
 
+def cuda(self: Tensor, device: Any = None, non_blocking: bool = False) -> Tensor:
+    """The tensor on a CUDA device (``x.cuda()``, ``x.cuda(1)``, ``x.cuda("cuda:1")``): ``x.to("cuda")``, so without
+    a CUDA backend installed it raises the DeviceError that says which extra to install."""
+    if device is None:
+        return to(self, "cuda")
+    if isinstance(device, int) and not isinstance(device, bool):
+        return to(self, f"cuda:{device}")
+    dev = as_device(device)
+    if dev.base.kind != "cuda":
+        from ..errors import DeviceError
+
+        raise DeviceError(f"cuda: expected a CUDA device, got {dev} (use .to({str(dev)!r}) to move there)")
+    return to(self, dev)
+
+
 def _caster(d: DType) -> Any:
     def f(self: Tensor) -> Tensor:
         return _cast(self, d)
@@ -180,6 +195,7 @@ TENSOR_METHODS: dict[str, Any] = {
     "zero_": zero_,
     "type_as": type_as,
     "cpu": cpu,
+    "cuda": cuda,
     "float": _caster(dt.float32),
     "double": _caster(dt.float64),
     "half": _caster(dt.float16),
