@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from .errors import AutodiffError
 
@@ -203,6 +203,108 @@ def _grad_handles(op: str, outs: list[Any], grads: list[Any]) -> list[Any]:
             g = g.to(t._device)
         handles.append(g._h if g._dtype is t._dtype else g.to(t._dtype)._h)
     return handles
+
+
+# -- hooks (Tensor.register_hook and module backward hooks): core's side of the stack's hook tables -----------------
+def _hook_name(hook: Any) -> str:
+    return getattr(hook, "__name__", type(hook).__name__)
+
+
+class _Like(NamedTuple):
+    """What a hook's gradient must match: the shape, dtype and device of the tensor it belongs to (kept instead of
+    the tensor, so that a hook does not keep its tensor's memory alive)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    device: Any
+
+    @classmethod
+    def of(cls, t: Any) -> _Like:
+        return cls(tuple(t.shape), t._dtype, t._device)
+
+
+def _hook_result(op: str, name: str, out: Any, like: _Like) -> Any:
+    """The handle of a hook's returned gradient, after PyTorch's checks: a Tensor with the shape, dtype and device
+    of the gradient it replaces."""
+    from .tensor import Tensor
+
+    if not isinstance(out, Tensor):
+        raise AutodiffError(f"{op}: hook {name!r} returned {type(out).__name__}; expected a Tensor or None")
+    if tuple(out.shape) != like.shape:
+        raise AutodiffError(f"{op}: hook {name!r} has changed the size of value (was {tuple(like.shape)}, got "
+                            f"{tuple(out.shape)})")
+    if out._dtype is not like.dtype:
+        raise AutodiffError(f"{op}: hook {name!r} has changed the type of value (was {like.dtype}, got "
+                            f"{out._dtype})")
+    if out._device != like.device:
+        raise AutodiffError(f"{op}: hook {name!r} has changed the device of value (was {like.device}, got "
+                            f"{out._device})")
+    return out._h
+
+
+def register_tensor_hook(t: Any, hook: Callable[[Any], Any]) -> Any:
+    """``Tensor.register_hook``: ``hook(grad) -> Tensor | None`` runs when ``t``'s gradient is computed; see there."""
+    from .tensor import Tensor
+    from .utils.hooks import RemovableHandle
+
+    if not callable(hook):
+        raise AutodiffError(f"register_hook: the hook must be callable, got {type(hook).__name__}")
+    stack = _stack_of("register_hook", [t])
+    table = stack.grad_hooks(t._h)
+    name = _hook_name(hook)
+    like = _Like.of(t)
+
+    def on_grad(gh: Any) -> Any:
+        out = hook(Tensor._make(gh, like.dtype, like.device))
+        return None if out is None else _hook_result("register_hook", name, out, like)
+
+    handle = RemovableHandle(table)
+    table[handle.id] = on_grad
+    return handle
+
+
+def register_post_accumulate_hook(t: Any, hook: Callable[[Any], None]) -> Any:
+    """``Tensor.register_post_accumulate_grad_hook``: ``hook(t)`` after backward accumulated into ``t.grad``."""
+    from .utils.hooks import RemovableHandle
+
+    if not callable(hook):
+        raise AutodiffError(
+            f"register_post_accumulate_grad_hook: the hook must be callable, got {type(hook).__name__}")
+    stack = _stack_of("register_post_accumulate_grad_hook", [t])
+    table = stack.post_accumulate_grad_hooks(t._h)
+    name = _hook_name(hook)
+
+    def on_accumulated() -> None:
+        if hook(t) is not None:
+            raise AutodiffError(f"register_post_accumulate_grad_hook: hook {name!r} returned a value; post "
+                                "accumulate grad hooks must return None")
+
+    handle = RemovableHandle(table)
+    table[handle.id] = on_accumulated
+    return handle
+
+
+def hook_node(op: str, tensors: Sequence[Any], hook: Callable[[list[Any]], Sequence[Any] | None]) -> list[Any]:
+    """Identity over ``tensors`` (one device, whose stack records gradients) recorded as one graph node; backward
+    calls ``hook`` once with every output's gradient (Tensors, None where none arrived), and the gradients it returns
+    (one Tensor or None per tensor; returning None keeps them) flow on to ``tensors``. Module backward hooks are
+    built on it (:class:`ember.utils.hooks.BackwardHook`)."""
+    from .tensor import Tensor
+
+    stack = _stack_of(op, tensors)
+    likes = [_Like.of(t) for t in tensors]
+
+    def on_grads(ghs: list[Any]) -> list[Any] | None:
+        gs = [None if gh is None else Tensor._make(gh, t.dtype, t.device) for gh, t in zip(ghs, likes)]
+        out = hook(gs)
+        if out is None:
+            return None
+        if len(out) != len(likes):
+            raise AutodiffError(f"{op}: the hook returned {len(out)} gradients for {len(likes)} tensors")
+        return [None if o is None else _hook_result(op, _hook_name(hook), o, t) for o, t in zip(out, likes)]
+
+    hs = stack.hook_node([t._h for t in tensors], on_grads)
+    return [Tensor._make(h, t._dtype, t._device) for h, t in zip(hs, tensors)]
 
 
 __all__ = ["GRAD_MODE", "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled"]

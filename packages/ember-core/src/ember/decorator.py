@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import inspect
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -329,4 +329,29 @@ class Differentiable(Protocol):
     def grad(self, outs: Sequence[Handle], inputs: Sequence[Handle], grads: Sequence[Handle],
              retain_graph: bool) -> list[Handle | None]:
         """The gradients of ``outs`` with respect to ``inputs`` (None where unreachable); no ``.grad`` changes."""
+        ...
+
+    def grad_hooks(self, h: Handle) -> MutableMapping[int, Callable[[Handle], Handle | None]]:
+        """The ordered table of ``h``'s gradient hooks (``Tensor.register_hook``), created empty on first use; an
+        AutodiffError when ``h`` does not require grad. Core adds and removes entries (keyed by a
+        ``RemovableHandle`` id; the table must be weak-referenceable, as ``OrderedDict`` is). In a backward pass
+        (``backward`` or ``grad``) that reaches ``h``, the stack calls them in order, once, when ``h``'s gradient is
+        complete, before it is captured, kept (``retain_grad``), accumulated or propagated: each gets the gradient
+        so far (a handle of this stack) and may return a handle that replaces it. Hooks run with grad mode off."""
+        ...
+
+    def post_accumulate_grad_hooks(self, h: Handle) -> MutableMapping[int, Callable[[], None]]:
+        """The ordered table of the leaf ``h``'s post-accumulate hooks
+        (``Tensor.register_post_accumulate_grad_hook``), as :meth:`grad_hooks`; the stack calls them in order right
+        after ``backward`` updated ``h``'s accumulated gradient (never in ``grad``). An AutodiffError for a handle
+        that does not require grad or is no leaf."""
+        ...
+
+    def hook_node(self, hs: Sequence[Handle],
+                  hook: Callable[[list[Handle | None]], Sequence[Handle | None] | None]) -> list[Handle]:
+        """An identity over ``hs`` recorded as a single graph node (PyTorch's ``BackwardHookFunction``, which
+        module backward hooks are built on): new handles sharing ``hs``'s data (those of handles that do not require
+        grad are outside the graph). When a backward pass reaches the node, the stack calls ``hook`` once with the
+        gradients of all outputs (None where none arrived) and propagates what it returns (one handle or None per
+        input) to ``hs``; None keeps the gradients as they are."""
         ...

@@ -14,6 +14,7 @@ when untracked, are one graph node when the op has a vjp, and differentiate the 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -231,6 +232,60 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
         out = ADArray(h.value)
         out.version = h.version
         return out
+
+    def grad_hooks(self, h: ADArray) -> OrderedDict[int, Callable[[ADArray], ADArray | None]]:
+        """The gradient hooks of ``h`` (kept on its Meta, so every Tensor wrapping ``h`` shares them)."""
+        meta = self._meta_for_hooks("register_hook", h)
+        if meta.hooks is None:
+            meta.hooks = OrderedDict()
+        return meta.hooks
+
+    def post_accumulate_grad_hooks(self, h: ADArray) -> OrderedDict[int, Callable[[], None]]:
+        """The post-accumulate hooks of the leaf ``h``."""
+        meta = self._meta_for_hooks("register_post_accumulate_grad_hook", h)
+        if meta.node is not None:
+            raise AutodiffError("register_post_accumulate_grad_hook: post accumulate grad hooks cannot be registered "
+                                "on non-leaf tensors")
+        if meta.post_hooks is None:
+            meta.post_hooks = OrderedDict()
+        return meta.post_hooks
+
+    @staticmethod
+    def _meta_for_hooks(op: str, h: ADArray) -> Meta:
+        if h.meta is None:
+            raise AutodiffError(f"{op}: cannot register a hook on a tensor that doesn't require gradient "
+                                "(call requires_grad_() on a leaf first)")
+        return h.meta
+
+    def hook_node(self, hs: Sequence[ADArray],
+                  hook: Callable[[list[ADArray | None]], Sequence[ADArray | None] | None]) -> list[ADArray]:
+        """Identity over ``hs`` recorded as one node (PyTorch's BackwardHookFunction): the outputs share their
+        inputs' data and version counters; backward calls ``hook`` once with every output's gradient (None where
+        none arrived) and sends what it returns (the same gradients when it returns None) on to ``hs``."""
+        metas = tuple(h.meta for h in hs)
+        if not GRAD_MODE.enabled or metas.count(None) == len(metas):
+            return [self.detach(h) for h in hs]
+        n = len(hs)
+
+        def vjp(g: Any) -> tuple[Any, ...]:
+            parts = g.parts if type(g) is _GradParts else {0: g}
+            grads = [ADArray(parts[k]) if k in parts else None for k in range(n)]
+            with no_grad():
+                out = hook(grads)
+            if out is None:
+                return tuple(parts.get(k) for k in range(n))
+            if len(out) != n:
+                raise AutodiffError(f"backward hook: returned {len(out)} gradients for {n} tensors")
+            return tuple(unwrap(o) for o in out)
+
+        joint = Meta(Node("BackwardHookFunction", metas, vjp))
+        outs = []
+        for k, h in enumerate(hs):
+            out = self.detach(h)  # same data, same version counter: a saved value still sees in-place writes
+            if h.meta is not None:
+                out.meta = Meta(Node("BackwardHookFunction", (joint,), lambda g, k=k: (_GradParts({k: g}),)))
+            outs.append(out)
+        return outs
 
     def _roots(self, op: str, outs: Sequence[ADArray], grads: Sequence[Any]) -> tuple[list[Meta], list[Any]]:
         metas, seeds = [], []

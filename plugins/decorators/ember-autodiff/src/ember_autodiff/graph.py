@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,12 +46,16 @@ class Meta:
     (balanced checkpointing) while the graph still knows how gradients flow through it.
     """
 
-    __slots__ = ("node", "grad", "retains_grad", "__weakref__")
+    __slots__ = ("node", "grad", "retains_grad", "hooks", "post_hooks", "__weakref__")
 
     def __init__(self, node: Node | None = None) -> None:
         self.node = node
         self.grad: Any = None
         self.retains_grad = False
+        # gradient hooks (Tensor.register_hook): called with the gradient before it is used; created on first use
+        self.hooks: OrderedDict[int, Callable[[Any], Any]] | None = None
+        # post-accumulate hooks of a leaf (Tensor.register_post_accumulate_grad_hook), called after .grad changed
+        self.post_hooks: OrderedDict[int, Callable[[], None]] | None = None
 
 
 class ADArray:
@@ -185,26 +190,36 @@ def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, ac
     """Reverse-mode sweep from roots seeded with grads.
 
     With ``accumulate``, leaf gradients are added into their ``grad`` (``Tensor.backward``); otherwise the
-    gradients of ``inputs`` are returned (``autograd.grad``) and no ``grad`` is touched. A gradient stored for
+    gradients of ``inputs`` are returned (``autograd.grad``), no ``grad`` is touched, and only the part of the graph
+    that leads to ``inputs`` runs (as PyTorch: nodes and hooks elsewhere are not executed). A gradient stored for
     the first time is copied: vjps may hand out views (sum's expand) or one array to several inputs (add), and
     a leaf's ``.grad`` must be its own writable memory (optimizers update it in place).
+
+    A meta's gradient hooks run once, when its gradient is complete (every consumer has contributed) and before it
+    is captured, kept (retain_grad), accumulated or propagated; a hook's result replaces the gradient. A leaf's
+    post-accumulate hooks run right after its ``grad`` was updated.
     """
     order = _topological(roots)
     pending: dict[int, Any] = {}
     for r, g in zip(roots, grads):
         pending[id(r)] = g if id(r) not in pending else add(pending[id(r)], g)
     wanted = {id(m) for m in inputs} if inputs is not None else set()
+    needed = _leading_to(order, wanted) if inputs is not None else None
     results: dict[int, Any] = {}
     for meta in order:
         g = pending.pop(id(meta), None)
-        if g is None:
+        if g is None or (needed is not None and id(meta) not in needed):
             continue
+        if meta.hooks:
+            g = _run_hooks(meta.hooks, g)
         if id(meta) in wanted:
             results[id(meta)] = g if id(meta) not in results else add(results[id(meta)], g)
         node = meta.node
         if node is None:  # a leaf
             if accumulate:
                 _accumulate(meta, g, add, copy)
+                if meta.post_hooks:
+                    _run_post_hooks(meta.post_hooks)
             continue
         if accumulate and meta.retains_grad:
             _accumulate(meta, g, add, copy)
@@ -225,6 +240,40 @@ def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, ac
     if inputs is not None:
         return [None if id(m) not in results else copy(results[id(m)]) for m in inputs]
     return None
+
+
+def _leading_to(order: list[Meta], wanted: set[int]) -> set[int]:
+    """The ids of the metas in ``order`` (consumers first) from which a meta in ``wanted`` is reachable."""
+    needed = set(wanted)
+    for meta in reversed(order):  # producers first: a meta is needed when one of its node's inputs is
+        node = meta.node
+        if node is not None and id(meta) not in needed:
+            for inp in node.inputs:
+                if inp is not None and id(inp) in needed:
+                    needed.add(id(meta))
+                    break
+    return needed
+
+
+def _run_hooks(hooks: OrderedDict[int, Callable[[Any], Any]], g: Any) -> Any:
+    """A gradient after a meta's hooks, in registration order: each gets this stack's handle of the gradient so
+    far and may return a handle that replaces it. Hooks run without recording, as the rest of backward."""
+    from ember.autograd import no_grad
+
+    with no_grad():
+        for hook in list(hooks.values()):  # a hook may remove itself (handle.remove()) while running
+            out = hook(ADArray(g))
+            if out is not None:
+                g = out.value
+    return g
+
+
+def _run_post_hooks(hooks: OrderedDict[int, Callable[[], None]]) -> None:
+    from ember.autograd import no_grad
+
+    with no_grad():
+        for hook in list(hooks.values()):
+            hook()
 
 
 def _topological(roots: Sequence[Meta]) -> list[Meta]:
