@@ -72,7 +72,8 @@ def _install() -> dict[str, Any]:
     from .tensor import install_methods
 
     names: dict[str, Any] = {}
-    for mod_name in ("creation", "pointwise", "reduction", "shape", "indexing", "linalg", "conversion", "random"):
+    for mod_name in ("creation", "pointwise", "reduction", "shape", "indexing", "linalg", "conversion", "random",
+                     "distributions"):
         mod = import_module(f".ops.{mod_name}", __name__)
         for n in getattr(mod, "__all__", ()):
             names[n] = getattr(mod, n)

@@ -23,7 +23,8 @@ from .. import dtypes as dt
 from ..autograd import no_grad
 from ..bridge import check_dtype_supported
 from ..dtypes import DType
-from ..errors import AutodiffError, DeviceError, DTypeError, ShapeError, UnsupportedError, ValueRangeError
+from ..errors import AutodiffError, DeviceError, DTypeError, ShapeError, ValueRangeError
+from ..generator import check_generator, draw
 from ..shapes import broadcast_shapes
 from ..tensor import Tensor
 from .elementwise import tracks_grad
@@ -47,12 +48,6 @@ def _target(self: Any, op: str, floating: bool) -> Tensor:
         raise AutodiffError(f"{op}: a leaf tensor that requires grad is being used in an in-place operation; wrap "
                             "it in `with ember.no_grad():` (as nn.init does) or clone() it first")
     return self
-
-
-def _no_generator(op: str, generator: Any) -> None:
-    if generator is not None:
-        raise UnsupportedError(f"{op}: generator objects are not supported; seed the tensor's device instead "
-                               "(tensor.device.seed(n))")
 
 
 def _number(v: Any, op: str, name: str) -> float:
@@ -83,11 +78,12 @@ def _finfo(d: DType) -> tuple[float, int]:
     return float(info.max), int(info.nmant) + 1
 
 
-def _draw(self: Tensor, kind: str, d: DType) -> Handle:
-    """A handle of uniform [0, 1) ('rand') or standard normal ('randn') samples of dtype d shaped like self."""
+def _draw(self: Tensor, kind: str, d: DType, op: str = "", generator: Any = None) -> Handle:
+    """A handle of uniform [0, 1) ('rand') or standard normal ('randn') samples of dtype d shaped like self, from
+    ``generator`` (already checked) when given, else from self's device stream."""
     check_dtype_supported(self._device, d, kind)
     with no_grad():
-        return getattr(self._device.stack, kind)(self.shape, d)
+        return draw(op or kind, generator, self._device, kind, self.shape, d)
 
 
 def _store(self: Tensor, h: Handle, d: DType) -> Tensor:
@@ -116,7 +112,7 @@ def uniform_(self: Tensor, from_: Any = _FROM_DEFAULT, to: Any = 1.0, *, generat
     ``**{"from": -1}`` (what torch's argument parser accepts)."""
     from_ = _from_kwarg("uniform_", from_, _FROM_DEFAULT, kwargs)
     _target(self, "uniform_", floating=True)
-    _no_generator("uniform_", generator)
+    gen = check_generator("uniform_", generator, self._device)
     lo, hi = _number(from_, "uniform_", "from"), _number(to, "uniform_", "to")
     fmax, _ = _finfo(self._dtype)
     for name, v in (("from", lo), ("to", hi)):
@@ -130,42 +126,42 @@ def uniform_(self: Tensor, from_: Any = _FROM_DEFAULT, to: Any = 1.0, *, generat
     d = _work_dtype(self._dtype)
     stack = self._device.stack
     with no_grad():
-        h = _affine(stack, _draw(self, "rand", d), hi - lo, lo)
+        h = _affine(stack, _draw(self, "rand", d, "uniform_", gen), hi - lo, lo)
     return _store(self, h, d)
 
 
 def normal_(self: Tensor, mean: Any = 0.0, std: Any = 1.0, *, generator: Any = None) -> Tensor:
     """Fill with samples from the normal distribution N(mean, std^2); std >= 0 (std 0 fills with mean)."""
     _target(self, "normal_", floating=True)
-    _no_generator("normal_", generator)
+    gen = check_generator("normal_", generator, self._device)
     m, s = _number(mean, "normal_", "mean"), _number(std, "normal_", "std")
     if not s >= 0:
         raise ValueRangeError(f"normal_: expects std >= 0.0, but found std {s:g}")
     d = _work_dtype(self._dtype)
     stack = self._device.stack
     with no_grad():
-        h = _affine(stack, _draw(self, "randn", d), s, m)
+        h = _affine(stack, _draw(self, "randn", d, "normal_", gen), s, m)
     return _store(self, h, d)
 
 
 def log_normal_(self: Tensor, mean: Any = 1.0, std: Any = 2.0, *, generator: Any = None) -> Tensor:
     """Fill with exp(N(mean, std^2)) samples; std > 0."""
     _target(self, "log_normal_", floating=True)
-    _no_generator("log_normal_", generator)
+    gen = check_generator("log_normal_", generator, self._device)
     m, s = _number(mean, "log_normal_", "mean"), _number(std, "log_normal_", "std")
     if not s > 0:
         raise ValueRangeError(f"log_normal_: expects std > 0.0, but found std={s:g}")
     d = _work_dtype(self._dtype)
     stack = self._device.stack
     with no_grad():
-        h = stack.unary("exp", _affine(stack, _draw(self, "randn", d), s, m))
+        h = stack.unary("exp", _affine(stack, _draw(self, "randn", d, "log_normal_", gen), s, m))
     return _store(self, h, d)
 
 
 def exponential_(self: Tensor, lambd: Any = 1.0, *, generator: Any = None) -> Tensor:
     """Fill with samples from the exponential distribution of rate lambd > 0 (density lambd * exp(-lambd x))."""
     _target(self, "exponential_", floating=True)
-    _no_generator("exponential_", generator)
+    gen = check_generator("exponential_", generator, self._device)
     lam = _number(lambd, "exponential_", "lambd")
     if not lam > 0:
         raise ValueRangeError(f"exponential_: expects lambda > 0.0, but found lambda={lam:g}")
@@ -173,7 +169,8 @@ def exponential_(self: Tensor, lambd: Any = 1.0, *, generator: Any = None) -> Te
     stack = self._device.stack
     with no_grad():
         # inverse CDF: -log(1 - u) / lambd; u in [0, 1) keeps the log finite
-        h = stack.binary("div", stack.unary("log1p", stack.unary("neg", _draw(self, "rand", d))), -lam)
+        u = _draw(self, "rand", d, "exponential_", gen)
+        h = stack.binary("div", stack.unary("log1p", stack.unary("neg", u)), -lam)
         h = stack.unary("abs", h)  # u = 0 gives -0.0; torch never returns a negative zero
     return _store(self, h, d)
 
@@ -181,14 +178,14 @@ def exponential_(self: Tensor, lambd: Any = 1.0, *, generator: Any = None) -> Te
 def cauchy_(self: Tensor, median: Any = 0.0, sigma: Any = 1.0, *, generator: Any = None) -> Tensor:
     """Fill with samples from the Cauchy distribution: median + sigma * tan(pi * (u - 1/2)); sigma > 0."""
     _target(self, "cauchy_", floating=True)
-    _no_generator("cauchy_", generator)
+    gen = check_generator("cauchy_", generator, self._device)
     med, sig = _number(median, "cauchy_", "median"), _number(sigma, "cauchy_", "sigma")
     if not sig > 0:
         raise ValueRangeError(f"cauchy_: expects sigma > 0.0, but found sigma={sig:g}")
     d = _work_dtype(self._dtype)
     stack = self._device.stack
     with no_grad():
-        t = stack.unary("tan", _affine(stack, _draw(self, "rand", d), math.pi, -math.pi / 2))
+        t = stack.unary("tan", _affine(stack, _draw(self, "rand", d, "cauchy_", gen), math.pi, -math.pi / 2))
         h = _affine(stack, t, sig, med)
     return _store(self, h, d)
 
@@ -204,7 +201,7 @@ def bernoulli_(self: Tensor, p: Any = 0.5, *, generator: Any = None) -> Tensor:
     """Fill with 1 with probability p, else 0. p is a number in [0, 1] or a floating tensor of probabilities
     that broadcasts to self's shape. Any dtype (bool and integer tensors too)."""
     _target(self, "bernoulli_", floating=False)
-    _no_generator("bernoulli_", generator)
+    gen = check_generator("bernoulli_", generator, self._device)
     stack = self._device.stack
     if isinstance(p, Tensor):
         if p._device is not self._device:
@@ -220,14 +217,14 @@ def bernoulli_(self: Tensor, p: Any = 0.5, *, generator: Any = None) -> Tensor:
         d = dt.float64 if dt.float64 in (self._dtype, p._dtype) else dt.float32
         with no_grad():
             ph = p._h if p._dtype is d else stack.cast(p._h, d)
-            h = stack.binary("lt", _draw(self, "rand", d), ph)
+            h = stack.binary("lt", _draw(self, "rand", d, "bernoulli_", gen), ph)
     else:
         prob = _number(p, "bernoulli_", "p")
         if not 0 <= prob <= 1:
             raise ValueRangeError(f"bernoulli_: expects p to be in [0, 1], but got p={prob:g}")
         d = dt.float64 if self._dtype is dt.float64 else dt.float32
         with no_grad():
-            h = stack.binary("lt", _draw(self, "rand", d), prob)  # u < 1 always, u < 0 never
+            h = stack.binary("lt", _draw(self, "rand", d, "bernoulli_", gen), prob)  # u < 1 always, u < 0 never
     return _store(self, h, dt.bool_)
 
 
@@ -237,7 +234,7 @@ def geometric_(self: Tensor, p: Any, *, generator: Any = None) -> Tensor:
     _target(self, "geometric_", floating=False)
     if self._dtype.is_bool:
         raise DTypeError("geometric_: not implemented for dtype bool")
-    _no_generator("geometric_", generator)
+    gen = check_generator("geometric_", generator, self._device)
     prob = _number(p, "geometric_", "p")
     if not 0 < prob < 1:
         raise ValueRangeError(f"geometric_: expects p to be in (0, 1), but got p={prob:g}")
@@ -245,8 +242,8 @@ def geometric_(self: Tensor, p: Any, *, generator: Any = None) -> Tensor:
     stack = self._device.stack
     with no_grad():
         # inverse CDF: ceil(log(1 - u) / log(1 - p)); u = 0 would give 0, outside the support, so the floor is 1
-        k = stack.unary("ceil", stack.binary("div", stack.unary("log1p", stack.unary("neg", _draw(self, "rand", d))),
-                                             math.log1p(-prob)))
+        u = _draw(self, "rand", d, "geometric_", gen)
+        k = stack.unary("ceil", stack.binary("div", stack.unary("log1p", stack.unary("neg", u)), math.log1p(-prob)))
         h = stack.binary("maximum", k, 1.0)
     return _store(self, h, d)
 
@@ -278,7 +275,7 @@ def random_(self: Tensor, *args: Any, generator: Any = None, **kwargs: Any) -> T
     for integer dtypes, 1 for bool and 2**mantissa for floating dtypes (the largest range whose integers they all
     hold). Any dtype; both ends of the range must be values of it."""
     _target(self, "random_", floating=False)
-    _no_generator("random_", generator)
+    gen = check_generator("random_", generator, self._device)
     if len(args) > 2:
         raise DTypeError(f"random_: takes at most 2 positional arguments (from, to), got {len(args)}")
     if "from_" in kwargs:
@@ -317,11 +314,11 @@ def random_(self: Tensor, *args: Any, generator: Any = None, **kwargs: Any) -> T
                       "rounded", stacklevel=2)
     check_dtype_supported(self._device, d, "random_")
     with no_grad():
-        h = self._device.stack.randint(lo, hi, self.shape, d)
+        h = draw("random_", gen, self._device, "randint", self.shape, d, lo, hi)
     return _store(self, h, d)
 
 
-# torch exports no functions for these fills (ember.bernoulli/normal and friends are out-of-place ops)
+# torch exports no functions for these fills (ember.bernoulli/normal and friends are in ops/distributions.py)
 __all__: list[str] = []
 
 TENSOR_METHODS: dict[str, Any] = {
