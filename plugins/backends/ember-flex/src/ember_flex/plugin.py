@@ -8,6 +8,10 @@ from typing import Any
 from ember.plugins import hookimpl
 
 from . import CONTRACT, __version__
+from .rnn_kernels import register as _register_rnn_kernels
+
+# numpy kernels for core's recurrent-layer ops (ember.ops.recurrent), registered whenever ember loads this plugin
+_register_rnn_kernels()
 
 
 def _factory(index: int = 0, **options: Any) -> Any:
@@ -36,6 +40,31 @@ def register_backends(register: Callable[..., None]) -> None:
         host=True,
         description=f"numpy CPU backend (ember-flex {__version__})",
     )
+
+
+# the limiter that keeps ember.set_num_threads's BLAS limit in force (threadpoolctl restores the old limits when it
+# is garbage collected or exited, so the latest one is kept)
+_blas_limit: Any = None
+
+
+def set_num_threads(n: int) -> None:
+    """Limit flex's thread pools to n threads: the BLAS (and OpenMP) libraries numpy and scipy loaded, through
+    threadpoolctl, and numexpr's pool (fused kernels). Both are process-wide, as ``torch.set_num_threads`` is."""
+    global _blas_limit
+    from threadpoolctl import threadpool_limits
+
+    _blas_limit = threadpool_limits(limits=n)
+    try:
+        import numexpr
+    except ImportError:  # numexpr is a dependency; a broken install only loses fusion, which already says why
+        return
+    numexpr.set_num_threads(n)
+
+
+@hookimpl
+def register_backend_traits(register: Callable[..., None]) -> None:
+    # numpy on the host: bfloat16 autocast and PyTorch's CPU autocast lists; every kernel is deterministic
+    register("flex", autocast_ops="cpu", set_num_threads=set_num_threads)
 
 
 @hookimpl

@@ -13,10 +13,10 @@ from typing import Any
 
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...ops.creation import zeros
+from ...ops.recurrent import run_layer
 from ...ops.shape import cat, stack
 from ...tensor import Tensor
 from .. import functional as F
-from ..functional.recurrent import run_layer
 from ..module import Module, Parameter
 from ._common import check_input, check_positive_int, check_prob, uniform_param
 

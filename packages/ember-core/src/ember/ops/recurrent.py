@@ -24,13 +24,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import DTypeError, ShapeError, ValueRangeError
-from ...extension import TensorSpec, backend_extension
-from ...ops.pointwise import where
-from ...ops.shape import cat, stack
-from ...tensor import Tensor
-from .activations import relu, sigmoid, tanh
-from .linear import linear
+from ..errors import DTypeError, ShapeError, ValueRangeError
+from ..extension import TensorSpec, backend_extension
+from ..tensor import Tensor
+from . import nn as _nn
+from .nn import sigmoid, tanh
+from .pointwise import relu, where
+from .shape import cat, stack
 
 __all__ = ["GATES", "WORKSPACE", "rnn_layer", "rnn_layer_backward"]
 
@@ -107,6 +107,11 @@ def _layer_spec(x: TensorSpec, h0: TensorSpec, c0: Any, w_ih: TensorSpec, w_hh: 
     return tuple(out)
 
 
+def linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """x @ w.T + b over x's last dim (the ops-level linear, without nn.functional's checks: the spec did them)."""
+    return _nn.linear(x, w, b, (*x.shape[:-1], w.shape[0]))
+
+
 def _order(steps: int, reverse: bool) -> range:
     return range(steps - 1, -1, -1) if reverse else range(steps)
 
@@ -115,7 +120,7 @@ def _masks(batch_sizes: tuple[int, ...] | None, batch: int, like: Tensor) -> lis
     """Per step, a (B, 1) bool tensor: which rows advance (None when all do)."""
     if batch_sizes is None:
         return None
-    from ...ops.creation import arange
+    from .creation import arange
 
     rows = arange(batch, device=like._device).reshape(batch, 1)
     return [rows < n for n in batch_sizes]
