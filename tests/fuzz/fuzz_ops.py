@@ -1703,6 +1703,8 @@ assert len(BY_NAME) == len(OPS), "op names must be unique"
 #: registry names deliberately not fuzzed, with the reason
 NOT_FUZZED: dict[str, str] = {
     "cuda": "moves to a CUDA device, which these machines lack; its errors are tested in test_size_and_cuda.py",
+    "bernoulli": "random samples (torch's cannot match); tested in packages/ember-core/tests/test_distributions.py",
+    "multinomial": "random samples (torch's cannot match); tested in packages/ember-core/tests/test_distributions.py",
 }
 
 
