@@ -32,10 +32,7 @@ class Size(tuple):
     (``ember.Size([2, 3])``); ``str`` and f-strings give the tuple, ``(2, 3)``, so messages stay short.
     """
 
-    __slots__ = ()
-
-    def __new__(cls, sizes: Any = ()) -> Size:
-        return tuple.__new__(cls, sizes)
+    __slots__ = ()  # (tuple's own constructor: Size(shape) stays a C call on the hot path)
 
     def numel(self) -> int:
         """The number of elements of a tensor of this shape (1 for ``Size([])``)."""
