@@ -111,3 +111,68 @@ def test_word_lm_lockstep(flavour: str) -> None:
     assert_params_close(tm, em, "word_lm")
     for t_h, e_h in zip(t_hidden, e_hidden):
         np.testing.assert_allclose(e_h.detach().numpy(), t_h.detach().numpy(), rtol=1e-4, atol=2e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# mnist_cnn: conv-conv-maxpool-fc, log_softmax + nll_loss, Adadelta + StepLR
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flavour", list(DEVICES))
+def test_mnist_cnn_lockstep(flavour: str) -> None:
+    """Dropout off through eval mode (the model has no other train/eval difference); a StepLR step between the two
+    training steps, so the second runs at lr 0.7."""
+    tp, ep = load("mnist_cnn", "torch"), load("mnist_cnn", "ember")
+    dev = DEVICES[flavour]()
+    x, y = tp.digits_28x28()
+    ex, ey = ep.digits_28x28()
+    np.testing.assert_array_equal(ex, x)
+    torch.manual_seed(0)
+    tm, t_opt, t_sched = tp.build(torch.device("cpu"))
+    em, e_opt, e_sched = ep.build(dev)
+    copy_weights(tm, em, dev)
+    tm.eval()
+    em.eval()
+    t_losses: list[float] = []
+    e_losses: list[float] = []
+    for i in range(2):
+        xb, yb = x[8 * i:8 * i + 8], y[8 * i:8 * i + 8]
+        t_losses.append(tp.train_step(tm, t_opt, torch.from_numpy(xb), torch.from_numpy(yb)))
+        e_losses.append(ep.train_step(em, e_opt, ember.tensor(xb, device=dev), ember.tensor(yb, device=dev)))
+        t_sched.step()
+        e_sched.step()
+    assert e_opt.param_groups[0]["lr"] == pytest.approx(t_opt.param_groups[0]["lr"])
+    assert_losses_close(t_losses, e_losses, "mnist_cnn")
+    assert_params_close(tm, em, "mnist_cnn")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# vae: fc VAE, BCE(sum) + KLD, Adam
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flavour", list(DEVICES))
+def test_vae_lockstep(flavour: str) -> None:
+    """The reparameterisation noise (``randn_like`` in the program) is drawn once per step in numpy and fed to both
+    models through an instance-level ``reparameterize`` with the program's formula ``mu + eps * exp(0.5 logvar)``."""
+    tv, ev = load("vae", "torch"), load("vae", "ember")
+    dev = DEVICES[flavour]()
+    x = tv.digits_28x28()
+    np.testing.assert_array_equal(ev.digits_28x28(), x)
+    torch.manual_seed(0)
+    tm, t_opt = tv.build(torch.device("cpu"))
+    em, e_opt = ev.build(dev)
+    copy_weights(tm, em, dev)
+    rng = np.random.default_rng(0)
+    eps = [np.zeros((16, 20), np.float32)]
+    tm.reparameterize = lambda mu, logvar: mu + torch.from_numpy(eps[0]) * torch.exp(0.5 * logvar)
+    em.reparameterize = lambda mu, logvar: mu + ember.tensor(eps[0], device=dev) * ember.exp(0.5 * logvar)
+    t_losses: list[float] = []
+    e_losses: list[float] = []
+    for i in range(3):
+        eps[0] = rng.standard_normal((16, 20), dtype=np.float32)
+        xb = x[16 * i:16 * i + 16]
+        t_losses.append(tv.train_step(tm, t_opt, torch.from_numpy(xb)))
+        e_losses.append(ev.train_step(em, e_opt, ember.tensor(xb, device=dev)))
+    assert_losses_close(t_losses, e_losses, "vae")
+    assert_params_close(tm, em, "vae")
+    # the program's own reparameterize: randn_like noise of the right shape, on the model's device
+    mu, logvar = ember.zeros(4, 20, device=dev), ember.zeros(4, 20, device=dev)
+    z = ev.VAE.reparameterize(em, mu, logvar)
+    assert z.shape == (4, 20) and z.device == dev and float(z.std().item()) > 0.5
