@@ -83,6 +83,19 @@ def _install() -> dict[str, Any]:
 
 globals().update(_install())
 
+# torch.autocast / torch.amp, and the process-wide settings (threads, deterministic algorithms)
+from . import amp  # noqa: E402 - the op modules above already loaded it (their autocast entry points)
+from .amp import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: E402
+from .runtime import (  # noqa: E402
+    are_deterministic_algorithms_enabled,
+    get_num_interop_threads,
+    get_num_threads,
+    is_deterministic_algorithms_warn_only_enabled,
+    set_num_interop_threads,
+    set_num_threads,
+    use_deterministic_algorithms,
+)
+
 
 def info() -> dict[str, Any]:
     """Plugins, versions, contract versions, devices found and load errors (what ``ember info`` prints)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import dtypes as dt
+from ..amp.autocast_mode import STATE as _AMP
+from ..amp.autocast_mode import run as _amp_run
 from ..bridge import same_device
 from ..errors import DTypeError, ShapeError
 from ..shapes import broadcast_shapes, einsum_labels
@@ -38,30 +40,40 @@ def matmul_shape(sa: tuple[int, ...], sb: tuple[int, ...], op: str = "matmul") -
 
 def matmul(input: Any, other: Any) -> Tensor:
     """Matrix product with PyTorch's rank rules: 1-d operands are promoted and squeezed, batches broadcast."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("matmul", matmul, input, other)
     a, b = _operands("matmul", input, other)
     matmul_shape(a.shape, b.shape)
     return Tensor._make(a._device.stack.matmul(a._h, b._h), a._dtype, a._device)
 
 
 def mm(input: Tensor, mat2: Tensor) -> Tensor:
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("mm", mm, input, mat2)
     if input.ndim != 2 or mat2.ndim != 2:
         raise ShapeError(f"mm: expected 2-d tensors, got shapes {input.shape} and {mat2.shape}")
     return matmul(input, mat2)
 
 
 def bmm(input: Tensor, mat2: Tensor) -> Tensor:
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("bmm", bmm, input, mat2)
     if input.ndim != 3 or mat2.ndim != 3 or input.shape[0] != mat2.shape[0]:
         raise ShapeError(f"bmm: expected 3-d tensors with equal batch size, got {input.shape} and {mat2.shape}")
     return matmul(input, mat2)
 
 
 def mv(input: Tensor, vec: Tensor) -> Tensor:
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("mv", mv, input, vec)
     if input.ndim != 2 or vec.ndim != 1:
         raise ShapeError(f"mv: expected a 2-d and a 1-d tensor, got shapes {input.shape} and {vec.shape}")
     return matmul(input, vec)
 
 
 def dot(input: Tensor, other: Tensor) -> Tensor:
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("dot", dot, input, other)
     if input.ndim != 1 or other.ndim != 1:
         raise ShapeError(f"dot: expected 1-d tensors, got shapes {input.shape} and {other.shape}")
     return matmul(input, other)
@@ -82,6 +94,8 @@ ger = outer
 
 def einsum(equation: str, *operands: Any) -> Tensor:
     """Einstein summation (``torch.einsum``); operands may also be passed as one list."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("einsum", einsum, equation, *operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if not operands or not all(isinstance(o, Tensor) for o in operands):

@@ -86,5 +86,28 @@ def register_ops(register: Callable[..., None]) -> None:
 
 
 @hookspec
+def register_backend_traits(register: Callable[..., None]) -> None:
+    """Declare how a backend takes part in ember's process-wide settings: autocast, thread counts, determinism.
+
+    Call ``register`` once per backend the plugin registers (all keywords optional)::
+
+        register(backend, *, autocast_dtype=None, autocast_ops=None, set_num_threads=None,
+                 nondeterministic_ops=None)
+
+    - ``backend``: the backend name given to ``register_backends``.
+    - ``autocast_dtype``: the lower-precision dtype (``ember.bfloat16`` or ``ember.float16``) that
+      ``ember.autocast`` uses on this backend when no dtype is given; ``None``: float16 where the backend's kind is
+      ``"gpu"``, else bfloat16 (PyTorch's CUDA and CPU defaults).
+    - ``autocast_ops``: ``"cpu"`` or ``"gpu"``: which of PyTorch's autocast op lists (``torch.autocast("cpu")``'s
+      or ``"cuda"``'s) apply on this backend; ``None`` follows the backend's kind the same way.
+    - ``set_num_threads``: ``f(n: int) -> None`` that limits the backend's intra-op thread pools to ``n`` threads
+      (``ember.set_num_threads``); ``None``: the backend has no pool ember can size, and the setting is recorded.
+    - ``nondeterministic_ops``: ``{op: why}``, the backend methods whose results may differ between runs with the
+      same input (atomics); the backend calls :func:`ember.runtime.alert_not_deterministic` when it runs one, which
+      raises or warns under ``ember.use_deterministic_algorithms(True)``.
+    """
+
+
+@hookspec
 def plugin_info() -> dict[str, Any]:
     """Extra facts shown by ``ember info`` (library versions, hardware found, ...)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ... import dtypes as dt
+from ...amp.autocast_mode import STATE as _AMP
+from ...amp.autocast_mode import run as _amp_run
 from ...dtypes import DType, as_dtype
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...ops import nn as _nn
@@ -121,6 +123,8 @@ def leaky_relu_(input: Tensor, negative_slope: float = 0.01) -> Tensor:
 
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """log(1 + exp(beta * x)) / beta, linear where beta * x > threshold."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("softplus", softplus, input, beta, threshold)
     check_float(input, "softplus")
     if beta == 0:
         raise ValueRangeError("softplus: beta must not be 0")
@@ -185,6 +189,8 @@ def threshold(input: Tensor, threshold: float, value: float, inplace: bool = Fal
 
 def prelu(input: Tensor, weight: Tensor) -> Tensor:
     """x for x > 0, else weight * x; weight has 1 or C (= input.shape[1]) elements."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("prelu", prelu, input, weight)
     check_float(input, "prelu")
     check_tensor(weight, "prelu", "weight")
     if weight._dtype is not input._dtype:
@@ -222,18 +228,24 @@ def _softmax_dtype(op: str, input: Tensor, dtype: Any) -> DType:
 
 def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
     """exp(x) / sum(exp(x)) along dim; dtype casts the input first."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("softmax", softmax, input, dim, _stacklevel, dtype)
     d = _softmax_dtype("softmax", input, dtype)
     return _nn.softmax(input, _softmax_dim("softmax", input.ndim, dim), d)
 
 
 def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
     """log(softmax(x)) computed stably."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("log_softmax", log_softmax, input, dim, _stacklevel, dtype)
     d = _softmax_dtype("log_softmax", input, dtype)
     return _nn.softmax(input, _softmax_dim("log_softmax", input.ndim, dim), d, log=True)
 
 
 def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
     """softmax(-x)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("softmin", softmin, input, dim, _stacklevel, dtype)
     d = _softmax_dtype("softmin", input, dtype)
     return _nn.softmax(input, _softmax_dim("softmin", input.ndim, dim), d, negate=True)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 from ... import dtypes as dt
+from ...amp.autocast_mode import STATE as _AMP
+from ...amp.autocast_mode import run as _amp_run
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...ops import nn as _nn
 from ...shapes import broadcast_shapes
@@ -20,6 +22,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     A bool mask keeps positions where it is True; a float mask is added to the scores. Rows whose every
     position is masked give zeros (torch's math path uses a "safe" softmax).
     """
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("scaled_dot_product_attention", scaled_dot_product_attention, query, key, value, attn_mask,
+                        dropout_p, is_causal, scale, enable_gqa)
     op = "scaled_dot_product_attention"
     check_float(query, op, "query")
     check_like(query, key, op, "key")

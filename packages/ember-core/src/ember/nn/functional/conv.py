@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ...amp.autocast_mode import STATE as _AMP
+from ...amp.autocast_mode import run as _amp_run
 from ...errors import DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ...ops import nn as _nn
 from ...tensor import Tensor
@@ -100,18 +102,24 @@ def _convnd(op: str, nd: int, input: Tensor, weight: Tensor, bias: Tensor | None
 def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     """1-d cross-correlation: input (N, C_in, L) or (C_in, L), weight (C_out, C_in/groups, kL)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("conv1d", conv1d, input, weight, bias, stride, padding, dilation, groups)
     return _convnd("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
 
 
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     """2-d cross-correlation: input (N, C_in, H, W) or (C_in, H, W), weight (C_out, C_in/groups, kH, kW)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("conv2d", conv2d, input, weight, bias, stride, padding, dilation, groups)
     return _convnd("conv2d", 2, input, weight, bias, stride, padding, dilation, groups)
 
 
 def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     """3-d cross-correlation: input (N, C_in, D, H, W) or unbatched, weight (C_out, C_in/groups, kD, kH, kW)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("conv3d", conv3d, input, weight, bias, stride, padding, dilation, groups)
     return _convnd("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
 
 
@@ -160,6 +168,9 @@ def _conv_transposend(op: str, nd: int, input: Tensor, weight: Tensor, bias: Ten
 def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,
                      padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """1-d transposed convolution; weight (C_in, C_out/groups, kL). Note torch's order: groups before dilation."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("conv_transpose1d", conv_transpose1d, input, weight, bias, stride, padding, output_padding,
+                        groups, dilation)
     return _conv_transposend("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups,
                              dilation)
 
@@ -167,6 +178,9 @@ def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
 def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,
                      padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """2-d transposed convolution; weight (C_in, C_out/groups, kH, kW)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("conv_transpose2d", conv_transpose2d, input, weight, bias, stride, padding, output_padding,
+                        groups, dilation)
     return _conv_transposend("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups,
                              dilation)
 
@@ -174,6 +188,9 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
 def conv_transpose3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,
                      padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """3-d transposed convolution; weight (C_in, C_out/groups, kD, kH, kW)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("conv_transpose3d", conv_transpose3d, input, weight, bias, stride, padding, output_padding,
+                        groups, dilation)
     return _conv_transposend("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups,
                              dilation)
 
@@ -239,6 +256,9 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
 def max_pool3d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
                ceil_mode: bool = False, return_indices: bool = False) -> Any:
     """3-d max pooling over (N, C, D, H, W) or (C, D, H, W)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("max_pool3d", max_pool3d, input, kernel_size, stride, padding, dilation, ceil_mode,
+                        return_indices)
     return _max_poolnd("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
 
@@ -266,6 +286,9 @@ def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
 def avg_pool3d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
     """3-d average pooling over (N, C, D, H, W) or (C, D, H, W)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("avg_pool3d", avg_pool3d, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override)
     return _avg_poolnd("avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
                        divisor_override)
 
@@ -319,6 +342,8 @@ def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
 
 def adaptive_avg_pool3d(input: Tensor, output_size: Any) -> Tensor:
     """Average pooling to a fixed (D, H, W); None entries keep the input size."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("adaptive_avg_pool3d", adaptive_avg_pool3d, input, output_size)
     return _adaptive_avg("adaptive_avg_pool3d", 3, input, output_size)
 
 
@@ -334,6 +359,8 @@ def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = 
 
 def adaptive_max_pool3d(input: Tensor, output_size: Any, return_indices: bool = False) -> Any:
     """Max pooling to a fixed (D, H, W); None entries keep the input size."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("adaptive_max_pool3d", adaptive_max_pool3d, input, output_size, return_indices)
     return _adaptive_max("adaptive_max_pool3d", 3, input, output_size, return_indices)
 
 
@@ -348,6 +375,9 @@ def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode:
                 align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
                 antialias: bool = False) -> Tensor:
     """Resize the spatial dims of ``(N, C, *spatial)`` input to size, or by scale_factor."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("interpolate", interpolate, input, size, scale_factor, mode, align_corners,
+                        recompute_scale_factor, antialias)
     op = "interpolate"
     check_tensor(input, op)
     if mode not in _MODES:
@@ -426,6 +456,8 @@ _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 def pad(input: Tensor, pad: Any, mode: str = "constant", value: float | None = None) -> Tensor:
     """Pad the last len(pad)//2 dims; pad lists (left, right) pairs starting from the last dim."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run(_pad_key(pad, mode), _PAD, input, pad, mode, value)
     op = "pad"
     check_tensor(input, op)
     if not isinstance(pad, (tuple, list)) or not all(is_int(v) for v in pad):
@@ -469,6 +501,16 @@ def pad(input: Tensor, pad: Any, mode: str = "constant", value: float | None = N
         raise ShapeError(f"{op}: the input size {shape} with padding {tuple(pad)} would give negative output "
                          f"size {out}")
     return _nn.pad(input, tuple(pairs), mode, 0 if value is None else value, out)
+
+
+# the function itself: inside pad() its parameter ``pad`` hides the name
+_PAD = pad
+
+
+def _pad_key(pad: Any, mode: Any) -> str:
+    """pad's name in the autocast tables: PyTorch lists reflection_pad1d/2d and replication_pad1d/2d/3d as float32
+    ops, per mode and padded rank."""
+    return f"pad_{mode}_{len(pad) // 2}d" if isinstance(pad, (tuple, list)) else "pad"
 
 
 # ----------------------------------------------------------------------------------------------------------

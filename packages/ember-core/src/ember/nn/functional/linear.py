@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ... import dtypes as dt
+from ...amp.autocast_mode import STATE as _AMP
+from ...amp.autocast_mode import run as _amp_run
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...ops import nn as _nn
 from ...tensor import Tensor
@@ -12,6 +14,8 @@ from ._util import check_float, check_like, check_tensor, device_mismatch, is_in
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias``; input ``(*, in_features)``, weight ``(out_features, in_features)`` or
     ``(in_features,)``."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("linear", linear, input, weight, bias)
     op = "linear"
     check_float(input, op)
     check_like(input, weight, op, "weight")
@@ -35,6 +39,8 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """y[..., o] = input1[..., i] * weight[o, i, j] * input2[..., j] + bias[o]."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("bilinear", bilinear, input1, input2, weight, bias)
     op = "bilinear"
     check_float(input1, op, "input1")
     check_like(input1, input2, op, "input2")

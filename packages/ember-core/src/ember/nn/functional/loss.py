@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ... import dtypes as dt
+from ...amp.autocast_mode import STATE as _AMP
+from ...amp.autocast_mode import run as _amp_run
 from ...errors import DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
 from ...ops import nn as _nn
 from ...shapes import broadcast_shapes, norm_dim
@@ -57,6 +59,8 @@ def _check_weight(op: str, weight: Tensor | None, shape: tuple[int, ...]) -> Non
 def mse_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
              weight: Tensor | None = None) -> Tensor:
     """(input - target)^2, reduced."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("mse_loss", mse_loss, input, target, size_average, reduce, reduction, weight)
     check_reduction(reduction, "mse_loss")
     d, shape = _pair("mse_loss", input, target, promote=True)
     _check_weight("mse_loss", weight, shape)
@@ -66,6 +70,8 @@ def mse_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: An
 def l1_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
             weight: Tensor | None = None) -> Tensor:
     """``|input - target|``, reduced."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("l1_loss", l1_loss, input, target, size_average, reduce, reduction, weight)
     check_reduction(reduction, "l1_loss")
     d, shape = _pair("l1_loss", input, target)
     _check_weight("l1_loss", weight, shape)
@@ -75,6 +81,8 @@ def l1_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any
 def smooth_l1_loss(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None,
                    reduction: str = "mean", beta: float = 1.0) -> Tensor:
     """``0.5 * d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 * beta``."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("smooth_l1_loss", smooth_l1_loss, input, target, size_average, reduce, reduction, beta)
     check_reduction(reduction, "smooth_l1_loss")
     if beta < 0:
         raise ValueRangeError(f"smooth_l1_loss: beta must be non-negative, got {beta}")
@@ -85,6 +93,8 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average: Any = None, redu
 def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,
                weight: Tensor | None = None) -> Tensor:
     """``0.5 * d^2`` where ``|d| < delta``, else ``delta * (|d| - 0.5 * delta)``."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("huber_loss", huber_loss, input, target, reduction, delta, weight)
     check_reduction(reduction, "huber_loss")
     if not delta > 0:
         raise ValueRangeError(f"huber_loss: delta must be positive, got {delta}")
@@ -105,6 +115,9 @@ def _check_range01(op: str, x: Tensor) -> None:
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: Any = None,
                          reduce: Any = None, reduction: str = "mean") -> Tensor:
     """-(t * log(x) + (1 - t) * log(1 - x)) with each log clamped to >= -100, as torch."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("binary_cross_entropy", binary_cross_entropy, input, target, weight, size_average, reduce,
+                        reduction)
     op = "binary_cross_entropy"
     check_reduction(reduction, op)
     check_float(input, op)
@@ -123,6 +136,9 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tens
                                      size_average: Any = None, reduce: Any = None, reduction: str = "mean",
                                      pos_weight: Tensor | None = None) -> Tensor:
     """Sigmoid + binary cross-entropy in one stable formula; pos_weight scales the positive term."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("binary_cross_entropy_with_logits", binary_cross_entropy_with_logits, input, target, weight,
+                        size_average, reduce, reduction, pos_weight)
     op = "binary_cross_entropy_with_logits"
     check_reduction(reduction, op)
     check_float(input, op)
@@ -141,6 +157,8 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tens
 def kl_div(input: Tensor, target: Tensor, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
            log_target: bool = False) -> Tensor:
     """target * (log(target) - input) pointwise (0 where target is 0); reduction may also be 'batchmean'."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("kl_div", kl_div, input, target, size_average, reduce, reduction, log_target)
     op = "kl_div"
     check_reduction(reduction, op, ("batchmean",))
     d, shape = _pair(op, input, target)
@@ -183,6 +201,8 @@ def _class_target(op: str, input: Tensor, target: Tensor, weight: Tensor | None,
 def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: Any = None,
              ignore_index: int = -100, reduce: Any = None, reduction: str = "mean") -> Tensor:
     """-input[n, target[n]] (weighted); 'mean' divides by the total weight of non-ignored targets."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("nll_loss", nll_loss, input, target, weight, size_average, ignore_index, reduce, reduction)
     op = "nll_loss"
     check_reduction(reduction, op)
     check_float(input, op)
@@ -198,6 +218,9 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
                   label_smoothing: float = 0.0) -> Tensor:
     """log_softmax over dim 1 (dim 0 for unbatched (C,) input) + nll_loss; target holds class indices (int64)
     or class probabilities (the input's shape and dtype)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("cross_entropy", cross_entropy, input, target, weight, size_average, ignore_index, reduce,
+                        reduction, label_smoothing)
     op = "cross_entropy"
     check_reduction(reduction, op)
     check_float(input, op)
@@ -236,6 +259,8 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
 # ----------------------------------------------------------------------------------------------------------
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
     """sum(x1 * x2) / (max(||x1||, eps) * max(||x2||, eps)) along dim (inputs broadcast)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("cosine_similarity", cosine_similarity, x1, x2, dim, eps)
     op = "cosine_similarity"
     d, shape = _pair(op, x1, x2, promote=True)
     nd = len(shape)
@@ -247,6 +272,8 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
 
 def pairwise_distance(x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False) -> Tensor:
     """||x1 - x2 + eps||_p over the last dim."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("pairwise_distance", pairwise_distance, x1, x2, p, eps, keepdim)
     op = "pairwise_distance"
     d, shape = _pair(op, x1, x2)
     if not shape:

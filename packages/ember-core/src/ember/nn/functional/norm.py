@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 
 from ... import dtypes as dt
+from ...amp.autocast_mode import STATE as _AMP
+from ...amp.autocast_mode import run as _amp_run
 from ...errors import ShapeError, ValueRangeError
 from ...ops import nn as _nn
 from ...tensor import Tensor
@@ -31,6 +33,8 @@ def _normalized_shape(op: str, input: Tensor, normalized_shape: Any) -> tuple[in
 def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """(x - mean) / sqrt(var + eps) over the trailing normalized_shape dims, then weight and bias."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("layer_norm", layer_norm, input, normalized_shape, weight, bias, eps)
     op = "layer_norm"
     check_float(input, op)
     ns = _normalized_shape(op, input, normalized_shape)
@@ -48,6 +52,8 @@ def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = Non
 
 def rms_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
     """x / sqrt(mean(x^2) + eps) over the trailing dims; eps defaults to the dtype's machine epsilon."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("rms_norm", rms_norm, input, normalized_shape, weight, eps)
     op = "rms_norm"
     check_float(input, op)
     ns = _normalized_shape(op, input, normalized_shape)
@@ -69,6 +75,9 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
     """Normalise ``(N, C, *)`` per channel; in training, batch stats are used and running stats updated in place
     (running_var gets the unbiased variance, as torch)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("batch_norm", batch_norm, input, running_mean, running_var, weight, bias, training, momentum,
+                        eps)
     op = "batch_norm"
     check_float(input, op)
     if input.ndim < 2:
@@ -87,6 +96,8 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """Normalise ``(N, C, *)`` over groups of C // num_groups channels (and all spatial positions)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("group_norm", group_norm, input, num_groups, weight, bias, eps)
     op = "group_norm"
     check_float(input, op)
     if input.ndim < 2:
@@ -105,6 +116,9 @@ def instance_norm(input: Tensor, running_mean: Tensor | None = None, running_var
                   weight: Tensor | None = None, bias: Tensor | None = None, use_input_stats: bool = True,
                   momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
     """Normalise each (n, c) plane of ``(N, C, *)`` over its spatial positions."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
+        return _amp_run("instance_norm", instance_norm, input, running_mean, running_var, weight, bias,
+                        use_input_stats, momentum, eps)
     op = "instance_norm"
     check_float(input, op)
     if input.ndim < 3:
