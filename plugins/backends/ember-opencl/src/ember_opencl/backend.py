@@ -252,6 +252,11 @@ class OpenCLBackend(Backend):
     def scatter(self, h: CLArray, dim: int, index: CLArray, src: Any, reduce: str | None) -> CLArray:
         from . import indexing
 
+        if reduce is not None and h.dtype.is_floating_point and indexing.uses_atomics(h, reduce):
+            from ember.runtime import alert_not_deterministic
+
+            # declared in plugin.register_backend_traits: float sums in atomic order differ run to run
+            alert_not_deterministic("scatter", self.name, f"reduce={reduce!r}, {h.dtype.name}")
         return indexing.scatter(h, dim, index, src, reduce)
 
     def index_select(self, h: CLArray, dim: int, index: CLArray) -> CLArray:

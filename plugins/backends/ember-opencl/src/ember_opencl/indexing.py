@@ -433,6 +433,12 @@ def _has_int64_atomics(rt: Any) -> bool:
     return _device_flags(rt)[1] and not force_loop_reduce
 
 
+def uses_atomics(h: CLArray, reduce: str | None) -> bool:
+    """Whether scatter(h, ..., reduce) combines duplicates with compare-and-swap loops, whose order (and so a float
+    result's rounding) varies between runs; the 64-bit per-destination loop is deterministic."""
+    return reduce is not None and not (h.dtype.itemsize == 8 and not _has_int64_atomics(h.rt))
+
+
 def _loop_reduce(out: CLArray, dim: int, index: CLArray, src: CLArray, sstr: tuple[int, ...], op: str) -> None:
     """Deterministic scatter-reduce: each destination loops over index along dim (no atomics needed)."""
     t = ctype(out.dtype)

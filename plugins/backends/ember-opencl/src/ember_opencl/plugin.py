@@ -55,6 +55,15 @@ def register_backends(register: Callable[..., None]) -> None:
 
 
 @hookimpl
+def register_backend_traits(register: Callable[..., None]) -> None:
+    register("opencl", nondeterministic_ops={
+        "scatter": "reduce='add'/'multiply' combines duplicate indices with atomic compare-and-swap loops in "
+                   "arbitrary order, so floating sums and products may round differently between runs "
+                   "(scatter_add, index_add, index_put(accumulate=True) and embedding gradients reach it)",
+    })
+
+
+@hookimpl
 def plugin_info() -> dict[str, Any]:
     info: dict[str, Any] = {}
     try:
