@@ -69,6 +69,16 @@ def assert_params_close(tm: Any, em: Any, what: str) -> None:
         assert err <= PARAM_TOL, f"{what}: parameter {name} differs from torch by {err:.2e} (relative)"
 
 
+def assert_buffers_close(tm: Any, em: Any, what: str) -> None:
+    """Every named buffer (BatchNorm running statistics and counters) of the torch module against ember's."""
+    t_bufs = dict(tm.named_buffers())
+    e_bufs = dict(em.named_buffers())
+    assert sorted(t_bufs) == sorted(e_bufs), f"{what}: buffer names differ"
+    for name, tb in t_bufs.items():
+        np.testing.assert_allclose(e_bufs[name].numpy(), tb.numpy(), rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{what}: buffer {name}")
+
+
 def assert_losses_close(t_losses: list[float], e_losses: list[float], what: str) -> None:
     np.testing.assert_allclose(e_losses, t_losses, rtol=LOSS_RTOL, atol=1e-6, err_msg=f"{what}: losses")
 
@@ -176,3 +186,44 @@ def test_vae_lockstep(flavour: str) -> None:
     mu, logvar = ember.zeros(4, 20, device=dev), ember.zeros(4, 20, device=dev)
     z = ev.VAE.reparameterize(em, mu, logvar)
     assert z.shape == (4, 20) and z.device == dev and float(z.std().item()) > 0.5
+
+
+# ----------------------------------------------------------------------------------------------------------
+# dcgan: ConvTranspose2d generator, Conv2d/BatchNorm/LeakyReLU discriminator, BCELoss, two Adams, weights_init
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flavour", list(DEVICES))
+def test_dcgan_lockstep(flavour: str) -> None:
+    """The latent noise (``randn`` in the program's loop) is drawn in numpy and passed to both ``train_step``s;
+    BatchNorm trains in train mode, so running statistics are compared too."""
+    tg, eg = load("dcgan", "torch"), load("dcgan", "ember")
+    dev = DEVICES[flavour]()
+    x = tg.digits_32x32()
+    np.testing.assert_array_equal(eg.digits_32x32(), x)
+    torch.manual_seed(0)
+    t_parts = tg.build(torch.device("cpu"), nz=16, ngf=8, ndf=8)
+    e_parts = eg.build(dev, nz=16, ngf=8, ndf=8)
+    for t_net, e_net in zip(t_parts[:2], e_parts[:2]):
+        copy_weights(t_net, e_net, dev)
+    rng = np.random.default_rng(0)
+    t_losses: list[float] = []
+    e_losses: list[float] = []
+    for i in range(2):
+        xb = x[8 * i:8 * i + 8]
+        noise = rng.standard_normal((8, 16, 1, 1), dtype=np.float32)
+        t_losses += tg.train_step(*t_parts, torch.from_numpy(xb), torch.from_numpy(noise))
+        e_losses += eg.train_step(*e_parts, ember.tensor(xb, device=dev), ember.tensor(noise, device=dev))
+    assert_losses_close(t_losses, e_losses, "dcgan")
+    for what, t_net, e_net in (("dcgan netG", t_parts[0], e_parts[0]), ("dcgan netD", t_parts[1], e_parts[1])):
+        assert_params_close(t_net, e_net, what)
+        assert_buffers_close(t_net, e_net, what)
+
+
+def test_dcgan_weights_init_draws_the_documented_distributions() -> None:
+    """The program's ``weights_init`` (``m.weight.data.normal_``, ``m.bias.data.fill_``) on ember modules."""
+    eg = load("dcgan", "ember")
+    ember.manual_seed(0)
+    net_g = eg.build(Device.default().autodiff(), nz=16, ngf=32, ndf=32)[0]
+    conv_w = net_g.main[3].weight.detach().numpy()  # ConvTranspose2d(128, 64, 4, 2, 1): 131072 samples
+    bn = net_g.main[1]
+    assert abs(float(conv_w.mean())) < 1e-3 and abs(float(conv_w.std()) - 0.02) < 1e-3
+    assert abs(float(bn.weight.detach().numpy().mean()) - 1.0) < 0.01 and not bn.bias.detach().numpy().any()
