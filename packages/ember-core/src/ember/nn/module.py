@@ -9,13 +9,16 @@ model.
 from __future__ import annotations
 
 import threading
+import types
+import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from ..autograd import no_grad
 from ..errors import DTypeError, EmberError, ShapeError
 from ..tensor import Tensor
+from ..utils.hooks import BackwardHook, RemovableHandle
 
 
 class Parameter(Tensor):
@@ -88,6 +91,72 @@ def _name_module_path(exc: EmberError, module: Module, calls: list[Module]) -> N
             return
 
 
+class _HookState:
+    """Whether any module hook (a module's own or a global one) was ever registered in this process: until one is,
+    ``Module.__call__`` skips looking at hook tables at all."""
+
+    registered = False
+
+
+_hooks = _HookState()
+
+
+def _new_hook(table: OrderedDict[int, Any], hook: Callable[..., Any], extra_dict: Any = None) -> RemovableHandle:
+    """Store ``hook`` in ``table`` under a new handle's id and return the handle."""
+    if not callable(hook):
+        raise EmberError(f"module hooks must be callable, got {type(hook).__name__}")
+    _hooks.registered = True
+    handle = RemovableHandle(table, extra_dict=extra_dict)
+    table[handle.id] = hook
+    return handle
+
+
+# -- global module hooks (torch.nn.modules.module.register_module_*_hook): run before every module's own ---------
+_global_forward_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+_global_forward_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+_global_forward_hooks_with_kwargs: OrderedDict[int, bool] = OrderedDict()
+_global_forward_hooks_always_called: OrderedDict[int, bool] = OrderedDict()
+_global_backward_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+_global_backward_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+
+
+def register_module_forward_pre_hook(hook: Callable[..., Any]) -> RemovableHandle:
+    """A forward pre-hook of every module (``hook(module, args) -> None or new args``), run before the modules' own
+    (``torch.nn.modules.module.register_module_forward_pre_hook``; meant for debugging and profiling)."""
+    return _new_hook(_global_forward_pre_hooks, hook)
+
+
+def register_module_forward_hook(hook: Callable[..., Any], *, with_kwargs: bool = False,
+                                 always_call: bool = False) -> RemovableHandle:
+    """A forward hook of every module (``hook(module, args, output)``, or ``hook(module, args, kwargs, output)``
+    with ``with_kwargs``; a value it returns replaces the output), run before the modules' own; ``always_call``
+    runs it even when forward raises (``torch.nn.modules.module.register_module_forward_hook``)."""
+    handle = _new_hook(_global_forward_hooks, hook,
+                       [_global_forward_hooks_with_kwargs, _global_forward_hooks_always_called])
+    if with_kwargs:
+        _global_forward_hooks_with_kwargs[handle.id] = True
+    if always_call:
+        _global_forward_hooks_always_called[handle.id] = True
+    return handle
+
+
+def register_module_full_backward_pre_hook(hook: Callable[..., Any]) -> RemovableHandle:
+    """A backward pre-hook of every module (see :meth:`Module.register_full_backward_pre_hook`), run before the
+    modules' own."""
+    return _new_hook(_global_backward_pre_hooks, hook)
+
+
+def register_module_full_backward_hook(hook: Callable[..., Any]) -> RemovableHandle:
+    """A full backward hook of every module (see :meth:`Module.register_full_backward_hook`), run before the
+    modules' own."""
+    return _new_hook(_global_backward_hooks, hook)
+
+
+#: the hook tables of a module without hooks: read-only and empty (a module's own tables are created by the first
+#: register_*_hook call, so modules pay nothing for hooks they do not have)
+_NO_HOOKS: Mapping[int, Any] = types.MappingProxyType({})
+
+
 class IncompatibleKeys(NamedTuple):
     """What ``load_state_dict`` did not match: keys the module expected and keys it did not know."""
 
@@ -103,6 +172,14 @@ class Module:
     _buffers: dict[str, Tensor | None]
     _non_persistent: set[str]
     _modules: dict[str, Module | None]
+    # hook tables (torch's attribute names), replaced by an OrderedDict of the module's own on first registration
+    _forward_pre_hooks: Mapping[int, Callable[..., Any]] = _NO_HOOKS
+    _forward_pre_hooks_with_kwargs: Mapping[int, bool] = _NO_HOOKS
+    _forward_hooks: Mapping[int, Callable[..., Any]] = _NO_HOOKS
+    _forward_hooks_with_kwargs: Mapping[int, bool] = _NO_HOOKS
+    _forward_hooks_always_called: Mapping[int, bool] = _NO_HOOKS
+    _backward_pre_hooks: Mapping[int, Callable[..., Any]] = _NO_HOOKS
+    _backward_hooks: Mapping[int, Callable[..., Any]] = _NO_HOOKS
 
     def __init__(self) -> None:
         object.__setattr__(self, "training", True)
@@ -115,6 +192,12 @@ class Module:
         raise EmberError(f"{type(self).__name__} has no forward(); subclasses of nn.Module must define it")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # one global load on the hook-free path; the tables are looked at only once some hook was ever registered
+        if _hooks.registered and (
+                self._forward_pre_hooks or self._forward_hooks or self._backward_hooks or self._backward_pre_hooks
+                or _global_forward_pre_hooks or _global_forward_hooks or _global_backward_hooks
+                or _global_backward_pre_hooks):
+            return self._call_with_hooks(args, kwargs)
         calls = _running()
         calls.append(self)
         try:
@@ -124,6 +207,144 @@ class Module:
             raise
         finally:
             calls.pop()
+
+    def _call_with_hooks(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``__call__`` of a module with hooks (or while global hooks exist), in PyTorch's order: global then own
+        forward pre-hooks; backward hooks set up on the inputs; forward; global then own forward hooks; backward
+        hooks set up on the outputs. When anything raises, the ``always_call`` forward hooks not run yet run (their
+        own errors become warnings) before the error propagates."""
+        calls = _running()
+        calls.append(self)
+        result: Any = None
+        called_always: set[int] = set()
+        try:
+            try:
+                for hook_id, hook in (*_global_forward_pre_hooks.items(), *self._forward_pre_hooks.items()):
+                    if hook_id in self._forward_pre_hooks_with_kwargs:
+                        res = hook(self, args, kwargs)
+                        if res is not None:
+                            if not (isinstance(res, tuple) and len(res) == 2):
+                                raise EmberError(f"{type(self).__name__}: a forward pre-hook with_kwargs must return "
+                                                 f"None or a tuple of (new_args, new_kwargs), but got {res!r}")
+                            args, kwargs = res
+                    else:
+                        res = hook(self, args)
+                        if res is not None:
+                            args = res if isinstance(res, tuple) else (res,)
+                backward_hooks = [*_global_backward_hooks.values(), *self._backward_hooks.values()]
+                backward_pre_hooks = [*_global_backward_pre_hooks.values(), *self._backward_pre_hooks.values()]
+                bw_hook = None
+                if backward_hooks or backward_pre_hooks:
+                    bw_hook = BackwardHook(self, backward_hooks, backward_pre_hooks)
+                    args = bw_hook.setup_input_hook(args)
+                result = self.forward(*args, **kwargs)
+                for hook_id, hook in (*_global_forward_hooks.items(), *self._forward_hooks.items()):
+                    if hook_id in self._forward_hooks_always_called or hook_id in _global_forward_hooks_always_called:
+                        called_always.add(hook_id)
+                    if hook_id in self._forward_hooks_with_kwargs or hook_id in _global_forward_hooks_with_kwargs:
+                        res = hook(self, args, kwargs, result)
+                    else:
+                        res = hook(self, args, result)
+                    if res is not None:
+                        result = res
+                if bw_hook is not None:
+                    if not isinstance(result, (Tensor, tuple)):
+                        warnings.warn("For backward hooks to be called, module output should be a Tensor or a tuple "
+                                      f"of Tensors but received {type(result)}", stacklevel=3)
+                    result = bw_hook.setup_output_hook(result)
+                return result
+            except Exception:
+                self._run_always_called_hooks(args, kwargs, result, called_always)
+                raise
+        except EmberError as exc:
+            _name_module_path(exc, self, calls)
+            raise
+        finally:
+            calls.pop()
+
+    def _run_always_called_hooks(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+                                 called: set[int]) -> None:
+        """The ``always_call`` forward hooks that did not run because forward (or a hook) raised."""
+        for hook_id, hook in (*_global_forward_hooks.items(), *self._forward_hooks.items()):
+            if hook_id in called or not (hook_id in self._forward_hooks_always_called
+                                         or hook_id in _global_forward_hooks_always_called):
+                continue
+            try:
+                if hook_id in self._forward_hooks_with_kwargs or hook_id in _global_forward_hooks_with_kwargs:
+                    res = hook(self, args, kwargs, result)
+                else:
+                    res = hook(self, args, result)
+                if res is not None:
+                    result = res
+            except Exception as e:  # noqa: BLE001 - the forward's error is the one to raise, as in PyTorch
+                warnings.warn("module forward hook with ``always_call=True`` raised an exception that was silenced "
+                              f"as another error was raised in forward: {e}", stacklevel=3)
+
+    # -- hooks -------------------------------------------------------------------------------------------------
+    def _hook_table(self, name: str) -> OrderedDict[int, Any]:
+        """This module's own hook table ``name``, created on first use."""
+        table = self.__dict__.get(name)
+        if table is None:
+            table = OrderedDict()
+            object.__setattr__(self, name, table)
+        return table
+
+    def register_forward_pre_hook(self, hook: Callable[..., Any], *, prepend: bool = False,
+                                  with_kwargs: bool = False) -> RemovableHandle:
+        """Call ``hook(module, args)`` before every ``forward`` (``hook(module, args, kwargs)`` with
+        ``with_kwargs``). A value it returns replaces the positional arguments (a non-tuple becomes a 1-tuple); with
+        ``with_kwargs`` it must return None or ``(new_args, new_kwargs)``. ``prepend`` runs it before this module's
+        other pre-hooks (global ones always run first). Returns a :class:`~ember.utils.hooks.RemovableHandle`."""
+        table = self._hook_table("_forward_pre_hooks")
+        flags = self._hook_table("_forward_pre_hooks_with_kwargs")
+        handle = _new_hook(table, hook, flags)
+        if with_kwargs:
+            flags[handle.id] = True
+        if prepend:
+            table.move_to_end(handle.id, last=False)
+        return handle
+
+    def register_forward_hook(self, hook: Callable[..., Any], *, prepend: bool = False, with_kwargs: bool = False,
+                              always_call: bool = False) -> RemovableHandle:
+        """Call ``hook(module, args, output)`` after every ``forward`` (``hook(module, args, kwargs, output)`` with
+        ``with_kwargs``); a value it returns replaces the output. ``prepend`` runs it before this module's other
+        forward hooks (global ones always run first); ``always_call`` runs it even when forward raises (with
+        ``output`` None). Returns a :class:`~ember.utils.hooks.RemovableHandle`."""
+        table = self._hook_table("_forward_hooks")
+        kw = self._hook_table("_forward_hooks_with_kwargs")
+        always = self._hook_table("_forward_hooks_always_called")
+        handle = _new_hook(table, hook, [kw, always])
+        if with_kwargs:
+            kw[handle.id] = True
+        if always_call:
+            always[handle.id] = True
+        if prepend:
+            table.move_to_end(handle.id, last=False)
+        return handle
+
+    def register_full_backward_pre_hook(self, hook: Callable[..., Any], prepend: bool = False) -> RemovableHandle:
+        """Call ``hook(module, grad_output)`` when the gradients of this module's outputs are computed
+        (``grad_output`` is a tuple, None for non-Tensor outputs and outputs that got no gradient); a tuple it
+        returns replaces ``grad_output`` from then on. Needs a device that records gradients; the module's forward
+        then gets (and its caller receives) new tensors sharing the data. Returns a
+        :class:`~ember.utils.hooks.RemovableHandle`."""
+        table = self._hook_table("_backward_pre_hooks")
+        handle = _new_hook(table, hook)
+        if prepend:
+            table.move_to_end(handle.id, last=False)
+        return handle
+
+    def register_full_backward_hook(self, hook: Callable[..., Any], prepend: bool = False) -> RemovableHandle:
+        """Call ``hook(module, grad_input, grad_output)`` when the gradients of this module's positional tensor
+        inputs are computed (tuples; None for non-Tensor arguments); a tuple it returns replaces ``grad_input``.
+        When no input requires grad it runs when the output gradients are known, with ``grad_input`` all None (and
+        must return None); when no output requires grad it does not run (PyTorch's rules). Returns a
+        :class:`~ember.utils.hooks.RemovableHandle`."""
+        table = self._hook_table("_backward_hooks")
+        handle = _new_hook(table, hook)
+        if prepend:
+            table.move_to_end(handle.id, last=False)
+        return handle
 
     # -- registration ----------------------------------------------------------------------------------------
     def _check_init(self, name: str) -> None:
@@ -136,11 +357,11 @@ class Module:
     def __setattr__(self, name: str, value: Any) -> None:
         if isinstance(value, Parameter):
             self._check_init(name)
-            self._forget(name)
+            self._forget(name, keep=self._parameters)
             self._parameters[name] = value
         elif isinstance(value, Module):
             self._check_init(name)
-            self._forget(name)
+            self._forget(name, keep=self._modules)
             self._modules[name] = value
         elif "_parameters" in self.__dict__ and name in self._parameters:
             if value is not None:
@@ -160,9 +381,13 @@ class Module:
         else:
             object.__setattr__(self, name, value)
 
-    def _forget(self, name: str) -> None:
+    def _forget(self, name: str, keep: dict[str, Any] | None = None) -> None:
+        """Drop ``name`` from every store but ``keep`` (the one it is about to be set in: as PyTorch, replacing a
+        parameter, buffer or submodule keeps its place, so ``decoder.weight = encoder.weight`` keeps
+        ``decoder.weight`` before ``decoder.bias`` in ``state_dict``)."""
         for d in (self._parameters, self._buffers, self._modules):
-            d.pop(name, None)
+            if d is not keep:
+                d.pop(name, None)
         self._non_persistent.discard(name)
         self.__dict__.pop(name, None)
 
@@ -191,7 +416,7 @@ class Module:
             raise DTypeError(
                 f"register_parameter: {name!r} must be an nn.Parameter or None, got {type(param).__name__}"
             )
-        self._forget(name)
+        self._forget(name, keep=self._parameters)
         self._parameters[name] = param
 
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
@@ -200,7 +425,7 @@ class Module:
         self._check_name(name, "buffer")
         if tensor is not None and not isinstance(tensor, Tensor):
             raise DTypeError(f"register_buffer: {name!r} must be a Tensor or None, got {type(tensor).__name__}")
-        self._forget(name)
+        self._forget(name, keep=self._buffers)
         self._buffers[name] = tensor
         if not persistent:
             self._non_persistent.add(name)
@@ -210,7 +435,7 @@ class Module:
         self._check_name(name, "module")
         if module is not None and not isinstance(module, Module):
             raise DTypeError(f"add_module: {name!r} must be a Module or None, got {type(module).__name__}")
-        self._forget(name)
+        self._forget(name, keep=self._modules)
         self._modules[name] = module
 
     register_module = add_module
@@ -388,9 +613,11 @@ class Module:
         return self.to(Device.host())
 
     def state_dict(self, prefix: str = "", keep_vars: bool = False) -> OrderedDict[str, Tensor]:
-        """Parameters and persistent buffers by dotted path (detached unless keep_vars)."""
+        """Parameters and persistent buffers by dotted path (detached unless keep_vars), in PyTorch's order: a
+        module's parameters, then its buffers, then each child's entries. Shared tensors and shared submodules
+        appear under every path they are registered at (a tied weight under both names)."""
         out: OrderedDict[str, Tensor] = OrderedDict()
-        for mod_prefix, mod in self.named_modules(prefix=prefix.rstrip(".")):
+        for mod_prefix, mod in self.named_modules(prefix=prefix.rstrip("."), remove_duplicate=False):
             base = f"{mod_prefix}." if mod_prefix else ""
             for name, p in mod._parameters.items():
                 if p is not None:
