@@ -57,12 +57,19 @@ def ifb() -> FusionBackend:
 
 
 @pytest.fixture
-def fused_dev() -> Device:
+def default_fused_dev() -> Device:
     """``Device.flex()`` when its stack is fused (flex implements ``fusion_compile``), else the test is skipped."""
     dev = Device.flex()
     if type(dev.stack).__name__ != "FusionBackend":
         pytest.skip("flex does not support fusion yet (Device.flex().stack is not a FusionBackend)")
     return dev
+
+
+@pytest.fixture
+def fused_dev(default_fused_dev: Device) -> Device:
+    """The fused flex device that records every op (``eager_below=0``): these tests use small tensors, which the
+    default device runs eagerly (too small for a plan to pay), to check what recording and planning do."""
+    return default_fused_dev.fusion(eager_below=0)
 
 
 @pytest.fixture
@@ -95,7 +102,8 @@ def is_pending() -> Callable[[Any], bool]:
 def _flush_fused_flex() -> Any:
     """Leave nothing pending on the shared fused flex stack between tests."""
     yield
-    stack = Device.flex().stack
-    if isinstance(stack, FusionBackend):
-        stack.flush()
+    for dev in (Device.flex(), Device.flex().fusion(eager_below=0)):
+        stack = dev.stack
+        if isinstance(stack, FusionBackend):
+            stack.flush()
 

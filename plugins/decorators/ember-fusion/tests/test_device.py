@@ -17,6 +17,12 @@ from ember_fusion.backend import FusionBackend
 from ember_fusion.plugin import _factory, enabled_by_environment, supports_fusion
 
 
+@pytest.fixture
+def fused_dev(default_fused_dev: Device) -> Device:
+    """Device identity and options: the default fused flex device itself (conftest's records every op)."""
+    return default_fused_dev
+
+
 def test_registered_as_an_automatic_decorator() -> None:
     from ember.plugins.manager import registry
 

@@ -283,7 +283,7 @@ def test_max_pending_bound_flushes_on_the_stack(inner: Any) -> None:
 
 
 def test_max_pending_option_on_a_device(fused_dev: ember.Device, is_pending: Callable[[Any], bool]) -> None:
-    dev = fused_dev.fusion(max_pending=8)
+    dev = fused_dev.fusion(max_pending=8, eager_below=0)
     stack = dev.stack
     assert isinstance(stack, FusionBackend) and stack.max_pending == 8
     assert stack is not fused_dev.stack and stack.inner is fused_dev.stack.inner  # one flex backend, one pool

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from math import prod
 from typing import Any
 
 from ember import dtypes as dt
@@ -35,11 +36,17 @@ from .schedule import Graph, build_plan, run_plan
 DEFAULT_MAX_PENDING = 256
 #: plans kept per backend (least recently used dropped first)
 PLAN_CACHE_SIZE = 2048
+#: devices' default for ``eager_below``: an op on values in memory whose result and inputs all have fewer elements
+#: than this runs at once, unrecorded. Measured on flex (benchmarks/fusion.py, section "threshold"): recording,
+#: keying and running a plan costs 40-100 us of Python, which numpy's per-op time on small arrays never earns back;
+#: below about 2**18 float32 elements every chain measured (2 to 9 ops, with and without transcendentals) ran slower
+#: fused than op by op, above it the chains with several arithmetic ops ran faster.
+DEFAULT_EAGER_BELOW = 1 << 18
 
 _SCALARS = (bool, int, float)
 _R0, _R1, _R2 = Ref(0), Ref(1), Ref(2)
 
-_COUNTERS = ("recorded", "realizations", "single_ops", "plan_hits", "plan_misses", "kernels_run",
+_COUNTERS = ("recorded", "eager", "realizations", "single_ops", "plan_hits", "plan_misses", "kernels_run",
              "kernels_compiled", "kernels_interpreted", "boundaries")
 
 
@@ -121,8 +128,11 @@ class FusionBackend(Decorator):
     #: optional methods of the inner backend (flex's ``conv_input_grad``, looked up by autodiff with getattr)
     optional_policy = Policy.BOUNDARY
 
-    def __init__(self, inner: Backend, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+    def __init__(self, inner: Backend, max_pending: int = DEFAULT_MAX_PENDING, eager_below: int = 0) -> None:
         self.max_pending = max_pending
+        #: ops on values in memory with fewer elements than this (result and inputs) run at once (0: record all);
+        #: devices get :data:`DEFAULT_EAGER_BELOW`, a bare ``FusionBackend(inner)`` records everything
+        self.eager_below = eager_below
         self.stats = FusionStats()
         self._pending = PendingSet(self.stats)
         self._plans: OrderedDict[Any, Any] = OrderedDict()
@@ -155,10 +165,25 @@ class FusionBackend(Decorator):
 
     def _record(self, op: str, args: tuple[Any, ...], srcs: tuple[Node, ...], shape: tuple[int, ...],
                 dtype: DType) -> FArray:
-        h = FArray(Node(op, args, srcs, shape, dtype))
+        n = Node(op, args, srcs, shape, dtype)
         pending = self._pending
+        counts = pending.counts
+        counts.recorded += 1
+        below = self.eager_below
+        if below:
+            # too small to pay for planning: with every input in memory, run the inner backend's op right away
+            # (bit-identical to the unfused device, and nothing is held for a later realization)
+            for s in srcs:
+                if s.value is None:
+                    break
+            else:
+                work = srcs[0].shape if op == "reduce" else shape
+                if prod(work) < below:
+                    n.realize_as(self._run_one(n))
+                    counts.eager += 1
+                    return FArray(n)
+        h = FArray(n)
         pending.add(h)
-        pending.counts.recorded += 1
         if pending.recorded >= self.max_pending:
             self.flush()
         return h
@@ -208,23 +233,22 @@ class FusionBackend(Decorator):
 
     def _run_one(self, n: Node) -> Any:
         """A pending node whose inputs are all in memory, computed by the inner backend's own method."""
-        inner, op, a = self.inner, n.op, n.args
-        vals = [s.value for s in n.srcs]
-
-        def arg(x: Any) -> Any:
-            return vals[x.k] if type(x) is Ref else x.value
-
-        if op == "unary":
-            return inner.unary(a[0], vals[0])
+        inner, op, a, srcs = self.inner, n.op, n.args, n.srcs
         if op == "binary":
-            return inner.binary(a[0], arg(a[1]), arg(a[2]))
+            x, y = a[1], a[2]
+            return inner.binary(a[0], srcs[x.k].value if type(x) is Ref else x.value,
+                                srcs[y.k].value if type(y) is Ref else y.value)
+        if op == "unary":
+            return inner.unary(a[0], srcs[0].value)
         if op == "where":
-            return inner.where(vals[0], arg(a[1]), arg(a[2]))
+            x, y = a[1], a[2]
+            return inner.where(srcs[0].value, srcs[x.k].value if type(x) is Ref else x.value,
+                               srcs[y.k].value if type(y) is Ref else y.value)
         if op == "cast":
-            return inner.cast(vals[0], a[0])
+            return inner.cast(srcs[0].value, a[0])
         if op == "full":
             return inner.full(n.shape, a[0].value, n.dtype)
-        return inner.reduce(a[0], vals[0], a[2], a[3])  # reduce: (op, Ref(0), dims, keepdim)
+        return inner.reduce(a[0], srcs[0].value, a[2], a[3])  # reduce: (op, Ref(0), dims, keepdim)
 
     def _compile(self, kernel: Any) -> Any:
         if kernel in self._compiled:
@@ -263,15 +287,15 @@ class FusionBackend(Decorator):
                 pending.extend(x.node for x in a if type(x) is FArray and x.node.value is None)
         if pending:
             self._realize(pending)
-
-        def val(a: Any) -> Any:
+        out = []
+        for a in args:  # a loop, not a closure per call: this runs for every boundary op
             if type(a) is FArray:
-                return a.node.value
-            if type(a) in (tuple, list):
-                return type(a)(x.node.value if type(x) is FArray else x for x in a)
-            return a
-
-        return tuple(val(a) for a in args)
+                out.append(a.node.value)
+            elif type(a) in (tuple, list):
+                out.append(type(a)(x.node.value if type(x) is FArray else x for x in a))
+            else:
+                out.append(a)
+        return tuple(out)
 
     # ------------------------------------------------------------------------------------------------------
     # decorated stack plumbing (the rest is Decorator's)

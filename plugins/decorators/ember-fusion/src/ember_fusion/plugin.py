@@ -23,21 +23,31 @@ def supports_fusion(backend: Any) -> bool:
     return getattr(type(backend), "fusion_compile", Backend.fusion_compile) is not Backend.fusion_compile
 
 
-def _factory(inner: Any, max_pending: Any = None, **unknown: Any) -> Any:
+def _count_option(name: str, value: Any, default: int, minimum: int) -> int:
+    """A whole-number option given as an int (or as digits, from a device string built by hand), checked."""
     from ember.errors import ValueRangeError
 
-    from .backend import DEFAULT_MAX_PENDING, FusionBackend
-
-    if unknown:
-        raise ValueRangeError(f"fusion: unknown option(s) {sorted(unknown)}; the only option is max_pending")
-    if not enabled_by_environment() or not supports_fusion(inner):
-        return inner
-    bound = DEFAULT_MAX_PENDING if max_pending is None else max_pending
+    bound = default if value is None else value
     if type(bound) is str and bound.strip().isdigit():  # Device("flex", decorators=...) built by hand from text
         bound = int(bound)
-    if type(bound) is not int or bound < 1:
-        raise ValueRangeError(f"fusion: max_pending must be a positive int, got {max_pending!r}")
-    return FusionBackend(inner, max_pending=bound)
+    if type(bound) is not int or bound < minimum:
+        kind = "a positive int" if minimum > 0 else "an int >= 0"
+        raise ValueRangeError(f"fusion: {name} must be {kind}, got {value!r}")
+    return bound
+
+
+def _factory(inner: Any, max_pending: Any = None, eager_below: Any = None, **unknown: Any) -> Any:
+    from ember.errors import ValueRangeError
+
+    from .backend import DEFAULT_EAGER_BELOW, DEFAULT_MAX_PENDING, FusionBackend
+
+    if unknown:
+        raise ValueRangeError(f"fusion: unknown option(s) {sorted(unknown)}; the options are max_pending and "
+                              "eager_below")
+    if not enabled_by_environment() or not supports_fusion(inner):
+        return inner
+    return FusionBackend(inner, max_pending=_count_option("max_pending", max_pending, DEFAULT_MAX_PENDING, 1),
+                         eager_below=_count_option("eager_below", eager_below, DEFAULT_EAGER_BELOW, 0))
 
 
 @hookimpl
