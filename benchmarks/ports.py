@@ -9,10 +9,12 @@ side and alternating:
 Every case starts from the same weights (torch's initialisation, copied into ember through numpy) and trains on
 the same batches; every step reads its loss value (``loss.item()``), so all its work is realized. Each figure is the
 median over >= 5 timed repetitions after warm-up, with spread; ratios are of median times (> 1: ember slower).
+On a shared or busy machine pass ``--threads 1``: torch's and numpy's thread pools spin-wait for busy cores, which
+can make a small step many times slower than it is on an idle machine (both frameworks get the same limit).
 
 Usage::
 
-    python benchmarks/ports.py [--quick] [--json PATH] [--programs NAME ...]
+    python benchmarks/ports.py [--quick] [--json PATH] [--programs NAME ...] [--threads N]
     ember bench --only ports [--quick]          (the suite's optional ``ports`` section)
 """
 
@@ -80,8 +82,8 @@ def setup_word_lm(quick: bool) -> Setup:
     with clip 0.25; the hidden state carries over between steps (repackaged) and batches cycle over the corpus."""
     torch = torch_module()
     tw, ew = load_port("word_lm", "torch"), load_port("word_lm", "ember")
-    lines = tw.corpus_text(300 if quick else None)
-    size, bsz, bptt = (32, 8, 10) if quick else (200, 20, 35)
+    lines = tw.corpus_text(100 if quick else None)
+    size, bsz, bptt = (16, 4, 8) if quick else (200, 20, 35)
     t_corpus = tw.Corpus(lines)
     ntokens = len(t_corpus.dictionary)
     torch.manual_seed(0)
@@ -116,14 +118,123 @@ def setup_word_lm(quick: bool) -> Setup:
     return torch_step, ember_step, f"vocab {ntokens}, LSTM 2x{size}, bptt {bptt}, batch {bsz}"
 
 
+def _batches(arrays: Sequence[np.ndarray], batch: int, count: int) -> list[tuple[np.ndarray, ...]]:
+    """``count`` consecutive batches of ``batch`` rows from each of ``arrays`` (the steps cycle over them)."""
+    return [tuple(a[i * batch:(i + 1) * batch] for a in arrays) for i in range(count)]
+
+
+def _cycle(fn: Callable[[tuple[Any, ...]], float], batches: list[tuple[Any, ...]]) -> Step:
+    """A step that calls ``fn`` on the next batch, round-robin."""
+    pos = [0]
+
+    def step() -> float:
+        b = batches[pos[0] % len(batches)]
+        pos[0] += 1
+        return float(fn(b))
+
+    return step
+
+
+def setup_mnist_cnn(quick: bool) -> Setup:
+    """The example's Net (conv 32, conv 64, fc 9216-128-10, dropout in train mode), Adadelta lr 1, batch 64."""
+    torch = torch_module()
+    tp, ep = load_port("mnist_cnn", "torch"), load_port("mnist_cnn", "ember")
+    bsz = 4 if quick else 64
+    x, y = tp.digits_28x28()
+    batches = _batches((x, y), bsz, 4)
+    torch.manual_seed(0)
+    state = torch_state(tp.build(torch.device("cpu"))[0])
+
+    def torch_step() -> Step:
+        model, opt, _ = tp.build(torch.device("cpu"))
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        model.train()
+        data = [(torch.from_numpy(a), torch.from_numpy(b)) for a, b in batches]
+        return _cycle(lambda b: tp.train_step(model, opt, *b), data)
+
+    def ember_step(dev: Device) -> Step:
+        model, opt, _ = ep.build(dev)
+        load_into(model, state, dev).train()
+        data = [(ember.tensor(a, device=dev), ember.tensor(b, device=dev)) for a, b in batches]
+        return _cycle(lambda b: ep.train_step(model, opt, *b), data)
+
+    return torch_step, ember_step, f"batch {bsz}, 1x28x28, Adadelta"
+
+
+def setup_vae(quick: bool) -> Setup:
+    """The example's VAE (784-400-20), Adam lr 1e-3, batch 128; its own randn_like noise on each side."""
+    torch = torch_module()
+    tv, ev = load_port("vae", "torch"), load_port("vae", "ember")
+    bsz = 16 if quick else 128
+    batches = _batches((tv.digits_28x28(),), bsz, 4)
+    torch.manual_seed(0)
+    state = torch_state(tv.build(torch.device("cpu"))[0])
+
+    def torch_step() -> Step:
+        model, opt = tv.build(torch.device("cpu"))
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        model.train()
+        data = [(torch.from_numpy(a),) for (a,) in batches]
+        return _cycle(lambda b: tv.train_step(model, opt, b[0]), data)
+
+    def ember_step(dev: Device) -> Step:
+        model, opt = ev.build(dev)
+        load_into(model, state, dev).train()
+        data = [(ember.tensor(a, device=dev),) for (a,) in batches]
+        return _cycle(lambda b: ev.train_step(model, opt, b[0]), data)
+
+    return torch_step, ember_step, f"batch {bsz}, fc 784-400-20, Adam"
+
+
+def setup_dcgan(quick: bool) -> Setup:
+    """One D step and one G step (two Adams), 32x32 grey images, nz 100, ngf = ndf = 32 (8 quick), batch 64."""
+    torch = torch_module()
+    tg, eg = load_port("dcgan", "torch"), load_port("dcgan", "ember")
+    bsz, width = (4, 8) if quick else (64, 32)
+    rng = np.random.default_rng(0)
+    x = tg.digits_32x32()
+    batches = [(x[i * bsz:(i + 1) * bsz], rng.standard_normal((bsz, 100, 1, 1), dtype=np.float32))
+               for i in range(4)]
+    torch.manual_seed(0)
+    t_g, t_d = tg.build(torch.device("cpu"), ngf=width, ndf=width)[:2]
+    states = (torch_state(t_g), torch_state(t_d))
+
+    def torch_step() -> Step:
+        parts = tg.build(torch.device("cpu"), ngf=width, ndf=width)
+        for net, state in zip(parts[:2], states):
+            net.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        data = [(torch.from_numpy(a), torch.from_numpy(z)) for a, z in batches]
+        return _cycle(lambda b: sum(tg.train_step(*parts, *b)), data)
+
+    def ember_step(dev: Device) -> Step:
+        parts = eg.build(dev, ngf=width, ndf=width)
+        for net, state in zip(parts[:2], states):
+            load_into(net, state, dev)
+        data = [(ember.tensor(a, device=dev), ember.tensor(z, device=dev)) for a, z in batches]
+        return _cycle(lambda b: sum(eg.train_step(*parts, *b)), data)
+
+    return torch_step, ember_step, f"batch {bsz}, 1x32x32, ngf = ndf = {width}"
+
+
 PROGRAMS: dict[str, Callable[[bool], Setup]] = {
     "word_lm": setup_word_lm,
+    "mnist_cnn": setup_mnist_cnn,
+    "vae": setup_vae,
+    "dcgan": setup_dcgan,
 }
 
 
 # ----------------------------------------------------------------------------------------------------------
 # driver
 # ----------------------------------------------------------------------------------------------------------
+def set_threads(n: int) -> None:
+    """The same thread limit for both frameworks."""
+    ember.set_num_threads(n)
+    torch = torch_module()
+    if torch is not None:
+        torch.set_num_threads(n)
+
+
 def devices() -> dict[str, Device]:
     """The two ember training devices: the default one (fused) and the same with fusion off."""
     base = Device.default()
@@ -186,15 +297,21 @@ def format_ports(figures: list[dict[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = bench_parser("ember benchmark: train-step time of the PyTorch ports (examples/ports), ember vs torch",
                           "small configurations (CI smoke)", tuple(PROGRAMS), flag="--programs")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="limit torch's and ember's thread pools to N (ember.set_num_threads, "
+                             "torch.set_num_threads); default: each framework's own")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        set_threads(args.threads)
     env = environment()
     print(describe_environment(env))
     print(f"ember fused = {devices()[FUSED]}, unfused = {devices()[UNFUSED]}; median of >= 5 alternating repeats "
-          "after warm-up; ratios of median times (> 1: the first is slower)\n")
+          "after warm-up; ratios of median times (> 1: the first is slower)\n", flush=True)
     figures = run(args.quick, args.programs or ())
     print(format_ports(figures))
     if args.json:
-        write_json(args.json, {"benchmark": "ports", "quick": args.quick, "figures": figures, "environment": env})
+        write_json(args.json, {"benchmark": "ports", "quick": args.quick, "figures": figures, "environment": env,
+                               "threads": args.threads})
     return 0
 
 

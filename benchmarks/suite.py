@@ -20,7 +20,9 @@ Usage::
     python benchmarks/suite.py [--quick] [--json PATH] [--only SECTION ...]
 
 ``--quick`` (CI smoke, well under a minute) shrinks batches, skips the full transformer and runs the smaller
-micro-benchmarks; CI never asserts timings. Sections: cnn, transformer, inference, micro, memory.
+micro-benchmarks; CI never asserts timings. Sections: cnn, transformer, inference, micro, memory; and, only when
+asked for with ``--only ports``, the train-step times of the PyTorch ports (``benchmarks/ports.py``: torch, ember
+fused and ember unfused per program of ``examples/ports/``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ from ember import Device  # noqa: E402
 from ember_train.models import SeedCNN, text_transformer  # noqa: E402
 
 SECTIONS = ("cnn", "transformer", "inference", "micro", "memory")
+#: sections that run only when named with --only (plain `ember bench` keeps its running time)
+OPTIONAL_SECTIONS = ("ports",)
 MODELS = ("cnn", "transformer-small", "transformer-full")
 
 
@@ -244,7 +248,7 @@ def plan(quick: bool) -> dict[str, Any]:
 
 def run(quick: bool, only: Sequence[str] = ()) -> dict[str, Any]:
     p = plan(quick)
-    sections = [s for s in SECTIONS if not only or s in only]
+    sections = [s for s in SECTIONS if not only or s in only] + [s for s in OPTIONAL_SECTIONS if s in only]
     figures: list[dict[str, Any]] = []
     memory: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
@@ -260,6 +264,10 @@ def run(quick: bool, only: Sequence[str] = ()) -> dict[str, Any]:
             figures += micro.run(quick)
         elif section == "memory":
             memory += [bench_memory(m, b) for m, b in p["memory"]]
+        elif section == "ports":
+            import ports  # a sibling script; imported here so plain `ember bench` does not load the ports
+
+            figures += ports.run(quick)
         timings[section] = time.perf_counter() - t0
         print(f"[{section}: {timings[section]:.1f} s]", file=sys.stderr, flush=True)
     return {"benchmark": "suite", "quick": quick, "sections": sections, "figures": figures, "memory": memory,
@@ -268,7 +276,8 @@ def run(quick: bool, only: Sequence[str] = ()) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = bench_parser("ember benchmark suite: models, micro-benchmarks and memory vs PyTorch",
-                          "small batches, no full transformer (CI smoke)", SECTIONS, flag="--only")
+                          "small batches, no full transformer (CI smoke)", SECTIONS + OPTIONAL_SECTIONS,
+                          flag="--only")
     parser.add_argument("--rss-probe", nargs=3, metavar=("MODEL", "FRAMEWORK", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rss_probe:
