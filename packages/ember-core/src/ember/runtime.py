@@ -187,7 +187,7 @@ def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None
         raise ValueRangeError(f"use_deterministic_algorithms: expected a bool warn_only, got "
                               f"{type(warn_only).__name__}: {warn_only!r}")
     _Deterministic.enabled = mode
-    _Deterministic.warn_only = mode and warn_only
+    _Deterministic.warn_only = warn_only  # kept even with mode False, as torch reports it
 
 
 def are_deterministic_algorithms_enabled() -> bool:
@@ -196,7 +196,8 @@ def are_deterministic_algorithms_enabled() -> bool:
 
 
 def is_deterministic_algorithms_warn_only_enabled() -> bool:
-    """Whether :func:`use_deterministic_algorithms` is on with ``warn_only=True``."""
+    """Whether the last :func:`use_deterministic_algorithms` call passed ``warn_only=True`` (as in PyTorch, also
+    when it turned determinism off)."""
     return _Deterministic.warn_only
 
 
