@@ -18,6 +18,7 @@ from ...ops.shape import cat, stack
 from ...tensor import Tensor
 from .. import functional as F
 from ..module import Module, Parameter
+from ..utils.rnn import PackedSequence, packed_to_padded, padded_to_packed
 from ._common import check_input, check_positive_int, check_prob, uniform_param
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
@@ -203,6 +204,36 @@ class RNNBase(Module):
             return out.squeeze(1)
         return out.transpose(0, 1) if self.batch_first else out
 
+    def _forward(self, input: Any, h_in: Any, c_in: Any, h_name: str) -> tuple[Any, Tensor, Tensor | None]:
+        """The shared forward: a padded (or unbatched) input, or a PackedSequence (then the output is packed
+        too, and the states are in the caller's batch order). Returns (output, h_n, c_n or None)."""
+        real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
+        lstm = self.mode == "LSTM"
+        if not isinstance(input, PackedSequence):
+            x, batched = self._prepare(input)
+            h0 = self._state(h_name, h_in, x, batched, real_hidden)
+            c0 = self._state("c_0", c_in, x, batched, self.hidden_size) if lstm else None
+            out, hn, cn = self._run(x, h0, c0)
+            if not batched:
+                hn, cn = hn.squeeze(1), (cn.squeeze(1) if cn is not None else None)
+            return self._finish(out, batched), hn, cn
+        cls = type(self).__name__
+        data = check_input(cls, "input", input.data)
+        if data.ndim != 2 or data.shape[-1] != self.input_size:
+            raise ShapeError(f"{cls}: packed input data must be 2-D (total steps, input_size={self.input_size}), "
+                             f"got shape {data.shape}")
+        x, batch_sizes = packed_to_padded(input)
+        sorted_idx, unsorted_idx = input.sorted_indices, input.unsorted_indices
+
+        def permute(h: Any, idx: Any) -> Any:  # torch's permute_hidden: states follow the sorted batch order
+            return h.index_select(1, idx) if isinstance(h, Tensor) and idx is not None else h
+
+        h0 = self._state(h_name, permute(h_in, sorted_idx), x, True, real_hidden)
+        c0 = self._state("c_0", permute(c_in, sorted_idx), x, True, self.hidden_size) if lstm else None
+        out, hn, cn = self._run(x, h0, c0, batch_sizes)
+        packed = PackedSequence(padded_to_packed(out, batch_sizes), input.batch_sizes, sorted_idx, unsorted_idx)
+        return packed, permute(hn, unsorted_idx), permute(cn, unsorted_idx)
+
 
 class RNN(RNNBase):
     """Elman RNN: ``h_t = tanh(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)`` (or relu)."""
@@ -216,11 +247,10 @@ class RNN(RNNBase):
         super().__init__("RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU", input_size, hidden_size, num_layers,
                          bias, batch_first, dropout, bidirectional, 0, device, dtype)
 
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        x, batched = self._prepare(input)
-        h0 = self._state("hx", hx, x, batched, self.hidden_size)
-        out, hn, _ = self._run(x, h0, None)
-        return self._finish(out, batched), (hn if batched else hn.squeeze(1))
+    def forward(self, input: Tensor | PackedSequence, hx: Tensor | None = None) -> tuple[Any, Tensor]:
+        """Run the layers over ``input`` (padded or a PackedSequence); returns (output, h_n)."""
+        out, hn, _ = self._forward(input, hx, None, "hx")
+        return out, hn
 
 
 class LSTM(RNNBase):
@@ -232,9 +262,9 @@ class LSTM(RNNBase):
         super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
                          proj_size, device, dtype)
 
-    def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        x, batched = self._prepare(input)
-        real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
+    def forward(self, input: Tensor | PackedSequence,
+                hx: tuple[Tensor, Tensor] | None = None) -> tuple[Any, tuple[Tensor, Tensor]]:
+        """Run the layers over ``input`` (padded or a PackedSequence); returns (output, (h_n, c_n))."""
         if hx is None:
             h_in = c_in = None
         elif isinstance(hx, (tuple, list)) and len(hx) == 2:
@@ -242,13 +272,9 @@ class LSTM(RNNBase):
         else:
             raise DTypeError(f"LSTM: expected hx to be a tuple (h_0, c_0) of two tensors, got "
                              f"{type(hx).__name__}")
-        h0 = self._state("h_0", h_in, x, batched, real_hidden)
-        c0 = self._state("c_0", c_in, x, batched, self.hidden_size)
-        out, hn, cn = self._run(x, h0, c0)
+        out, hn, cn = self._forward(input, h_in, c_in, "h_0")
         assert cn is not None
-        if not batched:
-            hn, cn = hn.squeeze(1), cn.squeeze(1)
-        return self._finish(out, batched), (hn, cn)
+        return out, (hn, cn)
 
 
 class GRU(RNNBase):
@@ -261,11 +287,10 @@ class GRU(RNNBase):
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, 0,
                          device, dtype)
 
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        x, batched = self._prepare(input)
-        h0 = self._state("hx", hx, x, batched, self.hidden_size)
-        out, hn, _ = self._run(x, h0, None)
-        return self._finish(out, batched), (hn if batched else hn.squeeze(1))
+    def forward(self, input: Tensor | PackedSequence, hx: Tensor | None = None) -> tuple[Any, Tensor]:
+        """Run the layers over ``input`` (padded or a PackedSequence); returns (output, h_n)."""
+        out, hn, _ = self._forward(input, hx, None, "hx")
+        return out, hn
 
 
 # -- cells ----------------------------------------------------------------------------------------------------------

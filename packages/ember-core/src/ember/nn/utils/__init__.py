@@ -142,4 +142,7 @@ def vector_to_parameters(vec: Tensor, parameters: Iterable[Tensor]) -> None:
             start += n
 
 
-__all__ = ["clip_grad_norm_", "clip_grad_value_", "get_total_norm", "parameters_to_vector", "vector_to_parameters"]
+from . import rnn  # noqa: E402 - packed sequences (nn.utils.rnn), after the helpers above
+
+__all__ = ["rnn", "clip_grad_norm_", "clip_grad_value_", "get_total_norm", "parameters_to_vector",
+           "vector_to_parameters"]
