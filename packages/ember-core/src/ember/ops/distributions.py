@@ -113,18 +113,16 @@ def normal(mean: Any, std: Any = 1.0, size: Any = None, *, generator: Any = None
             raise DTypeError("normal: with a float mean and std, give size (normal(mean, std, size)); otherwise "
                              "pass mean or std as a Tensor")
         _check_std("normal", sd)
-        from .creation import randn
+        from .creation import _random_float
 
-        out = randn(*((size,) if isinstance(size, int) else tuple(size)), generator=generator, dtype=dtype,
-                    device=device)
-        if out._dtype.itemsize < 4:  # half precision transforms in float32 and rounds once, as normal_ does
-            with no_grad():
-                h = out._device.stack.cast(out._h, dt.float32)
-                h = out._device.stack.cast(_affine(out._device.stack, h, sd, m), out._dtype)
-        else:
-            with no_grad():
-                h = _affine(out._device.stack, out._h, sd, m)
-        res = Tensor._make(h, out._dtype, out._device)
+        shape, d, dev = _random_float("normal", (size,) if isinstance(size, int) else tuple(size), dtype, device)
+        w = _work_dtype(d)  # half precision draws and transforms in float32 and rounds once, as normal_ does
+        stack = dev.stack
+        with no_grad():
+            h = _affine(stack, draw("normal", generator, dev, "randn", shape, w), sd, m)
+            if w is not d:
+                h = stack.cast(h, d)
+        res = Tensor._make(h, d, dev)
         return res.requires_grad_(True) if requires_grad else res
     given = [n for n, v in (("size", size), ("dtype", dtype), ("device", device)) if v is not None]
     if requires_grad:
