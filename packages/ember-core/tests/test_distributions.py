@@ -131,6 +131,15 @@ def test_normal_float_float_size(dev: ember.Device) -> None:
     assert y.requires_grad is dev.stack.differentiable and y.is_leaf
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_normal_float_float_half_precision(dtype: str) -> None:
+    x = ember.normal(-3.0, 0.5, (N,), generator=ember.Generator().manual_seed(2), dtype=dtype)
+    assert x.dtype.name == dtype == str(torch.normal(0.0, 1.0, (2,), dtype=getattr(torch, dtype)).dtype)[6:]
+    _moments(_np(x), -3.0, 0.25)
+    with pytest.raises(ember.DTypeError, match="normal: expected a floating dtype"):
+        ember.normal(0.0, 1.0, (2,), dtype="int64")
+
+
 def test_normal_tensor_tensor_broadcasts(dev: ember.Device) -> None:
     mean = ember.tensor([[-5.0], [0.0], [5.0]], device=dev)  # (3, 1)
     std = ember.tensor([0.5, 1.0, 2.0, 4.0], device=dev)  # (4,)
