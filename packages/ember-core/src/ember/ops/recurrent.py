@@ -107,7 +107,7 @@ def _layer_spec(x: TensorSpec, h0: TensorSpec, c0: Any, w_ih: TensorSpec, w_hh: 
     return tuple(out)
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """x @ w.T + b over x's last dim (the ops-level linear, without nn.functional's checks: the spec did them)."""
     return _nn.linear(x, w, b, (*x.shape[:-1], w.shape[0]))
 
