@@ -169,6 +169,19 @@ def test_autograd_grad_runs_the_hooks_on_the_way_to_the_inputs_only() -> None:
     _run(scenario, AD)
 
 
+def test_hooks_registered_before_an_in_place_op_see_the_gradient_of_the_old_value() -> None:
+    def scenario(lib: Any, dev: Any, log: list[Any]) -> Any:
+        x = _leaf(lib, X, dev)
+        h = x * 2
+        h.register_hook(_logging(log, "before"))
+        h.mul_(3)
+        h.register_hook(_logging(log, "after", 0.5))
+        (h * h).sum().backward()
+        return (x.grad,)
+
+    _run(scenario, AD)
+
+
 def test_hooks_run_without_recording() -> None:
     x = _leaf(ember, X, AD)
     seen: list[bool] = []
