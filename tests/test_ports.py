@@ -56,14 +56,18 @@ def copy_weights(src: Any, dst: Any, device: Device) -> None:
     dst.load_state_dict(state)
 
 
-def assert_params_close(tm: Any, em: Any, what: str) -> None:
-    """Every named parameter of the torch module against the ember one of the same name."""
+def assert_params_close(tm: Any, em: Any, what: str, noise_only: dict[str, slice] | None = None) -> None:
+    """Every named parameter of the torch module against the ember one of the same name. ``noise_only`` names
+    parameter slices whose exact gradient is zero, so Adam-type updates there follow round-off noise (its sign
+    differs between any two implementations): they are left out of the comparison."""
     t_params = dict(tm.named_parameters())
     e_params = dict(em.named_parameters())
     assert list(t_params) == list(e_params), f"{what}: parameter names differ"
     for name, tp in t_params.items():
         ref = tp.detach().numpy().astype(np.float64)
         got = e_params[name].detach().numpy().astype(np.float64)
+        if noise_only and name in noise_only:
+            ref[noise_only[name]] = got[noise_only[name]] = 0.0
         scale = max(float(np.max(np.abs(ref))), 1e-6)
         err = float(np.max(np.abs(got - ref))) / scale
         assert err <= PARAM_TOL, f"{what}: parameter {name} differs from torch by {err:.2e} (relative)"
@@ -227,3 +231,74 @@ def test_dcgan_weights_init_draws_the_documented_distributions() -> None:
     bn = net_g.main[1]
     assert abs(float(conv_w.mean())) < 1e-3 and abs(float(conv_w.std()) - 0.02) < 1e-3
     assert abs(float(bn.weight.detach().numpy().mean()) - 1.0) < 0.01 and not bn.bias.detach().numpy().any()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# text_classifier: nn.TransformerEncoder with a key padding mask, masked mean pooling, label smoothing, AdamW,
+# SequentialLR(LinearLR, CosineAnnealingLR), clip_grad_norm_
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flavour", list(DEVICES))
+def test_text_classifier_lockstep(flavour: str) -> None:
+    """dropout = 0 for the lockstep (the program's default is 0.1); 3 steps cross the warm-up into the cosine."""
+    tt, et = load("text_classifier", "torch"), load("text_classifier", "ember")
+    dev = DEVICES[flavour]()
+    tokens, labels, vocab = tt.make_dataset(24, max_len=16)
+    e_tokens, e_labels, e_vocab = et.make_dataset(24, max_len=16)
+    assert e_vocab == vocab
+    np.testing.assert_array_equal(e_tokens, tokens)
+    np.testing.assert_array_equal(e_labels, labels)
+    kwargs = {"total_steps": 6, "warmup": 2, "d_model": 16, "nhead": 2, "dim_feedforward": 32, "dropout": 0.0,
+              "max_len": 16}
+    torch.manual_seed(0)
+    t_parts = tt.build(len(vocab), len(tt.TOPICS), torch.device("cpu"), **kwargs)
+    e_parts = et.build(len(vocab), len(et.TOPICS), dev, **kwargs)
+    copy_weights(t_parts[0], e_parts[0], dev)
+    t_parts[0].train()
+    e_parts[0].train()
+    t_losses: list[float] = []
+    e_losses: list[float] = []
+    for i in range(3):
+        xb, yb = tokens[8 * i:8 * i + 8], labels[8 * i:8 * i + 8]
+        t_losses.append(tt.train_step(*t_parts, torch.from_numpy(xb), torch.from_numpy(yb)))
+        e_losses.append(et.train_step(*e_parts, ember.tensor(xb, device=dev), ember.tensor(yb, device=dev)))
+        assert e_parts[2].param_groups[0]["lr"] == pytest.approx(t_parts[2].param_groups[0]["lr"])
+    assert_losses_close(t_losses, e_losses, "text_classifier")
+    # the key projection's bias shifts every score of a query alike, which softmax cancels: its gradient is zero
+    # up to round-off, and AdamW turns that noise into +-lr steps whose signs no two implementations share
+    d = kwargs["d_model"]
+    key_bias = {f"encoder.layers.{i}.self_attn.in_proj_bias": slice(d, 2 * d) for i in range(2)}
+    assert_params_close(t_parts[0], e_parts[0], "text_classifier", noise_only=key_bias)
+    for name in key_bias:
+        b = dict(e_parts[0].named_parameters())[name].detach().numpy()[d:2 * d]
+        assert np.max(np.abs(b)) <= 3 * 1e-3 * 1.01, name  # at most lr per step from its zero start
+
+
+# ----------------------------------------------------------------------------------------------------------
+# resnet_block: BasicBlocks with BatchNorm and projection shortcuts, `out += shortcut(x)`, SGD Nesterov + weight
+# decay, CosineAnnealingLR
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flavour", list(DEVICES))
+def test_resnet_block_lockstep(flavour: str) -> None:
+    """No randomness in a step (no dropout); BatchNorm in train mode, running statistics compared."""
+    tr, er = load("resnet_block", "torch"), load("resnet_block", "ember")
+    dev = DEVICES[flavour]()
+    images, labels = tr.make_images(16, size=16)
+    e_images, e_labels = er.make_images(16, size=16)
+    np.testing.assert_array_equal(e_images, images)
+    np.testing.assert_array_equal(e_labels, labels)
+    torch.manual_seed(0)
+    t_parts = tr.build(torch.device("cpu"), width=4, num_blocks=(1, 1, 1), total_steps=4)
+    e_parts = er.build(dev, width=4, num_blocks=(1, 1, 1), total_steps=4)
+    copy_weights(t_parts[0], e_parts[0], dev)
+    t_parts[0].train()
+    e_parts[0].train()
+    t_losses: list[float] = []
+    e_losses: list[float] = []
+    for i in range(2):
+        xb, yb = images[8 * i:8 * i + 8], labels[8 * i:8 * i + 8]
+        t_losses.append(tr.train_step(*t_parts, torch.from_numpy(xb), torch.from_numpy(yb)))
+        e_losses.append(er.train_step(*e_parts, ember.tensor(xb, device=dev), ember.tensor(yb, device=dev)))
+    assert e_parts[2].param_groups[0]["lr"] == pytest.approx(t_parts[2].param_groups[0]["lr"])
+    assert_losses_close(t_losses, e_losses, "resnet_block")
+    assert_params_close(t_parts[0], e_parts[0], "resnet_block")
+    assert_buffers_close(t_parts[0], e_parts[0], "resnet_block")
