@@ -34,6 +34,8 @@ CPU: dict[str, str] = {
     **dict.fromkeys(("pad_reflect_1d", "pad_reflect_2d", "pad_replicate_1d", "pad_replicate_2d",
                      "pad_replicate_3d"), "fp32"),
     **dict.fromkeys(_NORMS + ("layer_norm", "group_norm"), "keep"),
+    # nn.LSTM runs in bfloat16 under CPU autocast (mkldnn_rnn); GRU and plain RNNs are not listed ("promote")
+    "rnn_LSTM": "lower",
 }
 
 #: torch.autocast("cuda") (the CUDA lists: lower_precision_fp, fp32, fp32_set_opt_dtype, promote, banned)
@@ -45,6 +47,8 @@ GPU: dict[str, str] = {
     **dict.fromkeys(("bilinear", "dot"), "promote"),
     "binary_cross_entropy": "banned",
     **dict.fromkeys(_NORMS, "keep"),
+    # the recurrent cells (lstm_cell, gru_cell, rnn_tanh_cell, rnn_relu_cell) are lower-precision ops on CUDA
+    **dict.fromkeys(("rnn_LSTM", "rnn_GRU", "rnn_RNN_TANH", "rnn_RNN_RELU"), "lower"),
 }
 
 TABLES: dict[str, dict[str, str]] = {"cpu": CPU, "gpu": GPU}

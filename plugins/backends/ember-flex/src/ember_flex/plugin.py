@@ -42,18 +42,13 @@ def register_backends(register: Callable[..., None]) -> None:
     )
 
 
-# the limiter that keeps ember.set_num_threads's BLAS limit in force (threadpoolctl restores the old limits when it
-# is garbage collected or exited, so the latest one is kept)
-_blas_limit: Any = None
-
-
 def set_num_threads(n: int) -> None:
-    """Limit flex's thread pools to n threads: the BLAS (and OpenMP) libraries numpy and scipy loaded, through
+    """Limit flex's thread pools to n threads: the BLAS (and OpenMP) libraries numpy and scipy use, through
     threadpoolctl, and numexpr's pool (fused kernels). Both are process-wide, as ``torch.set_num_threads`` is."""
-    global _blas_limit
+    import scipy.linalg  # noqa: F401 - scipy ships its own BLAS, loaded lazily: load it so its pool is limited too
     from threadpoolctl import threadpool_limits
 
-    _blas_limit = threadpool_limits(limits=n)
+    threadpool_limits(limits=n)  # applies at once and stays (only its context-manager form restores on exit)
     try:
         import numexpr
     except ImportError:  # numexpr is a dependency; a broken install only loses fusion, which already says why
