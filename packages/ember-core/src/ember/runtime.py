@@ -133,8 +133,13 @@ def set_num_threads(n: int) -> None:
     """Set the number of threads backends use for intra-op parallelism (``torch.set_num_threads``).
 
     Every installed backend that declares a thread pool (``register_backend_traits(set_num_threads=...)``) is
-    limited at once, and backends loaded later start limited; ember-flex limits its BLAS (threadpoolctl) and numexpr
-    pools. A backend without such a declaration (a GPU queue) is unaffected: the value is only recorded.
+    limited at once, and backends loaded later start limited. Per backend:
+
+    - ember-flex: the BLAS/OpenMP pools of numpy and scipy (through threadpoolctl) and numexpr's pool (fused
+      kernels) get ``n`` threads; everything else in flex is single-threaded numpy.
+    - ember-opencl: declares no pool: kernels run on the OpenCL device's queue, whose parallelism the driver decides
+      (a CPU runtime such as PoCL sizes its own worker pool); the setting is recorded and changes nothing there.
+    - a backend without a declaration: the same, recorded only; never a wrong result.
     """
     global _num_threads
     n = _check_threads(n, "set_num_threads")
