@@ -82,7 +82,7 @@ def _host_ints(op: str, name: str, values: Any) -> np.ndarray:
         if values.device.base != Device.host().base:
             raise DeviceError(f"{op}: '{name}' argument should be a 1D CPU int64 tensor, but got a tensor on "
                               f"{values.device} (pass a list, or move it with .cpu())")
-        if values._dtype.is_floating_point or values._dtype is dt.bool_ or values._dtype.is_complex:
+        if not values._dtype.is_integer:
             raise DTypeError(f"{op}: '{name}' must be integers, got dtype {values._dtype.name}")
         arr = values.numpy()
     else:
