@@ -336,3 +336,27 @@ def test_module_hooks_keep_the_hook_free_path_when_removed() -> None:
     assert m[0](_input(ember)).grad_fn() == "BackwardHookFunctionBackward"
     h.remove()
     assert m[0](_input(ember)).grad_fn() != "BackwardHookFunctionBackward"
+
+
+def test_tensor_hooks_and_grads_survive_moving_a_model_to_its_own_device() -> None:
+    """Registering hooks in ``__init__`` and calling ``model.to(device)`` afterwards is common: the parameters stay
+    the same tensors, so their hooks and accumulated gradients stay too (as in torch)."""
+    lin = ember.nn.Linear(4, 2).to(AD)
+    fired: list[str] = []
+    lin.weight.register_hook(lambda g: fired.append("hook"))
+    lin.weight.register_post_accumulate_grad_hook(lambda t: fired.append("post"))
+    lin(_input(ember)).sum().backward()
+    lin.to(AD)
+    assert lin.weight.grad is not None
+    lin(_input(ember)).sum().backward()
+    assert fired == ["hook", "post", "hook", "post"]
+
+
+def test_to_dtype_converts_the_accumulated_gradients_as_torch() -> None:
+    def scenario(lib: Any, log: list[Any]) -> Any:
+        model = _mlp(lib)
+        model(_input(lib)).sum().backward()
+        model.double()
+        return [(str(p.grad.dtype).split(".")[-1], _np(p.grad)) for p in model.parameters()]
+
+    _compare(scenario)

@@ -50,6 +50,8 @@ class Parameter(Tensor):
 
     def _rebind(self, t: Tensor) -> None:
         """Take t's data (another device or dtype) while staying the same object."""
+        if t is self:  # nothing to move or cast: keep the handle, and with it the gradient and the tensor hooks
+            return
         requires_grad = self.requires_grad
         self._h, self._dtype, self._device = t.detach()._h, t._dtype, t._device
         if requires_grad:
@@ -559,9 +561,10 @@ class Module:
         for m in self.modules():
             for p in m._parameters.values():
                 if p is not None:
+                    grad = p.grad  # read first: rebinding to new data starts a new gradient record
                     p._rebind(convert(p))
-                    if p.grad is not None:
-                        p.grad = convert(p.grad)
+                    if grad is not None:
+                        p.grad = convert(grad)
             for name, b in m._buffers.items():
                 if b is not None:
                     m._buffers[name] = convert(b)
