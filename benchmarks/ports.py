@@ -216,11 +216,69 @@ def setup_dcgan(quick: bool) -> Setup:
     return torch_step, ember_step, f"batch {bsz}, 1x32x32, ngf = ndf = {width}"
 
 
+def setup_text_classifier(quick: bool) -> Setup:
+    """2 post-norm encoder layers (d 64, 4 heads, ff 128, dropout 0.1), seq 32, batch 32, AdamW + SequentialLR
+    (the scheduler steps too), gradient clipping; padded generated sentences."""
+    torch = torch_module()
+    tt, et = load_port("text_classifier", "torch"), load_port("text_classifier", "ember")
+    bsz = 8 if quick else 32
+    tokens, labels, vocab = tt.make_dataset(4 * bsz)
+    batches = _batches((tokens, labels), bsz, 4)
+    args = (len(vocab), len(tt.TOPICS))
+    kwargs = {"total_steps": 10_000, "warmup": 100}  # never runs out while timing
+    torch.manual_seed(0)
+    state = torch_state(tt.build(*args, torch.device("cpu"), **kwargs)[0])
+
+    def torch_step() -> Step:
+        parts = tt.build(*args, torch.device("cpu"), **kwargs)
+        parts[0].load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        parts[0].train()
+        data = [(torch.from_numpy(a), torch.from_numpy(b)) for a, b in batches]
+        return _cycle(lambda b: tt.train_step(*parts, *b), data)
+
+    def ember_step(dev: Device) -> Step:
+        parts = et.build(*args, dev, **kwargs)
+        load_into(parts[0], state, dev).train()
+        data = [(ember.tensor(a, device=dev), ember.tensor(b, device=dev)) for a, b in batches]
+        return _cycle(lambda b: et.train_step(*parts, *b), data)
+
+    return torch_step, ember_step, f"batch {bsz}, seq 32, 2 layers d 64"
+
+
+def setup_resnet_block(quick: bool) -> Setup:
+    """3 stages of 2 BasicBlocks (widths 16/32/64; 1 block of width 4 quick), 3x32x32 images, batch 32, SGD
+    Nesterov + weight decay, CosineAnnealingLR (the scheduler steps too)."""
+    torch = torch_module()
+    tr, er = load_port("resnet_block", "torch"), load_port("resnet_block", "ember")
+    bsz, width, blocks = (4, 4, (1, 1, 1)) if quick else (32, 16, (2, 2, 2))
+    batches = _batches(tr.make_images(4 * bsz), bsz, 4)
+    kwargs = {"width": width, "num_blocks": blocks, "total_steps": 10_000}
+    torch.manual_seed(0)
+    state = torch_state(tr.build(torch.device("cpu"), **kwargs)[0])
+
+    def torch_step() -> Step:
+        parts = tr.build(torch.device("cpu"), **kwargs)
+        parts[0].load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        parts[0].train()
+        data = [(torch.from_numpy(a), torch.from_numpy(b)) for a, b in batches]
+        return _cycle(lambda b: tr.train_step(*parts, *b), data)
+
+    def ember_step(dev: Device) -> Step:
+        parts = er.build(dev, **kwargs)
+        load_into(parts[0], state, dev).train()
+        data = [(ember.tensor(a, device=dev), ember.tensor(b, device=dev)) for a, b in batches]
+        return _cycle(lambda b: er.train_step(*parts, *b), data)
+
+    return torch_step, ember_step, f"batch {bsz}, 3x32x32, widths {width}/{2 * width}/{4 * width}, blocks {blocks}"
+
+
 PROGRAMS: dict[str, Callable[[bool], Setup]] = {
     "word_lm": setup_word_lm,
     "mnist_cnn": setup_mnist_cnn,
     "vae": setup_vae,
     "dcgan": setup_dcgan,
+    "text_classifier": setup_text_classifier,
+    "resnet_block": setup_resnet_block,
 }
 
 
