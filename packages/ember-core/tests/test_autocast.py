@@ -400,3 +400,18 @@ def test_grad_scaler_misuse_and_disabled() -> None:
         s.scale(3.0)
     with pytest.raises(ember.ValueRangeError, match="growth_factor"):
         GradScaler(growth_factor=1.0)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_with_lower_precision_input_updates_float32_running_stats_like_torch(affine: bool) -> None:
+    x = _arrays((4, 3, 5), seed=7)[0]
+    em = ember.nn.BatchNorm1d(3, affine=affine)
+    tm = torch.nn.BatchNorm1d(3, affine=affine)
+    with ember.autocast("cpu"), torch.autocast("cpu", dtype=torch.bfloat16):
+        e = em(ember.tensor(x).bfloat16())
+        t = tm(torch.tensor(x).bfloat16())
+    assert e.dtype is ember.bfloat16 and t.dtype == torch.bfloat16
+    np.testing.assert_allclose(e.float().numpy(), t.float().detach().numpy(), atol=2e-2)
+    assert em.running_mean.dtype is ember.float32  # updated in place, never replaced by a cast copy
+    np.testing.assert_allclose(em.running_mean.numpy(), tm.running_mean.numpy(), atol=1e-2)
+    np.testing.assert_allclose(em.running_var.numpy(), tm.running_var.numpy(), atol=1e-2)

@@ -183,7 +183,13 @@ def clear_autocast_cache() -> None:
 
 
 # -- applying the policy at an op's entry ---------------------------------------------------------------------------
+#: keyword arguments autocast never casts: state the op updates in place (a cast copy would lose the update)
+_IN_PLACE = frozenset({"running_mean", "running_var"})
+
+
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
+    """Every tensor argument (also inside a list or tuple), in order: the first decides the device; all of them,
+    in-place state included, decide the widest dtype."""
     out: list[Tensor] = []
     for v in (*args, *kwargs.values()):
         if isinstance(v, Tensor):
@@ -202,7 +208,7 @@ def _map(args: tuple[Any, ...], kwargs: dict[str, Any], f: Callable[[Tensor], Te
             return type(v)(f(x) if isinstance(x, Tensor) else x for x in v)
         return v
 
-    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+    return tuple(one(a) for a in args), {k: v if k in _IN_PLACE else one(v) for k, v in kwargs.items()}
 
 
 def _lower_cast(entry: _Entry, kind: str) -> Callable[[Tensor], Tensor]:

@@ -76,8 +76,9 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     """Normalise ``(N, C, *)`` per channel; in training, batch stats are used and running stats updated in place
     (running_var gets the unbiased variance, as torch)."""
     if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
-        return _amp_run("batch_norm", batch_norm, input, running_mean, running_var, weight, bias, training, momentum,
-                        eps)
+        # the running statistics go by keyword: autocast never casts them (they are updated in place)
+        return _amp_run("batch_norm", batch_norm, input, running_mean=running_mean, running_var=running_var,
+                        weight=weight, bias=bias, training=training, momentum=momentum, eps=eps)
     op = "batch_norm"
     check_float(input, op)
     if input.ndim < 2:
@@ -117,8 +118,8 @@ def instance_norm(input: Tensor, running_mean: Tensor | None = None, running_var
                   momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
     """Normalise each (n, c) plane of ``(N, C, *)`` over its spatial positions."""
     if _AMP.kinds is not None:  # autocast (ember.amp.policy): one thread-local read when off
-        return _amp_run("instance_norm", instance_norm, input, running_mean, running_var, weight, bias,
-                        use_input_stats, momentum, eps)
+        return _amp_run("instance_norm", instance_norm, input, running_mean=running_mean, running_var=running_var,
+                        weight=weight, bias=bias, use_input_stats=use_input_stats, momentum=momentum, eps=eps)
     op = "instance_norm"
     check_float(input, op)
     if input.ndim < 3:
