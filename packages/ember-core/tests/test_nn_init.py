@@ -185,3 +185,38 @@ def test_init_does_not_enter_the_graph():
     init.normal_(w)
     (ember.tensor(np.ones((2, 3)), device=DEV) @ w).sum().backward()
     np.testing.assert_array_equal(w.grad.numpy(), np.full((3, 4), 2.0))
+
+
+@pytest.mark.parametrize("fill", [
+    lambda w, g: init.uniform_(w, -1.0, 1.0, generator=g),
+    lambda w, g: init.normal_(w, 0.0, 2.0, generator=g),
+    lambda w, g: init.trunc_normal_(w, generator=g),
+    lambda w, g: init.xavier_uniform_(w, generator=g),
+    lambda w, g: init.kaiming_normal_(w, generator=g),
+    lambda w, g: init.orthogonal_(w, generator=g),
+], ids=["uniform", "normal", "trunc_normal", "xavier_uniform", "kaiming_normal", "orthogonal"])
+def test_a_generator_reproduces_the_init_and_leaves_the_device_stream_alone(fill):
+    w = P(5, 4)
+    dev = w.device
+    dev.seed(7)
+    expected_stream = ember.rand(3, device=dev).numpy()
+    draws = []
+    for _ in range(2):
+        dev.seed(7)
+        fill(w, ember.Generator(dev).manual_seed(123))
+        draws.append(arr(w).copy())
+        np.testing.assert_array_equal(ember.rand(3, device=dev).numpy(), expected_stream)
+    np.testing.assert_array_equal(draws[0], draws[1])
+    fill(w, ember.Generator(dev).manual_seed(124))
+    assert not np.array_equal(arr(w), draws[0])
+
+
+def test_a_generator_of_another_device_is_refused():
+    try:
+        toy = ember.Device.parse("toy")  # the example backend of the repository's tests
+    except (ember.PluginError, ember.DeviceError):
+        pytest.skip("the example backend (toy) is not installed")
+    with pytest.raises(ember.DeviceError, match="generator draws on device toy"):
+        init.normal_(P(2, 2), generator=ember.Generator(toy))
+    with pytest.raises(ember.DeviceError, match="generator draws on device toy"):
+        init.orthogonal_(P(2, 2), generator=ember.Generator(toy))

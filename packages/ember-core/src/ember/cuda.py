@@ -1,7 +1,7 @@
 """``ember.cuda``: the ``torch.cuda`` queries that ported scripts ask before choosing a device.
 
-ember has no CUDA code in core: a CUDA device is whatever installed backend plugin registers the device kind
-``"cuda"`` (``pip install 'ember[cuda]'``), and these functions ask the plugin registry about it. With none
+ember has no CUDA code in core: a CUDA device is whatever installed backend plugin registers the backend name
+``"cuda"``, and these functions ask the plugin registry about it. With none
 installed, :func:`is_available` is False and :func:`device_count` is 0, so the usual
 ``ember.device("cuda" if ember.cuda.is_available() else "cpu")`` picks the host; functions that need a device
 (``synchronize``, ``get_device_name``) raise the :class:`~ember.errors.DeviceError` that says what to install.

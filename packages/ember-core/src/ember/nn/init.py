@@ -2,8 +2,9 @@
 
 Every function fills its tensor in place under ``no_grad`` and returns it, through ember ops only (the Tensor
 random fills of :mod:`ember.ops.random`, ``copy_``, ``fill_``): no device stack is called here. Random draws come
-from the tensor's own device random stream (``tensor.device.seed(n)`` reproduces them); the distributions match
-PyTorch's, the individual samples cannot (a different generator).
+from ``generator=`` (an :class:`ember.Generator` of the tensor's device) when given, else from the tensor's own
+device random stream (``tensor.device.seed(n)`` reproduces them); the distributions match PyTorch's, the
+individual samples cannot (a different generator).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..autograd import no_grad
 from ..dtypes import DType, float32
-from ..errors import DTypeError, ShapeError, UnsupportedError, ValueRangeError
+from ..errors import DTypeError, ShapeError, ValueRangeError
 from ..ops.creation import eye, rand, randn
 from ..ops.creation import tensor as _as_tensor
 from ..tensor import Tensor
@@ -32,12 +33,6 @@ def _check(tensor: Any, op: str, floating: bool = True) -> Tensor:
     return tensor
 
 
-def _no_generator(op: str, generator: Any) -> None:
-    if generator is not None:
-        raise UnsupportedError(f"nn.init.{op}: generator objects are not supported; seed the tensor's device "
-                               "instead (tensor.device.seed(n))")
-
-
 def _work_dtype(tensor: Tensor) -> DType:
     """Half-precision tensors are drawn and computed in float32 and rounded once when stored."""
     return float32 if tensor._dtype.itemsize < 4 else tensor._dtype
@@ -51,10 +46,11 @@ def _write(tensor: Tensor, values: Tensor) -> Tensor:
     return tensor
 
 
-def _draw(tensor: Tensor, fn: Any) -> Tensor:
-    """Uniform [0, 1) (fn=rand) or standard normal (fn=randn) samples shaped like tensor, in its work dtype."""
+def _draw(tensor: Tensor, fn: Any, generator: Any = None) -> Tensor:
+    """Uniform [0, 1) (fn=rand) or standard normal (fn=randn) samples shaped like tensor, in its work dtype, from
+    ``generator`` (an :class:`ember.Generator` of the tensor's device) or else the device's stream."""
     with no_grad():
-        return fn(tensor.shape, dtype=_work_dtype(tensor), device=tensor._device)
+        return fn(tensor.shape, generator=generator, dtype=_work_dtype(tensor), device=tensor._device)
 
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
@@ -101,28 +97,25 @@ def _calculate_correct_fan(tensor: Tensor, mode: str) -> int:
 def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator: Any = None) -> Tensor:
     """Fill with samples from U(a, b)."""
     _check(tensor, "uniform_")
-    _no_generator("uniform_", generator)
     if not a <= b:
         raise ValueRangeError(f"nn.init.uniform_: expected a <= b, got a={a}, b={b}")
     with no_grad():
-        return tensor.uniform_(float(a), float(b))
+        return tensor.uniform_(float(a), float(b), generator=generator)
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Tensor:
     """Fill with samples from N(mean, std^2)."""
     _check(tensor, "normal_")
-    _no_generator("normal_", generator)
     if not std >= 0:
         raise ValueRangeError(f"nn.init.normal_: expected std >= 0, got {std}")
     with no_grad():
-        return tensor.normal_(float(mean), float(std))
+        return tensor.normal_(float(mean), float(std), generator=generator)
 
 
 def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
                   generator: Any = None) -> Tensor:
     """Fill with N(mean, std^2) truncated to [a, b] (inverse-CDF sampling, as PyTorch)."""
     _check(tensor, "trunc_normal_")
-    _no_generator("trunc_normal_", generator)
     if not a < b:
         raise ValueRangeError(f"nn.init.trunc_normal_: expected a < b, got a={a}, b={b}")
     if not std > 0:
@@ -136,7 +129,7 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
 
     lo, hi = cdf((a - mean) / std), cdf((b - mean) / std)
     with no_grad():
-        u = _draw(tensor, rand) * (2 * hi - 2 * lo) + (2 * lo - 1)
+        u = _draw(tensor, rand, generator) * (2 * hi - 2 * lo) + (2 * lo - 1)
         v = (u.erfinv() * (std * math.sqrt(2.0)) + float(mean)).clamp(float(a), float(b))
     return _write(tensor, v)
 
@@ -228,7 +221,6 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0, generator: Any = None) -> Ten
     """A (semi-)orthogonal matrix from the QR decomposition of a normal draw (Saxe et al., 2013); trailing dims
     are flattened. The QR runs on the host: initialisation is not a hot path."""
     _check(tensor, "orthogonal_")
-    _no_generator("orthogonal_", generator)
     if tensor.ndim < 2:
         raise ShapeError(f"nn.init.orthogonal_: only tensors with 2 or more dimensions are supported, got shape "
                          f"{tensor.shape}")
@@ -236,7 +228,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0, generator: Any = None) -> Ten
         return tensor
     rows = tensor.shape[0]
     cols = tensor.numel() // rows
-    draw = np.asarray(_draw(tensor, randn).numpy(), dtype=np.float64).reshape(rows, cols)
+    draw = np.asarray(_draw(tensor, randn, generator).numpy(), dtype=np.float64).reshape(rows, cols)
     if rows < cols:
         draw = draw.T
     q, r = np.linalg.qr(draw)
