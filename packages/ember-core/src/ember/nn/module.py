@@ -4,6 +4,10 @@ Parameters, buffers and submodules are registered by attribute assignment and fo
 paths (``named_parameters()``, ``state_dict()``). ``module.to(device)`` moves parameters *in place* -- each
 ``Parameter`` object keeps its identity, as in PyTorch, so an optimizer built before the move still updates the
 model.
+
+Hooks are PyTorch's: ``register_forward_pre_hook``, ``register_forward_hook``, ``register_full_backward_pre_hook``,
+``register_full_backward_hook`` and the global ``register_module_*_hook`` functions, each returning an
+:class:`ember.utils.hooks.RemovableHandle`. A module without hooks pays one flag check per call for them.
 """
 
 from __future__ import annotations
