@@ -277,6 +277,9 @@ def test_bad_dtype_and_unsupported_device_are_typed_errors() -> None:
         ember.autocast("cpu", dtype=ember.float64)
     with pytest.raises(DTypeError, match="device_type"):
         ember.autocast(3)
+    if "nosuchkind" not in ember.plugins.manager.registry.ensure_loaded().backends:
+        with pytest.raises(ember.DeviceError, match="autocast: device_type 'nosuchkind' is not usable here.*'cpu'"):
+            ember.autocast("nosuchkind")
     ember.autocast("cpu", dtype=ember.float64, enabled=False)  # disabled: nothing to check
 
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from .. import dtypes as dt
 from ..dtypes import DType
-from ..errors import DTypeError, UnsupportedError
+from ..errors import DeviceError, DTypeError, EmberError, UnsupportedError
 from ..tensor import Tensor
 from .policy import TABLES
 
@@ -62,8 +62,17 @@ def _resolve(device_type: Any) -> Any:
 
     if device_type is None:
         return default_device()
-    if isinstance(device_type, (Device, str)):
-        return as_device(device_type)
+    if isinstance(device_type, Device):
+        return device_type
+    if isinstance(device_type, str):
+        try:
+            return as_device(device_type)
+        except EmberError as exc:  # "cuda" without a CUDA backend: say which call and what would work
+            from ..plugins.manager import registry
+
+            kinds = ", ".join(["'cpu'", *(repr(k) for k in sorted(registry.backends))])
+            raise DeviceError(f"autocast: device_type {device_type!r} is not usable here ({exc}); use one of "
+                              f"{kinds}, or None for the default device") from None
     raise DTypeError(f"autocast: device_type must be a device string (such as 'cpu' or 'flex'), a Device or None, "
                      f"got {type(device_type).__name__}: {device_type!r}")
 
@@ -109,7 +118,7 @@ class autocast:  # noqa: N801 - torch.autocast's name
         default, table = _defaults(device)
         self.fast_dtype: DType = default if dtype is None else dt.as_dtype(dtype)
         self._table = TABLES[table]
-        self._prev: list[tuple[dict[str, _Entry] | None]] = []
+        self._prev: list[dict[str, _Entry] | None] = []  # one per active __enter__ (an instance may nest)
         if not enabled:
             return
         if self.fast_dtype not in _LOWER_DTYPES:
@@ -125,7 +134,7 @@ class autocast:  # noqa: N801 - torch.autocast's name
     def __enter__(self) -> autocast:
         st = STATE
         prev = st.kinds
-        self._prev.append((prev,))
+        self._prev.append(prev)
         kinds = dict(prev) if prev else {}
         if self._enabled:
             kinds[self.device_type] = _Entry(self.fast_dtype, self._table, self._cache_enabled)
@@ -137,7 +146,7 @@ class autocast:  # noqa: N801 - torch.autocast's name
 
     def __exit__(self, *exc: object) -> None:
         st = STATE
-        (st.kinds,) = self._prev.pop()
+        st.kinds = self._prev.pop()
         st.depth -= 1
         if st.depth == 0:
             st.cache.clear()  # PyTorch frees the cast parameters when the outermost autocast exits
