@@ -51,7 +51,9 @@ def load(name: str, framework: str) -> ModuleType:
 
 
 def copy_weights(src: Any, dst: Any, device: Device) -> None:
-    """torch module -> ember module: every state_dict entry through numpy, strict (same names)."""
+    """torch module -> ember module: every state_dict entry through numpy, strict (same names, in the same order:
+    a port's checkpoints line up with the original's)."""
+    assert list(dst.state_dict()) == list(src.state_dict()), "state_dict keys (or their order) differ from torch's"
     state = {k: ember.tensor(v.detach().cpu().numpy().copy(), device=device) for k, v in src.state_dict().items()}
     dst.load_state_dict(state)
 
@@ -302,3 +304,24 @@ def test_resnet_block_lockstep(flavour: str) -> None:
     assert_losses_close(t_losses, e_losses, "resnet_block")
     assert_params_close(t_parts[0], e_parts[0], "resnet_block")
     assert_buffers_close(t_parts[0], e_parts[0], "resnet_block")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# every ember port runs as a program
+# ----------------------------------------------------------------------------------------------------------
+PROGRAMS = sorted(p.stem for p in PORTS.glob("*.py"))
+
+
+def test_every_port_has_its_torch_original_and_a_lockstep_test() -> None:
+    assert PROGRAMS == sorted(p.stem for p in (PORTS / "torch").glob("*.py"))
+    assert not (PORTS / "torch" / "__init__.py").exists()  # never importable as `torch`
+    for name in PROGRAMS:
+        assert f"test_{name}_lockstep" in globals(), name
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_port_main_runs_quick(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``main(["--quick"])`` of the ember port: its own data pipeline, device creation, seeding and loop."""
+    assert load(name, "ember").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "loss" in out.lower() and "nan" not in out.lower(), out

@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     x, y = digits_28x28()
     n_train = 64 if args.quick else 1500
     train_set = TensorDataset(ember.tensor(x[:n_train]), ember.tensor(y[:n_train]))
-    test_set = TensorDataset(ember.tensor(x[1500:]), ember.tensor(y[1500:]))
+    n_test = 100 if args.quick else len(x) - 1500
+    test_set = TensorDataset(ember.tensor(x[1500:1500 + n_test]), ember.tensor(y[1500:1500 + n_test]))
     train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
     test_loader = DataLoader(test_set, batch_size=1000)
     model, optimizer, scheduler = build(device)

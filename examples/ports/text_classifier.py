@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ember.manual_seed(0)
     device = ember.device("cpu").autodiff()  # port: ember devices record gradients only when asked to
     steps = 3 if args.quick else args.steps
-    tokens, labels, vocab = make_dataset(args.batch_size * steps + 256)
+    n_eval = 64 if args.quick else 256
+    tokens, labels, vocab = make_dataset(args.batch_size * steps + n_eval)
     x, y = ember.tensor(tokens).to(device), ember.tensor(labels).to(device)
     model, criterion, optimizer, scheduler = build(len(vocab), len(TOPICS), device, total_steps=steps)
     model.train()
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         loss = train_step(model, criterion, optimizer, scheduler, x[batch], y[batch])
     model.eval()
     with ember.no_grad():
-        accuracy = (model(x[-256:]).argmax(dim=1) == y[-256:]).float().mean().item()
+        accuracy = (model(x[-n_eval:]).argmax(dim=1) == y[-n_eval:]).float().mean().item()
     print(f"{steps} steps: final train loss {loss:.4f}, held-out accuracy {accuracy:.3f}")
     return 0
 

@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu")
     steps = 2 if args.quick else args.steps
     bsz = 8 if args.quick else args.batch_size
-    images, labels = make_images(bsz * steps + 128)
+    n_eval = 32 if args.quick else 128
+    images, labels = make_images(bsz * steps + n_eval)
     x, y = torch.tensor(images).to(device), torch.tensor(labels).to(device)
     model, criterion, optimizer, scheduler = build(device, width=8 if args.quick else 16, total_steps=steps)
     model.train()
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         loss = train_step(model, criterion, optimizer, scheduler, x[batch], y[batch])
     model.eval()
     with torch.no_grad():
-        accuracy = (model(x[-128:]).argmax(dim=1) == y[-128:]).float().mean().item()
+        accuracy = (model(x[-n_eval:]).argmax(dim=1) == y[-n_eval:]).float().mean().item()
     print(f"{steps} steps: final train loss {loss:.4f}, held-out accuracy {accuracy:.3f}")
     return 0
 
