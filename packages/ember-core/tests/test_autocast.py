@@ -418,3 +418,25 @@ def test_batch_norm_with_lower_precision_input_updates_float32_running_stats_lik
     assert em.running_mean.dtype is ember.float32  # updated in place, never replaced by a cast copy
     np.testing.assert_allclose(em.running_mean.numpy(), tm.running_mean.numpy(), atol=1e-2)
     np.testing.assert_allclose(em.running_var.numpy(), tm.running_var.numpy(), atol=1e-2)
+
+
+def test_one_instance_entered_in_two_threads_at_once() -> None:
+    ac = ember.autocast("cpu")
+    a = ember.randn(2, 2, device=DEV)
+    barrier = threading.Barrier(2)
+    seen: list[Any] = []
+
+    def worker() -> None:
+        with ac:
+            barrier.wait()  # both threads are inside the same instance now
+            seen.append((a @ a).dtype)
+            barrier.wait()
+        seen.append(ember.is_autocast_enabled("cpu"))
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(map(str, seen)) == sorted(["False", "False", str(ember.bfloat16), str(ember.bfloat16)])
+    assert not ember.is_autocast_enabled("cpu")

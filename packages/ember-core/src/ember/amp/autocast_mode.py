@@ -47,6 +47,7 @@ class _State(threading.local):
 
     def __init__(self) -> None:
         self.kinds: dict[str, _Entry] | None = None
+        self.saved: list[dict[str, _Entry] | None] = []  # the state each active autocast block restores on exit
         self.depth = 0  # nesting of autocast blocks; the cast cache is cleared when the outermost one exits
         # id(parameter) -> (parameter, its cast): a float32 leaf requiring grad cast once per autocast region
         self.cache: dict[int, tuple[Tensor, Tensor]] = {}
@@ -118,7 +119,6 @@ class autocast:  # noqa: N801 - torch.autocast's name
         default, table = _defaults(device)
         self.fast_dtype: DType = default if dtype is None else dt.as_dtype(dtype)
         self._table = TABLES[table]
-        self._prev: list[dict[str, _Entry] | None] = []  # one per active __enter__ (an instance may nest)
         if not enabled:
             return
         if self.fast_dtype not in _LOWER_DTYPES:
@@ -134,7 +134,7 @@ class autocast:  # noqa: N801 - torch.autocast's name
     def __enter__(self) -> autocast:
         st = STATE
         prev = st.kinds
-        self._prev.append(prev)
+        st.saved.append(prev)  # per thread, so one instance may be entered in several threads and nested
         kinds = dict(prev) if prev else {}
         if self._enabled:
             kinds[self.device_type] = _Entry(self.fast_dtype, self._table, self._cache_enabled)
@@ -146,7 +146,7 @@ class autocast:  # noqa: N801 - torch.autocast's name
 
     def __exit__(self, *exc: object) -> None:
         st = STATE
-        st.kinds = self._prev.pop()
+        st.kinds = st.saved.pop()
         st.depth -= 1
         if st.depth == 0:
             st.cache.clear()  # PyTorch frees the cast parameters when the outermost autocast exits
