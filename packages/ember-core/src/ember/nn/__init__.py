@@ -1,7 +1,7 @@
 """Neural-network building blocks with PyTorch's names: ``Module``, ``Parameter``, containers, every layer,
 ``init``, ``utils`` (gradient clipping), ``ParamGroup``, and ``functional`` (the stateless functions)."""
 
-from . import functional, init, layers, sequence, utils
+from . import functional, init, layers, modules, sequence, utils
 from .layers import *  # noqa: F403 - the layer classes, listed in layers.__all__
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential
 from .param_group import ParamGroup, param_groups
