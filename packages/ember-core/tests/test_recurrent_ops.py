@@ -234,3 +234,33 @@ def test_errors_as_torch() -> None:
     with pytest.raises(ValueRangeError, match="non-increasing"):
         R.rnn_layer(ember.zeros(2, 2, 1), ember.zeros(2, 1), None, ember.zeros(1, 1), ember.zeros(1, 1), None, None,
                     None, mode="RNN_TANH", batch_sizes=(1, 2))
+
+
+@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell", "RNNCell"])
+@pytest.mark.parametrize("batched", [True, False])
+def test_cells_on_toy_vs_torch(kind: str, batched: bool) -> None:
+    dev = Device.parse("toy+autodiff")
+    tm = getattr(torch.nn, kind)(3, 4, dtype=torch.float64)
+    em = getattr(ember.nn, kind)(3, 4, dtype=ember.float64, device=dev)
+    em.load_state_dict({k: ember.tensor(v.detach().numpy(), device=dev) for k, v in tm.state_dict().items()})
+    rng = np.random.default_rng(5)
+    lead = (2,) if batched else ()
+    ex, tx = _pair(rng.standard_normal((*lead, 3)), dev)
+    eh, th = _pair(rng.standard_normal((*lead, 4)), dev)
+    ec, tc = _pair(rng.standard_normal((*lead, 4)), dev)
+    e_out = em(ex, (eh, ec)) if kind == "LSTMCell" else (em(ex, eh),)
+    t_out = tm(tx, (th, tc)) if kind == "LSTMCell" else (tm(tx, th),)
+    e_loss = t_loss = 0
+    for eo, to in zip(e_out, t_out, strict=True):
+        np.testing.assert_allclose(eo.numpy(), to.detach().numpy(), **TOL)
+        w = rng.standard_normal(tuple(to.shape))
+        e_loss = e_loss + (eo * ember.tensor(w, device=dev)).sum()
+        t_loss = t_loss + (to * torch.tensor(w)).sum()
+    e_loss.backward()
+    t_loss.backward()
+    leaves = [(ex, tx), (eh, th)] + ([(ec, tc)] if kind == "LSTMCell" else [])
+    for el, tl in leaves:
+        np.testing.assert_allclose(el.grad.numpy(), tl.grad.numpy(), **TOL)
+    ep = dict(em.named_parameters())
+    for name, p in tm.named_parameters():
+        np.testing.assert_allclose(ep[name].grad.numpy(), p.grad.numpy(), **TOL, err_msg=name)

@@ -297,3 +297,22 @@ def test_errors() -> None:
     m = ember.nn.LSTM(3, 4, device=dev)
     with pytest.raises(ember.errors.ShapeError, match="input_size"):
         m(ember.zeros(5, 2, 7, device=dev))
+
+
+@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell", "RNNCell", "RNNCell_relu"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cells_run_the_layer_kernel(kind: str, dtype: str, calls: dict[str, int]) -> None:
+    dev = Device.parse("flex+autodiff")
+    name, extra = (kind, {}) if kind != "RNNCell_relu" else ("RNNCell", {"nonlinearity": "relu"})
+    tm = getattr(torch.nn, name)(4, 5, dtype=getattr(torch, dtype), **extra)
+    em = getattr(ember.nn, name)(4, 5, dtype=getattr(ember, dtype), device=dev, **extra)
+    em.load_state_dict({k: ember.tensor(v.detach().numpy(), device=dev) for k, v in tm.state_dict().items()})
+    rng = np.random.default_rng(7)
+    ex, tx = _pair(rng.standard_normal((3, 4)).astype(dtype), dev)
+    eh, th = _pair(rng.standard_normal((3, 5)).astype(dtype), dev)
+    if name == "LSTMCell":
+        ec, tc = _pair(rng.standard_normal((3, 5)).astype(dtype), dev)
+        _check(em, tm, [ex, (eh, ec)], [tx, (th, tc)], [ex, eh, ec], [tx, th, tc], dtype)
+    else:
+        _check(em, tm, [ex, eh], [tx, th], [ex, eh], [tx, th], dtype)
+    assert calls == {"forward": 1, "backward": 1}

@@ -1,8 +1,10 @@
 """Recurrent layers with torch's parameter names, gate order, initialisation and shapes: RNN, LSTM, GRU and
 their single-step cells.
 
-The input projection of a whole sequence is one matmul per layer and direction; only the recurrence itself
-runs step by step (each step a handful of tensor ops).
+Each layer direction is one op, ``ember.ops.recurrent.rnn_layer`` (the whole time loop; its backward one op
+too), so a backend with a kernel for it runs a layer in one call; elsewhere its composition runs the per-step
+ember code. The cells are that op over a one-step sequence. The layers take padded input or a
+``nn.utils.rnn.PackedSequence``.
 """
 
 from __future__ import annotations
@@ -22,32 +24,6 @@ from ..utils.rnn import PackedSequence, packed_to_padded, padded_to_packed
 from ._common import check_input, check_positive_int, check_prob, uniform_param
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
-
-
-def _lstm_step(xg: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, b_hh: Tensor | None,
-               w_hr: Tensor | None) -> tuple[Tensor, Tensor]:
-    gates = xg + F.linear(h, w_hh, b_hh)
-    i, f, g, o = gates.chunk(4, dim=-1)
-    c = F.sigmoid(f) * c + F.sigmoid(i) * F.tanh(g)
-    h = F.sigmoid(o) * F.tanh(c)
-    if w_hr is not None:
-        h = F.linear(h, w_hr)
-    return h, c
-
-
-def _gru_step(xg: Tensor, h: Tensor, w_hh: Tensor, b_hh: Tensor | None) -> Tensor:
-    hg = F.linear(h, w_hh, b_hh)
-    xr, xz, xn = xg.chunk(3, dim=-1)
-    hr, hz, hn = hg.chunk(3, dim=-1)
-    r = F.sigmoid(xr + hr)
-    z = F.sigmoid(xz + hz)
-    n = F.tanh(xn + r * hn)  # torch's reset gate applies to (W_hn h + b_hn)
-    return n + z * (h - n)  # = (1 - z) * n + z * h
-
-
-def _rnn_step(mode: str, xg: Tensor, h: Tensor, w_hh: Tensor, b_hh: Tensor | None) -> Tensor:
-    pre = xg + F.linear(h, w_hh, b_hh)
-    return F.tanh(pre) if mode == "RNN_TANH" else F.relu(pre)
 
 
 class RNNBase(Module):
@@ -335,6 +311,12 @@ class RNNCellBase(Module):
         batched = input.ndim == 2
         return (input if batched else input.unsqueeze(0)), batched
 
+    def _step(self, mode: str, x: Tensor, h: Tensor, c: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """One step as the recurrent layer op over a one-step sequence (one kernel where the backend has one)."""
+        _, h, c = run_layer(x.unsqueeze(0), h, c, (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh, None),
+                            mode=mode, reverse=False, batch_sizes=None)
+        return h, c
+
     def _state(self, name: str, hx: Any, x: Tensor, batched: bool) -> Tensor:
         cls = type(self).__name__
         want = (x.shape[0], self.hidden_size)
@@ -365,7 +347,7 @@ class RNNCell(RNNCellBase):
         x, batched = self._prepare(input)
         h = self._state("hx", hx, x, batched)
         mode = "RNN_TANH" if self.nonlinearity == "tanh" else "RNN_RELU"
-        h = _rnn_step(mode, F.linear(x, self.weight_ih, self.bias_ih), h, self.weight_hh, self.bias_hh)
+        h = self._step(mode, x, h, None)[0]
         return h if batched else h.squeeze(0)
 
 
@@ -387,7 +369,8 @@ class LSTMCell(RNNCellBase):
                              f"{type(hx).__name__}")
         h = self._state("h_0", h_in, x, batched)
         c = self._state("c_0", c_in, x, batched)
-        h, c = _lstm_step(F.linear(x, self.weight_ih, self.bias_ih), h, c, self.weight_hh, self.bias_hh, None)
+        h, c = self._step("LSTM", x, h, c)
+        assert c is not None
         return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
 
 
@@ -401,7 +384,7 @@ class GRUCell(RNNCellBase):
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
         x, batched = self._prepare(input)
         h = self._state("hx", hx, x, batched)
-        h = _gru_step(F.linear(x, self.weight_ih, self.bias_ih), h, self.weight_hh, self.bias_hh)
+        h = self._step("GRU", x, h, None)[0]
         return h if batched else h.squeeze(0)
 
 
