@@ -40,7 +40,7 @@ def test_a_boundary_realizes_pending_inputs_as_one_plan(fb: FusionBackend) -> No
     before = fb.stats.as_dict()
     out = fb.matmul(c, fb.reshape(b, (3, 2)))
     after = fb.stats.as_dict()
-    assert type(out) is FArray and out.node.value is not None  # a leaf holding the inner backend's result
+    assert type(out) is not FArray  # the inner backend's own handle: a value in memory needs no graph node
     assert after["fusion_boundaries"] - before["fusion_boundaries"] == 2  # reshape and matmul
     x = np.arange(6, dtype=np.float32).reshape(2, 3) * 2
     np.testing.assert_allclose(fb.to_numpy(out), -x @ x.reshape(3, 2))
@@ -79,7 +79,7 @@ def test_run_extension_is_a_boundary_on_realized_inputs(fb: FusionBackend) -> No
     assert backend is fb.inner and stack is fb.inner  # the inner stack ran the kernel, on its own handles
     assert FArray not in types and types[2] is int
     assert y.node.value is not None and fb.stats.boundaries == before + 1
-    assert type(out) is FArray and fb.dtype_of(out) is dt.float32
+    assert type(out) is not FArray and fb.dtype_of(out) is dt.float32
     np.testing.assert_allclose(fb.to_numpy(out), np.arange(4) * 0.5 + np.arange(4) * 3)
 
 
@@ -100,7 +100,7 @@ def test_an_overridden_composition_is_the_inner_backend_s(fb: FusionBackend) -> 
     x = np.random.default_rng(1).standard_normal((2, 5)).astype(np.float32)
     before = fb.stats.boundaries
     out = fb.softmax(fb.from_numpy(x), 1, True)
-    assert out.node.value is not None and fb.stats.boundaries == before + 1
+    assert type(out) is not FArray and fb.stats.boundaries == before + 1
     np.testing.assert_allclose(fb.to_numpy(out), x - np.log(np.exp(x).sum(1, keepdims=True)), rtol=1e-5,
                                atol=1e-6)
 
@@ -115,7 +115,7 @@ def test_optional_inner_methods_are_boundaries(fb: FusionBackend) -> None:
     out = fb.conv_input_grad(pending_gy, fb.from_numpy(w), (1, 1, 4, 4), (1, 1), ((0, 0), (0, 0)), (1, 1), 1)
     ref = fb.inner.conv_input_grad(fb.inner.from_numpy(gy), fb.inner.from_numpy(w), (1, 1, 4, 4), (1, 1),
                                    ((0, 0), (0, 0)), (1, 1), 1)
-    assert type(out) is FArray and "conv_input_grad" in vars(fb)
+    assert type(out) is not FArray and "conv_input_grad" in vars(fb)
     np.testing.assert_allclose(fb.to_numpy(out), fb.inner.to_numpy(ref), rtol=1e-6)
     with pytest.raises(AttributeError):
         fb.no_such_method  # noqa: B018

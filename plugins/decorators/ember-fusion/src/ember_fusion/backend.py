@@ -147,43 +147,47 @@ class FusionBackend(Decorator):
     # ------------------------------------------------------------------------------------------------------
     # handles
     # ------------------------------------------------------------------------------------------------------
-    def _leaf(self, value: Any, dtype: DType | None = None) -> FArray:
-        d = dtype if dtype is not None else self.inner.dtype_of(value)
-        return FArray(Node("leaf", (), (), tuple(value.shape), d, value))
+    def _leaf(self, value: Any) -> FArray:
+        return FArray(self._leaf_node(value))
 
-    # Decorator's handle hooks: an FArray's inner handle is its realized value
-    def _wrap(self, h: Any) -> FArray:
-        return self._leaf(h)
+    def _leaf_node(self, value: Any) -> Node:
+        """A realized node holding ``value``, an inner handle in memory (to record an op that reads it)."""
+        return Node("leaf", (), (), tuple(value.shape), self.inner.dtype_of(value), value)
+
+    def _node(self, h: Any) -> Node:
+        """The graph node of a handle: an FArray's own, or a new leaf for an inner handle."""
+        return h.node if type(h) is FArray else self._leaf_node(h)
+
+    # Decorator's handle hooks. A value in memory is the inner backend's own handle (a boundary's result, an op
+    # run eagerly): wrapping it in an FArray would cost two objects per op and gain nothing, as only recording
+    # needs a node, and a node for it is made then (_node).
+    def _wrap(self, h: Any) -> Any:
+        return h
 
     def _unwrap(self, h: Any) -> Any:
         return self._value(h)
+
+    def _wrap_out(self, out: Any) -> Any:
+        """A boundary's result as it is: values in memory are inner handles (tuples and lists of them too)."""
+        return out
 
     def _lower_args(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """A boundary call's arguments, realized together (one plan for all their pending values)."""
         self._pending.counts.boundaries += 1
         return self._values(args)
 
+    def _eager(self) -> None:
+        """Count an op run at once (see :attr:`eager_below`): it was recorded and realized in one go."""
+        counts = self._pending.counts
+        counts.recorded += 1
+        counts.eager += 1
+
     def _record(self, op: str, args: tuple[Any, ...], srcs: tuple[Node, ...], shape: tuple[int, ...],
                 dtype: DType) -> FArray:
-        n = Node(op, args, srcs, shape, dtype)
+        h = FArray(Node(op, args, srcs, shape, dtype))
         pending = self._pending
-        counts = pending.counts
-        counts.recorded += 1
-        below = self.eager_below
-        if below:
-            # too small to pay for planning: with every input in memory, run the inner backend's op right away
-            # (bit-identical to the unfused device, and nothing is held for a later realization)
-            for s in srcs:
-                if s.value is None:
-                    break
-            else:
-                work = srcs[0].shape if op == "reduce" else shape
-                if prod(work) < below:
-                    n.realize_as(self._run_one(n))
-                    counts.eager += 1
-                    return FArray(n)
-        h = FArray(n)
         pending.add(h)
+        pending.counts.recorded += 1
         if pending.recorded >= self.max_pending:
             self.flush()
         return h
@@ -278,21 +282,31 @@ class FusionBackend(Decorator):
     def _values(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """args with every FArray (also inside tuples and lists) replaced by its realized inner handle; all
         pending values among them are realized together, as one plan."""
-        pending = []
+        pending: list[Node] = []
+        wrapped = False
         for a in args:
-            if type(a) is FArray:
+            t = type(a)
+            if t is FArray:
+                wrapped = True
                 if a.node.value is None:
                     pending.append(a.node)
-            elif type(a) in (tuple, list):
-                pending.extend(x.node for x in a if type(x) is FArray and x.node.value is None)
+            elif t is tuple or t is list:
+                for x in a:
+                    if type(x) is FArray:
+                        wrapped = True
+                        if x.node.value is None:
+                            pending.append(x.node)
+        if not wrapped:  # the common case once values are in memory: inner handles, shapes, scalars
+            return args
         if pending:
             self._realize(pending)
         out = []
         for a in args:  # a loop, not a closure per call: this runs for every boundary op
-            if type(a) is FArray:
+            t = type(a)
+            if t is FArray:
                 out.append(a.node.value)
-            elif type(a) in (tuple, list):
-                out.append(type(a)(x.node.value if type(x) is FArray else x for x in a))
+            elif t is tuple or t is list:
+                out.append(t(x.node.value if type(x) is FArray else x for x in a))
             else:
                 out.append(a)
         return tuple(out)
@@ -310,8 +324,8 @@ class FusionBackend(Decorator):
         report["fusion_plans_cached"] = len(self._plans)
         return report
 
-    def dtype_of(self, h: FArray) -> DType:
-        return h.node.dtype
+    def dtype_of(self, h: Any) -> DType:
+        return h.node.dtype if type(h) is FArray else self.inner.dtype_of(h)
 
     # ------------------------------------------------------------------------------------------------------
     # in-place methods: a pending value may read the memory they overwrite, so run everything pending first
@@ -325,8 +339,16 @@ class FusionBackend(Decorator):
         key = self._values(key)
         self.inner.setitem(self._value(h), key, self._value(value))
 
-    def inplace_binary(self, op: str, a: FArray, b: Any) -> None:
-        na, tb = a.node, type(b)
+    def inplace_binary(self, op: str, a: Any, b: Any) -> None:
+        tb = type(b)
+        if type(a) is not FArray:  # a is in memory
+            if tb is not FArray or b.node.value is not None:
+                self.flush()  # nothing pending to fuse into the write; pending values may read a's old contents
+                self.inner.inplace_binary(op, a, b.node.value if tb is FArray else b)
+                return
+            na = self._leaf_node(a)
+        else:
+            na = a.node
         if tb is FArray:
             args, srcs = (op, _R0, _R1), (na, b.node)
         elif tb in _SCALARS:
@@ -365,38 +387,72 @@ class FusionBackend(Decorator):
         may_alias = self.inner.may_share_memory
         dst = target.value
         for leaf in pending_leaves(srcs):
-            if leaf is not target and may_alias(leaf.value, dst):
+            if leaf.value is not dst and may_alias(leaf.value, dst):
                 return False
         return True
 
     # ------------------------------------------------------------------------------------------------------
-    # recorded ops
+    # recorded ops. Each first checks whether it runs at once: every tensor operand in memory (an inner handle,
+    # or an FArray whose node was realized) and fewer than eager_below elements of work; then the inner
+    # backend's own method runs, exactly the unfused device's op. Otherwise the op is recorded.
     # ------------------------------------------------------------------------------------------------------
-    def unary(self, op: str, h: FArray) -> FArray:
-        n = h.node
+    def unary(self, op: str, h: Any) -> Any:
+        if type(h) is FArray:
+            n = h.node
+            if n.value is None or not self.eager_below:
+                return self._record("unary", (op, _R0), (n,), n.shape,
+                                    dt.bool_ if op in PREDICATE_UNARY_OPS else n.dtype)
+            h = n.value
+        if prod(h.shape) < self.eager_below:
+            self._eager()
+            return self.inner.unary(op, h)
+        n = self._leaf_node(h)
         return self._record("unary", (op, _R0), (n,), n.shape, dt.bool_ if op in PREDICATE_UNARY_OPS else n.dtype)
 
-    def binary(self, op: str, a: Any, b: Any) -> FArray:
+    def binary(self, op: str, a: Any, b: Any) -> Any:
+        below = self.eager_below
+        if below:
+            va = a.node.value if type(a) is FArray else a
+            vb = b.node.value if type(b) is FArray else b
+            if va is not None and vb is not None:  # every operand in memory (or a Python scalar)
+                if type(va) in _SCALARS:
+                    shape = vb.shape
+                elif type(vb) in _SCALARS:
+                    shape = va.shape
+                else:
+                    shape = va.shape if va.shape == vb.shape else broadcast_shapes(va.shape, vb.shape)
+                if prod(shape) < below:
+                    self._eager()
+                    return self.inner.binary(op, va, vb)
         ta, tb = type(a), type(b)
+        if ta is not FArray and ta not in _SCALARS:
+            a, ta = self._leaf(a), FArray
+        if tb is not FArray and tb not in _SCALARS:
+            b, tb = self._leaf(b), FArray
         if ta is FArray and tb is FArray:
             na, nb = a.node, b.node
             shape = na.shape if na.shape == nb.shape else broadcast_shapes(na.shape, nb.shape)
             args, srcs, d = (op, _R0, _R1), (na, nb), na.dtype
-        elif ta is FArray and tb in _SCALARS:
+        elif ta is FArray:
             na = a.node
             args, srcs, shape, d = (op, _R0, Scalar(b)), (na,), na.shape, na.dtype
-        elif tb is FArray and ta in _SCALARS:
+        else:
             nb = b.node
             args, srcs, shape, d = (op, Scalar(a), _R0), (nb,), nb.shape, nb.dtype
-        else:
-            return self._leaf(self.inner.binary(op, self._value(a), self._value(b)))
         return self._record("binary", args, srcs, shape, dt.bool_ if op in COMPARISON_OPS else d)
 
-    def where(self, cond: FArray, a: Any, b: Any) -> FArray:
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        ops = (cond, a, b)
+        vals = [x.node.value if type(x) is FArray else x for x in ops]
+        tensors = [v for v in vals if type(v) not in _SCALARS]
+        if self.eager_below and all(v is not None for v in vals) and prod(
+                broadcast_shapes(*(v.shape for v in tensors))) < self.eager_below:
+            self._eager()
+            return self.inner.where(*vals)
+        cond, a, b = (x if type(x) is FArray or type(x) in _SCALARS else self._leaf(x) for x in ops)
         ta, tb = type(a), type(b)
-        if type(cond) is not FArray or not (ta is FArray or tb is FArray) or not (
-                ta in (FArray, *_SCALARS) and tb in (FArray, *_SCALARS)):
-            return self._leaf(self.inner.where(*self._values((cond, a, b))))
+        if type(cond) is not FArray or not (ta is FArray or tb is FArray):
+            return self.inner.where(*self._values((cond, a, b)))
         srcs = [cond.node]
         args: list[Any] = [_R0]
         for x in (a, b):
@@ -408,17 +464,35 @@ class FusionBackend(Decorator):
         d = (a if ta is FArray else b).node.dtype
         return self._record("where", tuple(args), tuple(srcs), broadcast_shapes(*(s.shape for s in srcs)), d)
 
-    def cast(self, h: FArray, dtype: DType) -> FArray:
-        n = h.node
+    def cast(self, h: Any, dtype: DType) -> Any:
+        if type(h) is FArray:
+            n = h.node
+            if n.value is None or not self.eager_below:
+                return self._record("cast", (dtype, _R0), (n,), n.shape, dtype)
+            h = n.value
+        if prod(h.shape) < self.eager_below:
+            self._eager()
+            return self.inner.cast(h, dtype)
+        n = self._leaf_node(h)
         return self._record("cast", (dtype, _R0), (n,), n.shape, dtype)
 
-    def full(self, shape: tuple[int, ...], value: Any, dtype: DType) -> FArray:
+    def full(self, shape: tuple[int, ...], value: Any, dtype: DType) -> Any:
         if type(value) not in _SCALARS:
-            return self._leaf(self.inner.full(shape, value, dtype), dtype)
+            return self.inner.full(shape, value, dtype)
+        if prod(shape) < self.eager_below:
+            self._eager()
+            return self.inner.full(shape, value, dtype)
         return self._record("full", (Scalar(value),), (), tuple(shape), dtype)
 
-    def reduce(self, op: str, h: FArray, dims: tuple[int, ...], keepdim: bool) -> FArray:
-        n = h.node
+    def reduce(self, op: str, h: Any, dims: tuple[int, ...], keepdim: bool) -> Any:
+        if type(h) is FArray and (h.node.value is None or not self.eager_below):
+            n = h.node
+        else:
+            v = h.node.value if type(h) is FArray else h
+            if prod(v.shape) < self.eager_below:
+                self._eager()
+                return self.inner.reduce(op, v, dims, keepdim)
+            n = self._leaf_node(v)
         if keepdim:
             shape = tuple(1 if d in dims else s for d, s in enumerate(n.shape))
         else:
