@@ -440,3 +440,36 @@ def test_one_instance_entered_in_two_threads_at_once() -> None:
         t.join()
     assert sorted(map(str, seen)) == sorted(["False", "False", str(ember.bfloat16), str(ember.bfloat16)])
     assert not ember.is_autocast_enabled("cpu")
+
+
+def _installed_kinds() -> list[str]:
+    return sorted(ember.plugins.manager.registry.ensure_loaded().backends)
+
+
+@pytest.mark.parametrize("kind", _installed_kinds())
+def test_every_installed_backend_autocasts_like_torch(kind: str) -> None:
+    """Each backend's declared (or kind-derived) policy: the dtypes of a conv + loss step, float32 gradients where the
+    device records them, and values next to torch's autocast of the same policy."""
+    try:
+        dev = Device.parse(kind)
+        ember.zeros(1, device=dev)
+    except ember.EmberError as exc:
+        pytest.skip(f"no {kind} device here: {exc}")
+    if ember.plugins.manager.registry.differentiable_decorator() is not None:
+        dev = dev.autodiff()
+    dtype = ember.get_autocast_dtype(kind)
+    xa, wa = _arrays((2, 3, 6, 6), (4, 3, 3, 3), seed=11)
+    x = ember.tensor(xa, device=dev)
+    w = ember.tensor(wa, device=dev).requires_grad_()
+    with ember.autocast(kind):
+        y = F.conv2d(x, w)
+        loss = F.mse_loss(y, ember.zeros(y.shape, device=dev))
+    assert y.dtype is dtype and loss.dtype is ember.float32
+    tdtype = {ember.bfloat16: torch.bfloat16, ember.float16: torch.float16}[dtype]
+    with torch.autocast("cpu", dtype=tdtype):
+        ty = TF.conv2d(torch.tensor(xa), torch.tensor(wa))
+    want = ty.float().numpy()
+    np.testing.assert_allclose(y.float().numpy(), want, rtol=3e-2, atol=3e-2 * float(np.abs(want).max()))
+    if dev.stack.differentiable:
+        loss.backward()
+        assert w.grad.dtype is ember.float32
