@@ -24,6 +24,16 @@ is reported and makes the exit status 1, as does a case that raised (its error i
 still run). Every timed figure is the median over >= 5 alternating repeats after warm-up, with min/max/IQR as
 spread; the cases of one workload (fused and unfused on every backend, torch) alternate inside every repeat.
 
+Two sections run only when named with ``--sections`` (they are slow, and for tuning the decorator):
+
+4. **threshold**: the eager threshold (``dev.fusion(eager_below=N)``): elementwise chains (2 to 9 ops, with and
+   without transcendentals) on 2**12 .. 2**21 float32 elements, three cases alternating: the default fused device,
+   the fused device that records every op (``eager_below=0``: recording, plan lookup, fused kernels) and the unfused
+   device. Where "record every op" is slower than unfused, planning cannot pay and ops should run eagerly.
+5. **lstm**: a 2-layer LSTM written in ember ops (per time step ``x @ W_ih.T + h @ W_hh.T + b``, ``chunk``,
+   sigmoid/tanh gates, ``c``/``h`` updates; 35 steps, batch 20, hidden 200), forward, backward and an SGD update,
+   fused vs unfused on ``flex+autodiff``: the small-op model fusion must not slow down.
+
 Usage::
 
     ember bench fusion [--quick] [--json PATH] [--sections SECTION ...]
@@ -58,6 +68,7 @@ import ember  # noqa: E402
 from ember import Device  # noqa: E402
 
 SECTIONS = ("gelu", "train", "overhead")
+EXTRA_SECTIONS = ("threshold", "lstm")  # run only when named with --sections
 BACKENDS = ("flex", "opencl")
 GELU_TARGET = {"flex": 2.0, "opencl": 3.0}  # fused speedup (unfused time / fused time)
 RECORD_TARGET_US = 5.0  # per recorded op
@@ -66,7 +77,7 @@ CHAIN_OPS = 32  # ops of the overhead section's kept-and-flushed chain
 RECORD_BATCH = 200  # recorded ops per flush (below the fusion decorator's default bound of 256 pending ops)
 # fused vs unfused: relative difference above which the outputs are said to disagree
 # (train: of the per-step losses, which also carry every earlier step's update)
-TOLERANCE = {"gelu": 1e-4, "train": 1e-4, "overhead": 1e-5}
+TOLERANCE = {"gelu": 1e-4, "train": 1e-4, "overhead": 1e-5, "threshold": 0.0, "lstm": 0.0}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -180,6 +191,101 @@ def bench_gelu(n: int, backends: Sequence[str], repeats: int, number: int) -> li
                           note=f"fused kernel {gen}, {i['kernels_per_call']} kernel(s)/call; "
                                f"fused vs unfused rel. diff {i['diff']:.1e}"))
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 4. eager threshold (opt-in)
+# ----------------------------------------------------------------------------------------------------------
+THRESHOLD_CHAINS: dict[str, Callable[[Any, Any], Any]] = {
+    "(x + y) * 0.5 (2 ops)": lambda x, y: (x + y) * 0.5,
+    "((x*0.9 + y*0.1) * x - y) / 3 (6 ops)": lambda x, y: ((x * 0.9 + y * 0.1) * x - y) / 3.0,
+    "GELU tanh chain (9 ops)": lambda x, y: gelu(x, ember.tanh),
+    "LSTM-cell-like gates (sigmoid, tanh; 5 ops)": lambda x, y: x.sigmoid() * y + x.tanh() * y.sigmoid(),
+}
+THRESHOLD_SIZES = tuple(1 << k for k in range(12, 22))
+EAGER = "ember flex fused (default eager_below)"
+RECORD_ALL = "ember flex fused (eager_below=0)"
+
+
+def bench_threshold(sizes: Sequence[int], repeats: int) -> list[dict[str, Any]]:
+    """us per chain (result read with numpy()) on the default fused device, the fused device recording every op,
+    and the unfused device, alternating; speedup_fused is unfused / record-every-op."""
+    base = Device.flex()
+    devs = {EAGER: base, RECORD_ALL: base.fusion(eager_below=0), case("flex", False): base.fusion(False)}
+    out = []
+    for n in sizes:
+        rng = np.random.default_rng(n)
+        xn, yn = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+        number = max(1, 2**18 // n)
+        for name, chain in THRESHOLD_CHAINS.items():
+            cases: dict[str, Callable[[], Any]] = {}
+            results = {}
+            for label, dev in devs.items():
+                x, y = ember.tensor(xn, device=dev), ember.tensor(yn, device=dev)
+
+                def call(x: Any = x, y: Any = y, chain: Callable[[Any, Any], Any] = chain) -> Any:
+                    return chain(x, y).numpy()
+
+                results[label] = call()
+                cases[label] = call
+            s = measure(cases, repeats, number, warmup=2)
+            diff = max(rel_diff(results[EAGER], results[case("flex", False)]),
+                       rel_diff(results[RECORD_ALL], results[case("flex", False)]))
+            extras = fused_extras(s, RECORD_ALL, case("flex", False), "threshold", diff, True)
+            out.append(figure("threshold", f"{name}, {n} f32", "us", s, ember_case=EAGER, backend="flex", n=n,
+                              chain=name, **extras,
+                              speedup_default=s[case("flex", False)]["median"] / s[EAGER]["median"]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 5. LSTM written in ember ops (opt-in)
+# ----------------------------------------------------------------------------------------------------------
+def lstm_step(dev: Device, steps: int = 35, batch: int = 20, hidden: int = 200, layers: int = 2
+              ) -> Callable[[], float]:
+    """One step of a ``layers``-layer LSTM over ``steps`` time steps in ember ops: forward, backward, SGD update
+    (seeded weights: every device starts from the same values)."""
+    rng = np.random.default_rng(0)
+
+    def param(*shape: int) -> Any:
+        return ember.tensor((rng.standard_normal(shape) * 0.05).astype(np.float32), device=dev, requires_grad=True)
+
+    weights = [(param(4 * hidden, hidden), param(4 * hidden, hidden), param(4 * hidden)) for _ in range(layers)]
+    xs = ember.tensor(rng.standard_normal((steps, batch, hidden)).astype(np.float32), device=dev)
+    flat = [p for ws in weights for p in ws]
+
+    def step() -> float:
+        inputs = [xs[t] for t in range(steps)]
+        for w_ih, w_hh, b in weights:
+            h, c = ember.zeros(batch, hidden, device=dev), ember.zeros(batch, hidden, device=dev)
+            outs = []
+            for t in range(steps):
+                i, f, g, o = (inputs[t] @ w_ih.T + h @ w_hh.T + b).chunk(4, 1)
+                c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+                h = o.sigmoid() * c.tanh()
+                outs.append(h)
+            inputs = outs
+        loss = ember.stack(inputs).pow(2).mean()
+        loss.backward()
+        with ember.no_grad():
+            for p in flat:
+                p.sub_(p.grad * 0.1)
+                p.grad = None
+        return float(loss.item())
+
+    return step
+
+
+def bench_lstm(repeats: int, steps: int) -> list[dict[str, Any]]:
+    """ms per LSTM step, fused vs unfused flex+autodiff (and torch's same loop), alternating."""
+    fused, unfused = devices("flex", autodiff=True)
+    fc, uc = case("flex", True, True), case("flex", False, True)
+    cases: dict[str, Callable[[], Any]] = {fc: lstm_step(fused), uc: lstm_step(unfused)}
+    losses = {k: [fn() for _ in range(steps)] for k, fn in cases.items()}  # also the warm-up
+    diff = rel_diff(losses[fc], losses[uc])
+    s = measure(cases, repeats, 1, warmup=0)
+    return [figure("lstm", "2-layer LSTM in ember ops (35 steps, batch 20, hidden 200): forward+backward+SGD", "ms",
+                   s, ember_case=fc, backend="flex", **fused_extras(s, fc, uc, "lstm", diff, True))]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -351,6 +457,10 @@ def format_extra(figures: list[dict[str, Any]]) -> str:
             head += f" (target >= {fig['target_speedup']:.0f}x: {_met(fig)})"
         if "target_us_per_op" in fig:
             head += f"; recording target <= {fig['target_us_per_op']:.0f} us/op: {_met(fig)}"
+        if fig["section"] == "threshold":
+            head = (f"  [threshold] {fig['name']}: record every op {s[fc]['median'] * scale:.4g} us, unfused "
+                    f"{s[uc]['median'] * scale:.4g} us ({fig['speedup_fused']:.2f}x), default "
+                    f"{s[fig['ember_case']]['median'] * scale:.4g} us ({fig['speedup_default']:.2f}x)")
         if not fig["fusion_active"]:
             head += "; fusion NOT active on this device (fused == unfused)"
         if fig["section"] == "train":
@@ -407,6 +517,11 @@ def run(quick: bool, sections: Sequence[str], backends: Sequence[str]) -> dict[s
                                                                                              p["train_steps"]))
         elif section == "overhead":
             _guarded(result, section, "overhead", lambda: bench_overhead(*p["overhead"]))
+        elif section == "threshold":
+            sizes = THRESHOLD_SIZES[::3] if quick else THRESHOLD_SIZES
+            _guarded(result, section, "threshold", lambda sz=sizes: bench_threshold(sz, p["repeats"]))
+        elif section == "lstm":
+            _guarded(result, section, "lstm", lambda: bench_lstm(max(15, p["repeats"]), 3))
         result["section_seconds"][section] = time.perf_counter() - t0
         print(f"[{section}: {result['section_seconds'][section]:.1f} s]", file=sys.stderr, flush=True)
     return result
@@ -415,11 +530,11 @@ def run(quick: bool, sections: Sequence[str], backends: Sequence[str]) -> dict[s
 def main(argv: Sequence[str] | None = None) -> int:
     parser = bench_parser("ember fusion: fused vs unfused devices (GELU chain, training steps, recording overhead) "
                           "on flex and OpenCL, with PyTorch", "small loops and batches, flex-only training (CI smoke)",
-                          SECTIONS)
+                          SECTIONS + EXTRA_SECTIONS)
     args = parser.parse_args(argv)
 
     env = environment()
-    sections = [s for s in SECTIONS if not args.sections or s in args.sections]
+    sections = [s for s in SECTIONS + EXTRA_SECTIONS if s in (args.sections or SECTIONS)]
     ocl, desc = opencl_device()
     backends = [b for b in BACKENDS if b == "flex" or ocl is not None]
     print(describe_environment(env))

@@ -36,12 +36,12 @@ from .schedule import Graph, build_plan, run_plan
 DEFAULT_MAX_PENDING = 256
 #: plans kept per backend (least recently used dropped first)
 PLAN_CACHE_SIZE = 2048
-#: devices' default for ``eager_below``: an op on values in memory whose result and inputs all have fewer elements
-#: than this runs at once, unrecorded. Measured on flex (benchmarks/fusion.py, section "threshold"): recording,
-#: keying and running a plan costs 40-100 us of Python, which numpy's per-op time on small arrays never earns back;
-#: below about 2**18 float32 elements every chain measured (2 to 9 ops, with and without transcendentals) ran slower
-#: fused than op by op, above it the chains with several arithmetic ops ran faster.
-DEFAULT_EAGER_BELOW = 1 << 18
+#: devices' default for ``eager_below``: an op on values in memory whose work (result, or a reduction's input) has
+#: fewer elements than this runs at once, unrecorded. Measured on flex (``python benchmarks/fusion.py --sections
+#: threshold``: 2- to 9-op float32 chains, recording every op against the unfused device): recording, keying and
+#: running a plan costs 40-100 us of Python, so below 2**17 elements every chain ran 0.1-0.7x as fast recorded; at
+#: 2**18 0.84-1.12x, at 2**19 0.95-1.13x, at 2**20 and up 1.0-1.4x. Below 2**19 an op therefore runs eagerly.
+DEFAULT_EAGER_BELOW = 1 << 19
 
 _SCALARS = (bool, int, float)
 _R0, _R1, _R2 = Ref(0), Ref(1), Ref(2)
