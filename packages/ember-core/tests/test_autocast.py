@@ -100,9 +100,6 @@ CASES: dict[str, tuple[list[tuple[int, ...]], Callable[..., Any], Callable[..., 
 @pytest.mark.parametrize("input_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_output_dtype_and_values_match_torch_cpu_autocast(name: str, input_dtype: str) -> None:
-    if name == "einsum":
-        pytest.xfail("flex's einsum has no bfloat16 kernel (numpy's c_einsum refuses ml_dtypes' bfloat16), with or "
-                     "without autocast; reported to the flex owner")
     shapes, e_op, t_op = CASES[name]
     arrs = _arrays(*shapes, seed=len(name))
     ein, tin = _pair(arrs)

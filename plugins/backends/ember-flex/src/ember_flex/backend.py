@@ -455,6 +455,12 @@ class FlexBackend(Backend):
 
     @_alloc_guard
     def einsum(self, equation: str, *hs: ndarray) -> ndarray:
+        dtype = hs[0].dtype if hs else None
+        if dtype is not None and dtype.kind in "fV" and dtype.itemsize < 4:
+            # half types: numpy's einsum refuses ml_dtypes' bfloat16 and sums float16 in float16; accumulate in
+            # float32 and round once, as matmul (and PyTorch) do
+            wide = [h.astype(np.float32) for h in hs]
+            return _asarray(np.einsum(equation, *wide, optimize=len(hs) > 2).astype(dtype))
         return _asarray(np.einsum(equation, *hs, optimize=len(hs) > 2))
 
     def softmax(self, h: ndarray, dim: int, log: bool) -> ndarray:
