@@ -89,10 +89,9 @@ def register_ops(register: Callable[..., None]) -> None:
 def register_backend_traits(register: Callable[..., None]) -> None:
     """Declare how a backend takes part in ember's process-wide settings: autocast, thread counts, determinism.
 
-    Call ``register`` once per backend the plugin registers (all keywords optional)::
+    Call ``register`` once per backend the plugin registers (all keywords optional):
 
-        register(backend, *, autocast_dtype=None, autocast_ops=None, set_num_threads=None,
-                 nondeterministic_ops=None)
+    ``register(backend, *, autocast_dtype=None, autocast_ops=None, set_num_threads=None, nondeterministic_ops=None)``
 
     - ``backend``: the backend name given to ``register_backends``.
     - ``autocast_dtype``: the lower-precision dtype (``ember.bfloat16`` or ``ember.float16``) that
