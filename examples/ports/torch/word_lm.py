@@ -11,6 +11,7 @@ This is the PyTorch original; ``examples/ports/word_lm.py`` is its ember port (d
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import time
 from pathlib import Path
@@ -39,10 +40,12 @@ class Dictionary:
 
 def corpus_text(max_lines: int | None = None) -> list[str]:
     """Lines of the dataset descriptions scikit-learn ships (sorted files: the same corpus on every machine)."""
-    import sklearn
-
+    spec = importlib.util.find_spec("sklearn")  # where it is installed; importing it would take seconds
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("word_lm reads its corpus from scikit-learn's dataset descriptions: pip install "
+                                  "scikit-learn")
     lines: list[str] = []
-    for path in sorted((Path(sklearn.__file__).parent / "datasets" / "descr").glob("*.rst")):
+    for path in sorted((Path(spec.origin).parent / "datasets" / "descr").glob("*.rst")):
         lines += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return lines[:max_lines] if max_lines is not None else lines
 
