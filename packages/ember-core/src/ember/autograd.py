@@ -129,7 +129,12 @@ def _stack_of(op: str, tensors: Sequence[Any]) -> Any:
 
         spec = registry.differentiable_decorator()  # a declared capability: core names no decorator
         if spec is not None:
-            fix = f"create them on a device that records gradients, e.g. Device.{dev.kind}().{spec.name}()"
+            from .device import is_host
+
+            # in the user's own spelling: the device string they wrote ("cpu" for the host), plus the decorator
+            where = "cpu" if is_host(dev) else str(dev)
+            fix = (f"create them (and the model: model.to(device)) on a device that records gradients: "
+                   f"ember.device({where + '+' + spec.name!r}), or ember.device({where!r}).{spec.name}()")
         else:
             fix = f"no installed decorator records gradients: {missing_plugin_hint('a decorator that does')}"
         raise AutodiffError(f"{op}: tensors on device {dev} record no gradients; {fix}")
