@@ -1,0 +1,402 @@
+"""The wrapped layers: ``LoraLinear``, ``LoraConv2d``, ``LoraEmbedding`` (a frozen base layer plus named low-rank
+adapters) and ``ModulesToSaveWrapper`` (a frozen module plus a trainable copy per adapter).
+
+Parameter names follow PEFT's, so state dicts line up: ``<path>.base_layer.weight``, ``<path>.lora_A.<adapter>.weight``,
+``<path>.lora_B.<adapter>.weight``, and for embeddings ``<path>.lora_embedding_A.<adapter>`` /
+``<path>.lora_embedding_B.<adapter>``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+
+import ember
+from ember import nn
+from ember.errors import DTypeError, ValueRangeError
+from ember.nn import functional as F
+from ember.nn import init
+from ember.tensor import Tensor
+
+from .config import LoraConfig
+
+
+class _ParameterDict(nn.Module):
+    """Parameters keyed by adapter name (ember has no ``nn.ParameterDict``); the state-dict key is
+    ``<owner>.<adapter>``, as PEFT's ``ParameterDict``."""
+
+    def __getitem__(self, key: str) -> nn.Parameter:
+        return self._parameters[key]
+
+    def __setitem__(self, key: str, value: nn.Parameter) -> None:
+        self.register_parameter(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        del self._parameters[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._parameters
+
+    def keys(self) -> list[str]:
+        return list(self._parameters)
+
+
+class LoraLayer(nn.Module):
+    """A frozen ``base_layer`` plus named adapters; the output is ``base(x) + Σ scaling · B(A(dropout(x)))`` over the
+    active adapters (none while adapters are disabled; the merged ones are already inside ``base_layer.weight``)."""
+
+    #: names of the per-adapter parameter containers, as in PEFT
+    adapter_containers: tuple[str, ...] = ("lora_A", "lora_B")
+
+    def __init__(self, base_layer: nn.Module) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self.r: dict[str, int] = {}
+        self.lora_alpha: dict[str, float] = {}
+        self.scaling: dict[str, float] = {}
+        self.lora_dropout = nn.ModuleDict()
+        self.active_adapters: list[str] = []
+        self.merged_adapters: list[str] = []
+        self.disable_adapters = False
+
+    # -- adapters ------------------------------------------------------------------------------------------------
+    @property
+    def adapter_names(self) -> list[str]:
+        """Every adapter this layer holds, in the order they were added."""
+        return list(self.r)
+
+    @property
+    def merged(self) -> bool:
+        """Whether some adapter is folded into the base weight."""
+        return bool(self.merged_adapters)
+
+    def _weight(self) -> Tensor:
+        return self.base_layer.weight
+
+    def update_layer(self, adapter: str, config: LoraConfig) -> None:
+        """Add adapter ``adapter`` shaped and initialised by ``config``."""
+        if adapter in self.r:
+            raise ValueRangeError(f"{type(self).__name__}: adapter {adapter!r} already exists on this layer")
+        self.r[adapter] = config.r
+        self.lora_alpha[adapter] = config.lora_alpha
+        self.scaling[adapter] = config.scaling
+        self.lora_dropout[adapter] = nn.Dropout(config.lora_dropout) if config.lora_dropout > 0 else nn.Identity()
+        w = self._weight()
+        self._create(adapter, config.r, w.device, w.dtype)
+        self._initialise(adapter, config.init_lora_weights)
+
+    def _create(self, adapter: str, r: int, device: Any, dtype: Any) -> None:
+        raise NotImplementedError
+
+    def _ab(self, adapter: str) -> tuple[Tensor, Tensor]:
+        """The adapter's A and B weights."""
+        return self.lora_A[adapter].weight, self.lora_B[adapter].weight
+
+    def _initialise(self, adapter: str, mode: bool | str) -> None:
+        a, b = self._ab(adapter)
+        if mode is False:  # both random (kaiming-uniform, nn.Linear's default): the model starts changed
+            init.kaiming_uniform_(a, a=math.sqrt(5))
+            init.kaiming_uniform_(b, a=math.sqrt(5))
+        elif mode == "pissa":
+            self._pissa(adapter)
+        else:
+            if mode is True:
+                init.kaiming_uniform_(a, a=math.sqrt(5))
+            else:  # "gaussian"
+                init.normal_(a, std=1 / self.r[adapter])
+            init.zeros_(b)
+
+    def _delta_matrix_shape(self) -> tuple[int, int]:
+        """(rows of B, columns of A) of the 2-d view of the base weight the update ``B @ A`` is added to."""
+        w = self._weight()
+        return w.shape[0], int(np.prod(w.shape[1:]))
+
+    def _pissa(self, adapter: str) -> None:
+        # PiSSA (PEFT's "pissa"): A, B from the top-r singular triplets of W, W keeps the residual, so
+        # base + scaling * B @ A == W at step 0. The SVD runs on the host: it is a one-off initialisation.
+        w = self._weight()
+        r, scale = self.r[adapter], self.scaling[adapter]
+        rows, cols = self._delta_matrix_shape()
+        mat = self._to_matrix(w.detach().numpy().astype(np.float64))
+        if r > min(rows, cols):
+            raise ValueRangeError(f"{type(self).__name__}: init_lora_weights='pissa' needs r <= min{(rows, cols)} "
+                                  f"of the weight matrix, got r={r}")
+        u, s, vh = np.linalg.svd(mat, full_matrices=False)
+        sr = np.sqrt(s[:r] / scale)
+        b_np = u[:, :r] * sr[None, :]
+        a_np = sr[:, None] * vh[:r]
+        residual = mat - scale * (b_np @ a_np)
+        a, b = self._ab(adapter)
+        with ember.no_grad():
+            a.copy_(ember.tensor(a_np.reshape(a.shape), dtype=a.dtype, device=a.device))
+            b.copy_(ember.tensor(b_np.reshape(b.shape), dtype=b.dtype, device=b.device))
+            w.copy_(ember.tensor(self._from_matrix(residual), dtype=w.dtype, device=w.device))
+
+    # 2-d views used by PiSSA; the embedding overrides them (its table is the transpose of the update)
+    def _to_matrix(self, w: np.ndarray) -> np.ndarray:
+        return w.reshape(w.shape[0], -1)
+
+    def _from_matrix(self, m: np.ndarray) -> np.ndarray:
+        return m.reshape(self._weight().shape)
+
+    def get_delta_weight(self, adapter: str) -> Tensor:
+        """``scaling · B @ A`` in the base weight's shape (what ``merge`` adds)."""
+        a, b = self._ab(adapter)
+        rows, cols = self._delta_matrix_shape()
+        delta = b.reshape(rows, self.r[adapter]) @ a.reshape(self.r[adapter], cols)
+        return (delta * self.scaling[adapter]).reshape(self._weight().shape)
+
+    def set_adapter(self, adapter: str | None) -> None:
+        """Make ``adapter`` the active one (``None`` or a name this layer lacks: none active); only its parameters
+        require grad."""
+        self.active_adapters = [adapter] if adapter in self.r else []
+        for name in self.adapter_containers:
+            container = getattr(self, name)
+            for key in container.keys():
+                trainable = key in self.active_adapters
+                for p in _params_of(container[key]):
+                    p.requires_grad_(trainable)
+
+    def delete_adapter(self, adapter: str) -> None:
+        """Remove ``adapter`` (unmerged first if it was merged)."""
+        if adapter not in self.r:
+            raise ValueRangeError(f"{type(self).__name__}: no adapter {adapter!r} (adapters: {self.adapter_names})")
+        if adapter in self.merged_adapters:
+            self._unmerge_one(adapter)
+        for name in self.adapter_containers:
+            del getattr(self, name)[adapter]
+        del self.lora_dropout[adapter]
+        for d in (self.r, self.lora_alpha, self.scaling):
+            del d[adapter]
+        if adapter in self.active_adapters:
+            self.active_adapters.remove(adapter)
+
+    # -- merging -------------------------------------------------------------------------------------------------
+    def merge(self, adapter_names: list[str] | None = None) -> None:
+        """Fold the adapters (default: the active ones) into ``base_layer.weight``; already merged ones are skipped."""
+        names = self.active_adapters if adapter_names is None else adapter_names
+        w = self._weight()
+        for name in names:
+            if name not in self.r:
+                raise ValueRangeError(f"{type(self).__name__}.merge: no adapter {name!r} (adapters: "
+                                      f"{self.adapter_names})")
+            if name in self.merged_adapters:
+                continue
+            with ember.no_grad():
+                w.add_(self.get_delta_weight(name).to(w.dtype))
+            self.merged_adapters.append(name)
+
+    def _unmerge_one(self, name: str) -> None:
+        w = self._weight()
+        with ember.no_grad():
+            w.sub_(self.get_delta_weight(name).to(w.dtype))
+        self.merged_adapters.remove(name)
+
+    def unmerge(self) -> None:
+        """Take every merged adapter back out of the base weight (last merged first)."""
+        for name in reversed(list(self.merged_adapters)):
+            self._unmerge_one(name)
+
+    # -- forward -------------------------------------------------------------------------------------------------
+    def _lora_term(self, adapter: str, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if self.disable_adapters and self.merged:  # as PEFT: a disabled layer computes the base model's output
+            self.unmerge()
+        result = self.base_layer(x, *args, **kwargs)
+        if self.disable_adapters:
+            return result
+        for adapter in self.active_adapters:
+            if adapter in self.merged_adapters:
+                continue
+            result = result + self._lora_term(adapter, x)
+        return result
+
+    def extra_repr(self) -> str:
+        return f"adapters={self.adapter_names}, active={self.active_adapters}, merged={self.merged_adapters}"
+
+
+def _params_of(obj: Any) -> list[nn.Parameter]:
+    return [obj] if isinstance(obj, nn.Parameter) else list(obj.parameters())
+
+
+def _cast_input(x: Tensor, like: Tensor) -> Tensor:
+    # the adapter computes in its own dtype (PEFT casts the input the same way), the sum is in the base's dtype
+    return x.to(like.dtype) if x.dtype != like.dtype and x.dtype.is_floating_point else x
+
+
+class LoraLinear(LoraLayer):
+    """LoRA around an ``nn.Linear``: ``lora_A`` is ``Linear(in, r)``, ``lora_B`` is ``Linear(r, out)``, no biases."""
+
+    def __init__(self, base_layer: nn.Linear) -> None:
+        if not isinstance(base_layer, nn.Linear):
+            raise DTypeError(f"LoraLinear: base_layer must be an nn.Linear, got {type(base_layer).__name__}")
+        super().__init__(base_layer)
+        self.lora_A = nn.ModuleDict()
+        self.lora_B = nn.ModuleDict()
+        self.in_features, self.out_features = base_layer.in_features, base_layer.out_features
+
+    def _create(self, adapter: str, r: int, device: Any, dtype: Any) -> None:
+        self.lora_A[adapter] = nn.Linear(self.in_features, r, bias=False, device=device, dtype=dtype)
+        self.lora_B[adapter] = nn.Linear(r, self.out_features, bias=False, device=device, dtype=dtype)
+
+    def _lora_term(self, adapter: str, x: Tensor) -> Tensor:
+        a, b = self.lora_A[adapter], self.lora_B[adapter]
+        out = b(a(self.lora_dropout[adapter](_cast_input(x, a.weight)))) * self.scaling[adapter]
+        return out.to(self._weight().dtype) if out.dtype != self._weight().dtype else out
+
+
+class LoraConv2d(LoraLayer):
+    """LoRA around an ``nn.Conv2d``: ``lora_A`` is the base's convolution with ``r`` output channels (same kernel,
+    stride, padding, dilation and padding mode), ``lora_B`` a 1×1 convolution from ``r`` channels; no biases."""
+
+    def __init__(self, base_layer: nn.Conv2d) -> None:
+        if not isinstance(base_layer, nn.Conv2d):
+            raise DTypeError(f"LoraConv2d: base_layer must be an nn.Conv2d, got {type(base_layer).__name__}")
+        if base_layer.groups != 1:
+            # B @ A is a dense (out, in·k·k) matrix: it cannot be folded into a grouped convolution's weight
+            raise ValueRangeError(f"LoraConv2d: grouped convolutions are not supported (groups={base_layer.groups}, "
+                                  f"weight {tuple(base_layer.weight.shape)})")
+        super().__init__(base_layer)
+        self.lora_A = nn.ModuleDict()
+        self.lora_B = nn.ModuleDict()
+        self.in_features, self.out_features = base_layer.in_channels, base_layer.out_channels
+
+    def _create(self, adapter: str, r: int, device: Any, dtype: Any) -> None:
+        base = self.base_layer
+        self.lora_A[adapter] = nn.Conv2d(self.in_features, r, base.kernel_size, base.stride, base.padding,
+                                         base.dilation, bias=False, padding_mode=base.padding_mode, device=device,
+                                         dtype=dtype)
+        self.lora_B[adapter] = nn.Conv2d(r, self.out_features, 1, bias=False, device=device, dtype=dtype)
+
+    def _lora_term(self, adapter: str, x: Tensor) -> Tensor:
+        a, b = self.lora_A[adapter], self.lora_B[adapter]
+        out = b(a(self.lora_dropout[adapter](_cast_input(x, a.weight)))) * self.scaling[adapter]
+        return out.to(self._weight().dtype) if out.dtype != self._weight().dtype else out
+
+
+class LoraEmbedding(LoraLayer):
+    """LoRA around an ``nn.Embedding``: ``lora_embedding_A`` ``(r, num_embeddings)`` and ``lora_embedding_B``
+    ``(embedding_dim, r)``; the update to the table is ``(B @ A).T``. As in PEFT, ``A`` starts at zero and ``B``
+    normal, and no dropout is applied (the input is indices)."""
+
+    adapter_containers = ("lora_embedding_A", "lora_embedding_B")
+
+    def __init__(self, base_layer: nn.Embedding) -> None:
+        if not isinstance(base_layer, nn.Embedding):
+            raise DTypeError(f"LoraEmbedding: base_layer must be an nn.Embedding, got {type(base_layer).__name__}")
+        if base_layer.max_norm is not None:
+            # max_norm renormalises looked-up rows in place: the base table and the adapter would drift apart
+            raise ValueRangeError(f"LoraEmbedding: embeddings with max_norm ({base_layer.max_norm}) are not "
+                                  f"supported (weight {tuple(base_layer.weight.shape)})")
+        super().__init__(base_layer)
+        self.lora_embedding_A = _ParameterDict()
+        self.lora_embedding_B = _ParameterDict()
+        self.in_features, self.out_features = base_layer.num_embeddings, base_layer.embedding_dim
+
+    def _create(self, adapter: str, r: int, device: Any, dtype: Any) -> None:
+        self.lora_embedding_A[adapter] = nn.Parameter(ember.zeros(r, self.in_features, device=device, dtype=dtype))
+        self.lora_embedding_B[adapter] = nn.Parameter(ember.zeros(self.out_features, r, device=device, dtype=dtype))
+
+    def _ab(self, adapter: str) -> tuple[Tensor, Tensor]:
+        return self.lora_embedding_A[adapter], self.lora_embedding_B[adapter]
+
+    def _initialise(self, adapter: str, mode: bool | str) -> None:
+        a, b = self._ab(adapter)
+        if mode == "pissa":
+            self._pissa(adapter)
+        elif mode is False:
+            init.normal_(a)
+            init.normal_(b)
+        else:  # True and "gaussian" alike, as PEFT
+            init.zeros_(a)
+            init.normal_(b)
+
+    def _delta_matrix_shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def _to_matrix(self, w: np.ndarray) -> np.ndarray:
+        return w.T
+
+    def _from_matrix(self, m: np.ndarray) -> np.ndarray:
+        return m.T
+
+    def get_delta_weight(self, adapter: str) -> Tensor:
+        a, b = self._ab(adapter)
+        return (b @ a).T * self.scaling[adapter]
+
+    def _lora_term(self, adapter: str, x: Tensor) -> Tensor:
+        a, b = self._ab(adapter)
+        after_a = F.embedding(x, a.T, self.base_layer.padding_idx)
+        out = (after_a @ b.T) * self.scaling[adapter]
+        return out.to(self._weight().dtype) if out.dtype != self._weight().dtype else out
+
+
+class ModulesToSaveWrapper(nn.Module):
+    """A frozen ``original_module`` plus a trainable copy per adapter (``modules_to_save.<adapter>``); the forward
+    runs the active adapter's copy, or the original when adapters are disabled or none is active."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.original_module = module
+        self.modules_to_save = nn.ModuleDict()
+        self.active_adapter: str | None = None
+        self.disable_adapters = False
+
+    @property
+    def adapter_names(self) -> list[str]:
+        """Every adapter with a copy here."""
+        return list(self.modules_to_save.keys())
+
+    def update(self, adapter: str) -> None:
+        """Add a trainable copy of the original module for ``adapter``."""
+        if adapter in self.modules_to_save:
+            raise ValueRangeError(f"ModulesToSaveWrapper: adapter {adapter!r} already has a copy")
+        clone = copy.deepcopy(self.original_module)
+        for p in clone.parameters():
+            if p.dtype.is_floating_point:
+                p.requires_grad_(True)
+        self.modules_to_save[adapter] = clone
+
+    def set_adapter(self, adapter: str | None) -> None:
+        """Run ``adapter``'s copy (``None`` or a name without a copy: the original); only that copy trains."""
+        self.active_adapter = adapter if adapter in self.modules_to_save else None
+        for name in self.modules_to_save.keys():
+            for p in self.modules_to_save[name].parameters():
+                p.requires_grad_(name == self.active_adapter and p.dtype.is_floating_point)
+
+    def delete_adapter(self, adapter: str) -> None:
+        """Drop ``adapter``'s copy."""
+        del self.modules_to_save[adapter]
+        if self.active_adapter == adapter:
+            self.active_adapter = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.disable_adapters or self.active_adapter is None:
+            return self.original_module(*args, **kwargs)
+        return self.modules_to_save[self.active_adapter](*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"adapters={self.adapter_names}, active={self.active_adapter!r}"
+
+
+#: the base layer types ``apply_lora`` wraps, and their wrappers (exact subclasses of the ember layers included)
+WRAPPERS: tuple[tuple[type[nn.Module], type[LoraLayer]], ...] = (
+    (nn.Linear, LoraLinear), (nn.Conv2d, LoraConv2d), (nn.Embedding, LoraEmbedding),
+)
+
+
+def wrapper_for(module: nn.Module) -> type[LoraLayer] | None:
+    """The LoRA wrapper class for ``module``, or None when LoRA does not wrap its type."""
+    for base, wrapper in WRAPPERS:
+        if isinstance(module, base):
+            return wrapper
+    return None
+
+
+__all__ = ["LoraLayer", "LoraLinear", "LoraConv2d", "LoraEmbedding", "ModulesToSaveWrapper", "wrapper_for",
+           "WRAPPERS"]
