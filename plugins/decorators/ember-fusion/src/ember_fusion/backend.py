@@ -4,6 +4,11 @@ Recorded (lazy): ``unary``, ``binary``, ``where``, ``cast``, ``full`` and ``redu
 dtypes before it calls a backend, so every error is still raised at the call that caused it; recording only has
 to compute the result's shape and dtype.
 
+Handles: a pending value is an :class:`FArray`; a value in memory is the inner backend's own handle (a boundary's
+result, an op run eagerly) or an FArray whose node was realized. Ops whose tensor operands are all in memory and
+whose work has fewer than ``eager_below`` elements run at once on the inner backend (planning cannot pay there);
+a node is made for an inner handle only when an op that reads it is recorded.
+
 Everything else is forwarded by :class:`ember.backend.Decorator` with the *compose* policy: a *boundary* (the
 pending values it reads are realized, as fused kernels, and the inner backend's method runs on them), except for
 contract methods the inner backend leaves to ``Backend``'s default composition, which run that composition on
@@ -415,14 +420,17 @@ class FusionBackend(Decorator):
             va = a.node.value if type(a) is FArray else a
             vb = b.node.value if type(b) is FArray else b
             if va is not None and vb is not None:  # every operand in memory (or a Python scalar)
-                if type(va) in _SCALARS:
-                    shape = vb.shape
-                elif type(vb) in _SCALARS:
-                    shape = va.shape
+                if type(vb) in _SCALARS:
+                    work = prod(va.shape)
+                elif type(va) in _SCALARS:
+                    work = prod(vb.shape)
                 else:
-                    shape = va.shape if va.shape == vb.shape else broadcast_shapes(va.shape, vb.shape)
-                if prod(shape) < below:
-                    self._eager()
+                    sa, sb = va.shape, vb.shape
+                    work = prod(sa if sa == sb else broadcast_shapes(sa, sb))
+                if work < below:
+                    counts = self._pending.counts  # _eager() inlined: this is the hottest path of small models
+                    counts.recorded += 1
+                    counts.eager += 1
                     return self.inner.binary(op, va, vb)
         ta, tb = type(a), type(b)
         if ta is not FArray and ta not in _SCALARS:
