@@ -90,3 +90,7 @@ SUITE_BENCHMARK = {
     "description": "the full suite: seed CNN and transformer training and inference, micro-benchmarks, peak memory",
     "script": "suite.py",
 }
+PORTS_BENCHMARK = {
+    "description": "train-step time of the PyTorch ports (examples/ports): torch vs ember fused and unfused",
+    "script": "ports.py",
+}
