@@ -294,8 +294,10 @@ def set_threads(n: int) -> None:
 
 
 def devices() -> dict[str, Device]:
-    """The two ember training devices: the default one (fused) and the same with fusion off."""
-    base = Device.default()
+    """The two ember training devices: the default device's backend with autodiff (fusion on, the default) and the
+    same with fusion off; decorators EMBER_DEVICE may name are dropped, so the two differ only in fusion."""
+    default = Device.default()
+    base = Device(default.kind, default.index)
     return {FUSED: base.autodiff(), UNFUSED: base.fusion(False).autodiff()}
 
 

@@ -29,9 +29,17 @@ PORTS = Path(__file__).resolve().parents[1] / "examples" / "ports"
 LOSS_RTOL = 1e-4
 PARAM_TOL = 2e-4
 
+
+
+def _backend() -> Device:
+    """The default device's backend, undecorated (EMBER_DEVICE may carry decorators, e.g. flex+autodiff)."""
+    default = Device.default()
+    return Device(default.kind, default.index)
+
+
 DEVICES = {
-    "fused": lambda: Device.default().autodiff(),
-    "unfused": lambda: Device.default().fusion(False).autodiff(),
+    "fused": lambda: _backend().autodiff(),
+    "unfused": lambda: _backend().fusion(False).autodiff(),
 }
 
 
