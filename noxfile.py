@@ -66,6 +66,8 @@ PLUGINS: list[Plugin] = [
     # an automatic decorator: with it installed, flex is fused, so the kit on "flex" runs through it; its tests
     # also check fused training steps and device strings under autodiff
     Plugin("fusion", "plugins/decorators/ember-fusion", device="flex", needs=("flex", "autodiff")),
+    # an extension on nn modules: no device of its own (no kit run); its tests train on flex+autodiff
+    Plugin("lora", "plugins/extensions/ember-lora", needs=("flex", "autodiff")),
 ]
 
 _BY_NAME = {p.name: p for p in PLUGINS}

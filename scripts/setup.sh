@@ -83,6 +83,7 @@ RUNTIME=(
     -e "plugins/decorators/ember-autodiff"
     -e "plugins/backends/ember-opencl"
     -e "plugins/decorators/ember-fusion"
+    -e "plugins/extensions/ember-lora"
     -e "packages/ember-train[plot]"
     -e "packages/ember"
 )
