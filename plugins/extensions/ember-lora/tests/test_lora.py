@@ -597,3 +597,83 @@ def test_model_functions_bad_input(tmp_path: object) -> None:
     (bad / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": -1}))
     with pytest.raises(CorruptRecordError, match="r must be a positive int"):
         load_adapter(_mlp(), bad)
+
+
+# -- more layer configurations, PiSSA against torch's SVD, state dicts -------------------------------------------
+@pytest.mark.parametrize("kwargs", [
+    {"padding": 2, "dilation": 2},
+    {"padding": 1, "padding_mode": "reflect"},
+    {"padding": "same"},
+], ids=["dilation", "reflect", "same"])
+def test_conv2d_variants_match_torch(kwargs: dict[str, object]) -> None:
+    ember.manual_seed(0)
+    base = nn.Conv2d(2, 3, 3, **kwargs).to(DEV)
+    model = nn.Sequential(base)
+    apply_lora(model, LoraConfig(r=2, lora_alpha=2, target_modules=["0"]))
+    _randomise(model)
+    layer = model[0]
+    x_np = np.random.default_rng(5).normal(size=(1, 2, 6, 6))
+    ref_base = torch.nn.Conv2d(2, 3, 3, **kwargs).double()
+    ref_a = torch.nn.Conv2d(2, 2, 3, bias=False, **kwargs).double()
+    with torch.no_grad():
+        ref_base.weight.copy_(t(base.weight))
+        ref_base.bias.copy_(t(base.bias))
+        ref_a.weight.copy_(t(layer.lora_A["default"].weight))
+    xt = torch.from_numpy(x_np)
+    ref = ref_base(xt) + torch.nn.functional.conv2d(ref_a(xt), t(layer.lora_B["default"].weight))
+    np.testing.assert_allclose(layer(e(x_np)).numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-5)
+    merge(model)
+    np.testing.assert_allclose(layer(e(x_np)).numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_pissa_takes_the_top_singular_directions() -> None:
+    ember.manual_seed(0)
+    base = nn.Linear(10, 7).to(DEV)
+    w = t(base.weight)
+    model = nn.Sequential(base)
+    apply_lora(model, LoraConfig(r=3, lora_alpha=6, target_modules=["0"], init_lora_weights="pissa"))
+    layer = model[0]
+    u, s, vh = torch.linalg.svd(w, full_matrices=False)
+    best = (u[:, :3] * s[:3]) @ vh[:3]  # the best rank-3 approximation: what scaling * B @ A must equal
+    np.testing.assert_allclose(layer.get_delta_weight("default").numpy(), best.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(t(base.weight).numpy(), (w - best).numpy(), rtol=1e-4, atol=1e-5)
+    # A and B share the singular values evenly: A @ A.T and B.T @ B are both diag(S_r / scaling)
+    a, b = t(layer.lora_A["default"].weight), t(layer.lora_B["default"].weight)
+    np.testing.assert_allclose((a @ a.T).numpy(), torch.diag(s[:3] / 2).numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose((b.T @ b).numpy(), torch.diag(s[:3] / 2).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_state_dict_uses_peft_names_and_round_trips() -> None:
+    model = _mlp()
+    apply_lora(model, LoraConfig(r=2, target_modules=["fc1"], modules_to_save=["head"]))
+    _randomise(model)
+    keys = list(model.state_dict())
+    assert keys == ["fc1.base_layer.weight", "fc1.base_layer.bias", "fc1.lora_A.default.weight",
+                    "fc1.lora_B.default.weight", "fc2.weight", "fc2.bias", "head.original_module.weight",
+                    "head.original_module.bias", "head.modules_to_save.default.weight",
+                    "head.modules_to_save.default.bias"]
+    other = _mlp(7)
+    apply_lora(other, LoraConfig(r=2, target_modules=["fc1"], modules_to_save=["head"]))
+    other.load_state_dict(model.state_dict())
+    x = e(np.ones((2, 6)))
+    np.testing.assert_allclose(other(x).numpy(), model(x).numpy(), rtol=1e-6)
+
+
+def test_inference_on_a_plain_device() -> None:
+    ember.manual_seed(0)
+    model = MLP()  # the default (non-differentiable) device
+    apply_lora(model, LoraConfig(r=2, target_modules="all-linear", init_lora_weights=False))
+    x = ember.ones(3, 6)
+    out = model(x).numpy()
+    merge(model)
+    np.testing.assert_allclose(model(x).numpy(), out, rtol=1e-5, atol=1e-6)
+
+
+def test_nested_modules_and_a_second_adapter_on_a_wrapped_model() -> None:
+    ember.manual_seed(0)
+    model = nn.Sequential(nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])).to(DEV)
+    apply_lora(model, LoraConfig(target_modules=r"0\.\d"))
+    assert _wrapped(model) == ["0.0", "0.1"]
+    # the paths a second config sees are the wrapped layers' own, never their base_layer
+    apply_lora(model, LoraConfig(target_modules=ParamGroup(model, regex=r"^0\.1\.")), adapter="b")
+    assert model[0][1].adapter_names == ["default", "b"] and model[0][0].adapter_names == ["default"]
