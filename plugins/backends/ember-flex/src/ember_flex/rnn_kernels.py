@@ -116,7 +116,10 @@ def _forward(x: np.ndarray, h0: np.ndarray, c0: np.ndarray | None, w_ih: np.ndar
             rz, nn, hn = s[:, :2 * hidden], s[:, 2 * hidden:3 * hidden], s[:, 3 * hidden:]
             np.add(xg[t, :n, :2 * hidden], hg[:, :2 * hidden], out=rz)
             expit(rz, out=rz)
-            np.add(hg[:, 2 * hidden:], b_hn, out=hn) if b_hn is not None else np.copyto(hn, hg[:, 2 * hidden:])
+            if b_hn is not None:
+                np.add(hg[:, 2 * hidden:], b_hn, out=hn)
+            else:
+                hn[...] = hg[:, 2 * hidden:]
             np.multiply(rz[:, :hidden], hn, out=nn)
             nn += xg[t, :n, 2 * hidden:]
             np.tanh(nn, out=nn)
