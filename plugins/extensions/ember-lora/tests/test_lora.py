@@ -407,6 +407,11 @@ def test_short_fine_tune_moves_only_adapter_weights() -> None:
         opt.step()
         losses.append(float(loss.item()))
     assert losses[-1] < 0.7 * losses[0]
+    # gradient memory is the adapters' alone: every stored gradient belongs to a trainable parameter
+    grad_elements = sum(p.grad.numel() for p in model.parameters() if p.grad is not None)
+    trainable, total = trainable_parameters(model)
+    assert grad_elements == trainable == (4 * 6 + 12 * 4) + (4 * 12 + 12 * 4)
+    assert total - trainable == sum(v.size for v in frozen.values())
     for n, p in model.named_parameters():
         if n in frozen:
             np.testing.assert_array_equal(p.numpy(), frozen[n], err_msg=n)

@@ -17,21 +17,13 @@ INIT_MODES = (True, False, "gaussian", "pissa")
 ALL_LINEAR = "all-linear"
 
 
-def _aliased(name: str, value: Any, alias: str, alias_value: Any, default: Any) -> Any:
-    """The value given under PEFT's ``name`` or under ember's shorter ``alias`` (issue 22's spelling), not both."""
-    if value is not _UNSET and alias_value is not _UNSET:
-        raise ValueRangeError(f"LoraConfig: give {name}= or its alias {alias}=, not both")
-    if value is not _UNSET:
+def _aliased(name: str, value: Any, default: Any, alias: str, alias_value: Any) -> Any:
+    """The value given under PEFT's ``name`` or under the shorter ``alias`` (issue 22's spelling), not both."""
+    if alias_value is None:
         return value
-    return default if alias_value is _UNSET else alias_value
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-_UNSET: Any = _Unset()
+    if value is not default and value != default:
+        raise ValueRangeError(f"LoraConfig: give {name}= or its alias {alias}=, not both")
+    return alias_value
 
 
 class LoraConfig:
@@ -56,23 +48,23 @@ class LoraConfig:
       unchanged) or ``False`` (both random: the adapted model starts different, for tests).
     """
 
-    def __init__(self, r: int = 8, lora_alpha: float = _UNSET, lora_dropout: float = _UNSET,
-                 target_modules: str | Iterable[str] | ParamGroup | None = _UNSET, bias: str = "none",
+    def __init__(self, r: int = 8, lora_alpha: float = 8, lora_dropout: float = 0.0,
+                 target_modules: str | Iterable[str] | ParamGroup | None = None, bias: str = "none",
                  modules_to_save: Iterable[str] | None = None, use_rslora: bool = False,
-                 init_lora_weights: bool | str = _UNSET, *, alpha: float = _UNSET, dropout: float = _UNSET,
-                 target: str | Iterable[str] | ParamGroup | None = _UNSET, init: bool | str = _UNSET) -> None:
+                 init_lora_weights: bool | str = True, *, alpha: float | None = None, dropout: float | None = None,
+                 target: str | Iterable[str] | ParamGroup | None = None, init: bool | str | None = None) -> None:
         if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
             raise ValueRangeError(f"LoraConfig: r must be a positive int, got {r!r}")
         self.r = r
-        a = _aliased("lora_alpha", lora_alpha, "alpha", alpha, 8)
+        a = _aliased("lora_alpha", lora_alpha, 8, "alpha", alpha)
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) or a <= 0:
             raise ValueRangeError(f"LoraConfig: lora_alpha must be a positive finite number, got {a!r}")
         self.lora_alpha: float = a
-        p = _aliased("lora_dropout", lora_dropout, "dropout", dropout, 0.0)
+        p = _aliased("lora_dropout", lora_dropout, 0.0, "dropout", dropout)
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
             raise ValueRangeError(f"LoraConfig: lora_dropout must be a probability in [0, 1], got {p!r}")
         self.lora_dropout = float(p)
-        self.target_modules = _check_target(_aliased("target_modules", target_modules, "target", target, None))
+        self.target_modules = _check_target(_aliased("target_modules", target_modules, None, "target", target))
         if bias not in BIAS_MODES:
             raise ValueRangeError(f"LoraConfig: bias must be one of {list(BIAS_MODES)}, got {bias!r}")
         self.bias = bias
@@ -80,7 +72,7 @@ class LoraConfig:
         if not isinstance(use_rslora, bool):
             raise DTypeError(f"LoraConfig: use_rslora must be a bool, got {type(use_rslora).__name__}")
         self.use_rslora = use_rslora
-        init_mode = _aliased("init_lora_weights", init_lora_weights, "init", init, True)
+        init_mode = _aliased("init_lora_weights", init_lora_weights, True, "init", init)
         if not any(init_mode is m if isinstance(m, bool) else init_mode == m for m in INIT_MODES):
             raise ValueRangeError(f"LoraConfig: init_lora_weights must be one of True, False, 'gaussian', 'pissa', "
                                   f"got {init_mode!r}")
