@@ -15,6 +15,7 @@ can make a small step many times slower than it is on an idle machine (both fram
 Usage::
 
     python benchmarks/ports.py [--quick] [--json PATH] [--programs NAME ...] [--threads N]
+    ember bench ports [--quick] [--json PATH] [--programs NAME ...] [--threads N]
     ember bench --only ports [--quick]          (the suite's optional ``ports`` section)
 """
 

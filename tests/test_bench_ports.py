@@ -1,6 +1,6 @@
-"""Smoke test of the ports benchmark (``benchmarks/ports.py``): it times every program of ``examples/ports/`` for
-torch, ember fused and ember unfused, its figures are self-consistent, and the suite runs it as its optional
-``ports`` section (``ember bench --only ports``).
+"""Smoke test of the ports benchmark (``benchmarks/ports.py``, ``ember bench ports``): it times every program of
+``examples/ports/`` for torch, ember fused and ember unfused, its figures are self-consistent, and the suite also
+runs it as its optional ``ports`` section (``ember bench --only ports``).
 
 No timing is asserted (CI machines are noisy): only that every figure exists, is positive and agrees with itself.
 """
@@ -81,3 +81,12 @@ def test_suite_runs_ports_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> No
     # the default run (no --only) takes SECTIONS alone: emptied, it runs nothing, and the ports stay out
     monkeypatch.setattr(suite, "SECTIONS", ())
     assert suite.run(True, [])["sections"] == [] and calls == [True]
+
+
+def test_ports_benchmark_is_registered() -> None:
+    """``ember bench ports`` finds benchmarks/ports.py through the entry-point group (ember-flex registers it)."""
+    from ember import cli
+
+    spec = cli._benchmark("ports")
+    assert spec is not None and spec["script"] == "ports.py" and "ports" in spec["description"]
+    assert cli._find_benchmark("ports") == SCRIPT
