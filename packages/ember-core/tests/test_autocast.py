@@ -470,3 +470,25 @@ def test_every_installed_backend_autocasts_like_torch(kind: str) -> None:
     if dev.stack.differentiable:
         loss.backward()
         assert w.grad.dtype is ember.float32
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN_TANH", "RNN_RELU"])
+@pytest.mark.parametrize("input_dtype", ["float32", "bfloat16"])
+def test_recurrent_layers_follow_torch_cpu_autocast(kind: str, input_dtype: str) -> None:
+    """nn.LSTM and plain RNNs run in bfloat16 under CPU autocast, GRU in its input's dtype; the values agree with
+    torch's at bfloat16 tolerance and the float32 parameters get float32 gradients."""
+    make = {"LSTM": lambda m: m.LSTM(4, 3), "GRU": lambda m: m.GRU(4, 3), "RNN_TANH": lambda m: m.RNN(4, 3),
+            "RNN_RELU": lambda m: m.RNN(4, 3, nonlinearity="relu")}[kind]
+    ref = make(torch.nn)
+    mod = make(ember.nn).to(DEV)
+    mod.load_state_dict({k: ember.tensor(v.detach().numpy(), device=DEV) for k, v in ref.state_dict().items()})
+    (x,) = _arrays((5, 2, 4), seed=3)
+    tx, ex = torch.tensor(x).to(getattr(torch, input_dtype)), ember.tensor(x, device=DEV).to(input_dtype)
+    with torch.autocast("cpu"):
+        want = ref(tx)[0]
+    with ember.autocast("cpu"):
+        got = mod(ex)[0]
+    assert got.dtype == _T2E[want.dtype]
+    np.testing.assert_allclose(got.float().numpy(), want.float().detach().numpy(), rtol=5e-2, atol=5e-2)
+    got.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == ember.float32 for p in mod.parameters())

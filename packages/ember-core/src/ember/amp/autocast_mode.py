@@ -286,6 +286,10 @@ def run(op: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
                     f"{op}: unsafe to autocast on device kind {kind!r} (float16/bfloat16 input can overflow its "
                     "log terms): use binary_cross_entropy_with_logits (BCEWithLogitsLoss), which fuses the sigmoid "
                     "and is safe, or run this op outside autocast on float32 input")
+        elif rule == "input":
+            first = tensors[0]._dtype
+            if first.is_floating_point:
+                args, kwargs = _map(args, kwargs, lambda t: t.to(first) if t._dtype.is_floating_point else t)
         else:  # "promote" and "keep"
             wide = _widest(tensors)
             if wide is not None:

@@ -10,6 +10,8 @@ Rules (applied to the floating tensor arguments of the op, in :func:`ember.amp.a
   matmul and a float32 parameter runs at float32).
 - ``"keep"``: the normalisation layers: like ``"promote"``, then the result is cast back to the input's dtype
   (PyTorch's mixed-dtype kernels: a bfloat16 input with float32 weights gives a bfloat16 result).
+- ``"input"``: floating arguments are cast to the first argument's dtype (PyTorch's CPU GRU: its composite
+  decomposes into ops that follow the input, so a bfloat16 input runs in bfloat16 and a float32 one in float32).
 - ``"banned"``: the op refuses lower-precision input under autocast (``binary_cross_entropy`` on GPUs).
 
 Two tables mirror ``torch.autocast("cpu")`` and ``torch.autocast("cuda")``; a backend declares which one applies
@@ -34,8 +36,10 @@ CPU: dict[str, str] = {
     **dict.fromkeys(("pad_reflect_1d", "pad_reflect_2d", "pad_replicate_1d", "pad_replicate_2d",
                      "pad_replicate_3d"), "fp32"),
     **dict.fromkeys(_NORMS + ("layer_norm", "group_norm"), "keep"),
-    # nn.LSTM runs in bfloat16 under CPU autocast (mkldnn_rnn); GRU and plain RNNs are not listed ("promote")
-    "rnn_LSTM": "lower",
+    # nn.LSTM runs in bfloat16 under CPU autocast (mkldnn_rnn), and so do plain RNNs (their cells' linears are
+    # lower-precision ops); GRU follows its input's dtype
+    **dict.fromkeys(("rnn_LSTM", "rnn_RNN_TANH", "rnn_RNN_RELU"), "lower"),
+    "rnn_GRU": "input",
 }
 
 #: torch.autocast("cuda") (the CUDA lists: lower_precision_fp, fp32, fp32_set_opt_dtype, promote, banned)

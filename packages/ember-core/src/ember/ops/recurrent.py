@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..amp.autocast_mode import STATE as _AMP
+from ..amp.autocast_mode import run as _amp_run
 from ..errors import DTypeError, ShapeError, ValueRangeError
 from ..extension import TensorSpec, backend_extension
 from ..tensor import Tensor
@@ -319,6 +321,9 @@ def _rnn_layer_vjp(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
 def run_layer(x: Tensor, h0: Tensor, c0: Tensor | None, weights: Sequence[Tensor | None], *, mode: str,
               reverse: bool, batch_sizes: tuple[int, ...] | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """One layer direction through :func:`rnn_layer`: returns (y, h_n, c_n or None)."""
+    if _AMP.kinds is not None:  # autocast (ember.amp.policy: "rnn_<mode>"): one thread-local read when off
+        return _amp_run(f"rnn_{mode}", run_layer, x, h0, c0, weights, mode=mode, reverse=reverse,
+                        batch_sizes=batch_sizes)
     w_ih, w_hh, b_ih, b_hh, w_hr = weights
     out = rnn_layer(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode=mode, reverse=reverse, batch_sizes=batch_sizes)
     return out[0], out[1], (out[2] if mode == "LSTM" else None)
