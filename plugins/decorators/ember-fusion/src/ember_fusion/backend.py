@@ -176,6 +176,20 @@ class FusionBackend(Decorator):
         """A boundary's result as it is: values in memory are inner handles (tuples and lists of them too)."""
         return out
 
+    def _boundary(self, name: str) -> Any:
+        """Decorator's boundary with its two hooks inlined (results are inner handles, so there is nothing to
+        wrap): this runs for every matmul, view, index and copy of a small-op model."""
+        inner_method = getattr(self.inner, name)
+        values, pending = self._values, self._pending
+
+        def boundary(*args: Any, **kwargs: Any) -> Any:
+            pending.counts.boundaries += 1
+            return inner_method(*values(args), **kwargs)
+
+        boundary.__name__ = boundary.__qualname__ = name
+        boundary.__doc__ = f"{name}: the inner stack's implementation, run as a boundary."
+        return boundary
+
     def _lower_args(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """A boundary call's arguments, realized together (one plan for all their pending values)."""
         self._pending.counts.boundaries += 1
@@ -273,7 +287,11 @@ class FusionBackend(Decorator):
 
     def flush(self) -> None:
         """Run everything pending in this thread (live values are stored, dead intermediates never are)."""
-        self._realize(self._pending.take())
+        pending = self._pending
+        if not pending.handles:  # every in-place op flushes: with small values nothing is pending, so return early
+            pending.recorded = 0
+            return
+        self._realize(pending.take())
 
     def _value(self, h: Any) -> Any:
         """The inner handle of h (realizing it), or h itself when it is no FArray (scalars, None)."""
