@@ -682,3 +682,19 @@ def test_nested_modules_and_a_second_adapter_on_a_wrapped_model() -> None:
     # the paths a second config sees are the wrapped layers' own, never their base_layer
     apply_lora(model, LoraConfig(target_modules=ParamGroup(model, regex=r"^0\.1\.")), adapter="b")
     assert model[0][1].adapter_names == ["default", "b"] and model[0][0].adapter_names == ["default"]
+
+
+@pytest.mark.parametrize("dtype", [ember.float64, ember.bfloat16], ids=str)
+def test_adapters_take_the_base_dtype(dtype: object) -> None:
+    ember.manual_seed(0)
+    model = MLP().to(DEV).to(dtype)
+    apply_lora(model, LoraConfig(r=2, target_modules=["fc1", "fc2"], init_lora_weights=False))
+    assert model.fc1.lora_A["default"].weight.dtype == dtype
+    x = ember.ones(2, 6, device=DEV, dtype=dtype)
+    out = model(x)
+    assert out.dtype == dtype
+    out.float().sum().backward()
+    assert model.fc2.lora_B["default"].weight.grad.dtype == dtype
+    merge(model)
+    tol = 1e-10 if dtype == ember.float64 else 0.1
+    np.testing.assert_allclose(model(x).float().numpy(), out.float().numpy(), rtol=tol, atol=tol)
