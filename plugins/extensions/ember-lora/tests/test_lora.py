@@ -698,3 +698,20 @@ def test_adapters_take_the_base_dtype(dtype: object) -> None:
     merge(model)
     tol = 1e-10 if dtype == ember.float64 else 0.1
     np.testing.assert_allclose(model(x).float().numpy(), out.float().numpy(), rtol=tol, atol=tol)
+
+
+def test_a_refused_layer_leaves_the_model_unchanged() -> None:
+    ember.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)).to(DEV)
+    weights = [p.numpy().copy() for p in model.parameters()]
+    # PiSSA with r=4 fits the first layer but not the second (rank <= 2): nothing may change, not even layer 0
+    with pytest.raises(ValueRangeError, match=r"needs r <= min\(2, 8\) of the weight matrix \(2, 8\), got r=4"):
+        apply_lora(model, LoraConfig(r=4, target_modules=["0", "1"], init_lora_weights="pissa"))
+    assert type(model[0]) is nn.Linear and type(model[1]) is nn.Linear
+    for p, w in zip(model.parameters(), weights):
+        np.testing.assert_array_equal(p.numpy(), w)
+        assert p.requires_grad
+    apply_lora(model, LoraConfig(r=2, target_modules=["0"]))
+    with pytest.raises(ValueRangeError, match="got r=4"):
+        apply_lora(model, LoraConfig(r=4, target_modules=["0", "1"], init_lora_weights="pissa"), adapter="p")
+    assert model[0].adapter_names == ["default"] and type(model[1]) is nn.Linear

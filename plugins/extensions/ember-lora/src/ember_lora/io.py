@@ -25,7 +25,16 @@ from ember.tensor import Tensor
 from . import __version__
 from .config import LoraConfig
 from .layers import LoraEmbedding, LoraLayer, wrapper_for
-from .model import _check_adapter_name, _configs, _inject, _require_lora, _saved_wrappers, _walk, delete_adapter
+from .model import (
+    _check_adapter_name,
+    _check_model,
+    _configs,
+    _inject,
+    _require_lora,
+    _saved_wrappers,
+    _walk,
+    delete_adapter,
+)
 
 WEIGHTS_NAME = "adapter_model.safetensors"
 CONFIG_NAME = "adapter_config.json"
@@ -159,7 +168,7 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike[str], adapter: s
     as it was. Returns the model.
     """
     op = "load_adapter"
-    _check_model_arg(model, op)
+    _check_model(model, op)
     _check_adapter_name(adapter, op)
     if not isinstance(directory, (str, os.PathLike)):
         raise DTypeError(f"{op}: directory must be a path, got {type(directory).__name__}")
@@ -196,11 +205,6 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike[str], adapter: s
             delete_adapter(model, adapter)
         raise
     return model
-
-
-def _check_model_arg(model: Any, op: str) -> None:
-    if not isinstance(model, nn.Module):
-        raise DTypeError(f"{op}: model must be an nn.Module, got {type(model).__name__}")
 
 
 def _plain(m: nn.Module) -> nn.Module:

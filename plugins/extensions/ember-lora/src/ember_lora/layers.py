@@ -76,10 +76,20 @@ class LoraLayer(nn.Module):
     def _weight(self) -> Tensor:
         return self.base_layer.weight
 
-    def update_layer(self, adapter: str, config: LoraConfig) -> None:
-        """Add adapter ``adapter`` shaped and initialised by ``config``."""
+    def check_config(self, adapter: str, config: LoraConfig) -> None:
+        """Raise what ``update_layer(adapter, config)`` would refuse, before anything changes."""
         if adapter in self.r:
             raise ValueRangeError(f"{type(self).__name__}: adapter {adapter!r} already exists on this layer")
+        if config.init_lora_weights == "pissa":
+            rows, cols = self._delta_matrix_shape()
+            if config.r > min(rows, cols):
+                raise ValueRangeError(f"{type(self).__name__}: init_lora_weights='pissa' needs r <= "
+                                      f"min{(rows, cols)} of the weight matrix "
+                                      f"{tuple(self._weight().shape)}, got r={config.r}")
+
+    def update_layer(self, adapter: str, config: LoraConfig) -> None:
+        """Add adapter ``adapter`` shaped and initialised by ``config``."""
+        self.check_config(adapter, config)
         self.r[adapter] = config.r
         self.lora_alpha[adapter] = config.lora_alpha
         self.scaling[adapter] = config.scaling
@@ -119,11 +129,7 @@ class LoraLayer(nn.Module):
         # base + scaling * B @ A == W at step 0. The SVD runs on the host: it is a one-off initialisation.
         w = self._weight()
         r, scale = self.r[adapter], self.scaling[adapter]
-        rows, cols = self._delta_matrix_shape()
         mat = self._to_matrix(w.detach().numpy().astype(np.float64))
-        if r > min(rows, cols):
-            raise ValueRangeError(f"{type(self).__name__}: init_lora_weights='pissa' needs r <= min{(rows, cols)} "
-                                  f"of the weight matrix, got r={r}")
         u, s, vh = np.linalg.svd(mat, full_matrices=False)
         sr = np.sqrt(s[:r] / scale)
         b_np = u[:, :r] * sr[None, :]

@@ -113,7 +113,6 @@ def _targets(model: nn.Module, config: LoraConfig, op: str) -> list[str]:
         picked = [p for p, _ in candidates if rx.fullmatch(p)]
     else:
         picked = [p for p, _ in candidates if _name_matches(p, target)]
-    # a path inside a wrapper's base (fc.base_layer) is never a candidate; drop paths nested in picked ones
     if not picked:
         layers = [p for p, m in candidates if wrapper_for(_base_of(m)) is not None]
         raise ValueRangeError(f"{op}: target_modules {_describe_target(target)} selects no module of "
@@ -184,8 +183,18 @@ def _inject(model: nn.Module, config: LoraConfig, adapter: str, paths: list[str]
             cls = wrapper_for(m)
             assert cls is not None  # _targets checked
             wrappers.append((p, cls(m)))
+    for _, layer in wrappers:  # refuse before the first layer changes (PiSSA rewrites base weights)
+        layer.check_config(adapter, config)
+    done: list[tuple[str, LoraLayer]] = []
+    try:
+        for p, layer in wrappers:
+            layer.update_layer(adapter, config)
+            done.append((p, layer))
+    except BaseException:
+        for _, layer in done:  # nothing is in the model yet: take the adapter back off the layers that got it
+            layer.delete_adapter(adapter)
+        raise
     for p, layer in wrappers:
-        layer.update_layer(adapter, config)
         if layer is not modules[p]:
             _set_child(model, p, layer)
     for p in saved:
