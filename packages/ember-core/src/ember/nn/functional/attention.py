@@ -1,4 +1,6 @@
-"""scaled_dot_product_attention (the math path of torch's SDPA, including GQA and causal masks)."""
+"""scaled_dot_product_attention (the math path of torch's SDPA, including GQA and causal masks): checks here,
+the attention itself in one extension op (:mod:`ember.ops.attention`), fused into one kernel where the backend has
+one."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from ... import dtypes as dt
 from ...amp.autocast_mode import STATE as _AMP
 from ...amp.autocast_mode import run as _amp_run
 from ...errors import DTypeError, ShapeError, ValueRangeError
+from ...ops import attention as _attention
 from ...ops import nn as _nn
 from ...shapes import broadcast_shapes
 from ...tensor import Tensor
@@ -52,7 +55,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                              f"key ({hk}) and value ({hv}) heads (shapes {query.shape}, {key.shape}, "
                              f"{value.shape})")
         rk, rv = hq // hk, hq // hv
-    batch_q, batch_k, batch_v = query.shape[:-2], _repeated(key.shape, rk)[:-2], _repeated(value.shape, rv)[:-2]
+    batch_q, batch_k, batch_v = query.shape[:-2], _attention.repeated_shape(key.shape, rk)[:-2], \
+        _attention.repeated_shape(value.shape, rv)[:-2]
     try:
         batch = broadcast_shapes(batch_q, batch_k, batch_v, op=op)
     except ShapeError:
@@ -72,13 +76,16 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     # E == 0: every score is exactly 0 and attention is uniform (PyTorch), whatever the scale
     sc = (1.0 / math.sqrt(E) if E else 1.0) if scale is None else float(scale)
     out_shape = batch + (L, value.shape[-1])
-    return _nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, sc, rk, rv,
-                                            out_shape)
+    if dropout_p > 0.0 or 0 in out_shape or S == 0 or \
+            (attn_mask is not None and broadcast_shapes(attn_mask.shape, batch + (L, S)) != batch + (L, S)):
+        # dropout inside attention, empty operands and a mask that widens the batch run the ops composition
+        return _nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, sc, rk, rv,
+                                                out_shape)
+    # one extension op (a backend's fused kernel where it has one; ember.ops.attention's composition otherwise)
+    mask_grad = attn_mask is not None and attn_mask._dtype is not dt.bool_ and attn_mask.requires_grad
+    return _attention.sdpa(query, key, value, attn_mask, scale=sc, is_causal=is_causal, repeat_k=rk, repeat_v=rv,
+                           mask_grad=mask_grad)[0]
 
-
-def _repeated(shape: tuple[int, ...], r: int) -> tuple[int, ...]:
-    """The shape after repeating dim -3 (the heads) r times."""
-    return shape if r == 1 else shape[:-3] + (shape[-3] * r,) + shape[-2:]
 
 
 __all__ = ["scaled_dot_product_attention"]
