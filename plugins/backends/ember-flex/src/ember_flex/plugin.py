@@ -10,11 +10,14 @@ from ember.plugins import hookimpl
 from . import CONTRACT, __version__
 from .attention_kernels import register as _register_attention_kernels
 from .rnn_kernels import register as _register_rnn_kernels
+from .train_kernels import register as _register_train_kernels
 
 # numpy kernels for core's recurrent-layer ops (ember.ops.recurrent), registered whenever ember loads this plugin
 _register_rnn_kernels()
 # ... and for core's attention ops (ember.ops.attention): fused scaled-dot-product attention and its backward
 _register_attention_kernels()
+# ... and for core's training ops (ember.ops.train_kernels): cross-entropy, batch norm (training), Adam's update
+_register_train_kernels()
 
 
 def _factory(index: int = 0, **options: Any) -> Any:

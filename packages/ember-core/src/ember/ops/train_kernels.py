@@ -1,0 +1,311 @@
+"""Training hot spots as single extension ops: softmax + cross-entropy, training-mode batch norm, and the Adam update.
+
+Each op's default composition is written in ember ops, so every backend runs it (fused and differentiated like any
+ember code); a backend may register one kernel per op (see docs/extensions.md; ember-flex registers numpy kernels
+in ``ember_flex.train_kernels``). The differentiable ops have a vjp that is itself one op, so a backend with kernels
+for both pays neither per-op dispatch nor per-op autodiff recording -- PyTorch's ``log_softmax``/``nll_loss`` and
+``native_batch_norm`` pairs, and its fused (``foreach``) Adam:
+
+* ``nn.cross_entropy_index`` (x, target, weight) -> (loss, lse): log-softmax over the class dim, the gather at
+  class-index targets (``ignore_index``, per-class ``weight``, ``label_smoothing``) and the reduction, as
+  ``torch.nn.functional.cross_entropy``; ``lse`` (the batched target's shape) is each row's log-sum-exp, what the
+  backward needs to rebuild the softmax. ``nn.cross_entropy_index_backward`` is ``softmax - onehot``, scaled.
+* ``nn.batch_norm_train`` (x, weight, bias) -> (y, mean, invstd, var): batch statistics over every dim but the
+  channel dim 1 of (N, C, *) x, torch's ``native_batch_norm`` in training mode (``var`` is the biased variance;
+  the caller updates the running statistics from ``mean`` and ``var``). ``nn.batch_norm_train_backward`` is the
+  classic one-pass backward ``dx = invstd * gamma * (dy - mean(dy) - xhat * mean(dy * xhat))`` with dgamma, dbeta.
+* ``optim.adam_step`` (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq) -> the new (param, exp_avg, exp_avg_sq
+  [, max_exp_avg_sq]): one parameter's Adam/AdamW update (``torch.optim.Adam``'s single-tensor arithmetic, in its
+  order, so a kernel can match it bit for bit). The op is functional; the optimizer writes the results back into
+  its tensors through the stack (``write_back``), so fused devices, autodiff's version counters and views see an
+  ordinary in-place update.
+
+Callers (``nn.functional.cross_entropy``/``batch_norm``, ``optim.Adam``) route through an op only where the
+device's backend has a kernel for it (:func:`has_kernel`): elsewhere their own compositions run, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import dtypes as dt
+from ..errors import DTypeError, ShapeError, ValueRangeError
+from ..extension import ExtensionOp, TensorSpec, backend_extension
+from ..tensor import Tensor
+
+__all__ = ["adam_step", "batch_norm_train", "batch_norm_train_backward", "cross_entropy_index",
+           "cross_entropy_index_backward", "has_kernel"]
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def has_kernel(op: ExtensionOp, x: Tensor) -> bool:
+    """Whether ``op`` runs a backend kernel on x's device (else its composition would): a dict lookup after the
+    first call per (op, stack)."""
+    from ..dispatch import extension_kernel
+
+    return extension_kernel(op, x._device.stack) is not None
+
+
+def _float(op: str, name: str, spec: Any) -> None:
+    if not isinstance(spec, TensorSpec) or not spec.dtype.is_floating_point:
+        raise DTypeError(f"{op}: expected {name} to be a floating-point tensor, got "
+                         f"{getattr(spec, 'dtype', spec)!r}")
+
+
+def _like(op: str, name: str, spec: Any, shape: tuple[int, ...], dtype: dt.DType) -> None:
+    if not isinstance(spec, TensorSpec) or spec.shape != shape:
+        raise ShapeError(f"{op}: expected {name} of shape {shape}, got {getattr(spec, 'shape', spec)!r}")
+    if spec.dtype is not dtype:
+        raise DTypeError(f"{op}: {name} has dtype {spec.dtype.name}, expected {dtype.name}")
+
+
+# -- cross-entropy with class-index targets ------------------------------------------------------------------------
+def _ce_check(op: str, x: TensorSpec, target: TensorSpec, weight: Any, reduction: str,
+              label_smoothing: float) -> tuple[int, tuple[int, ...]]:
+    """Check the arguments; returns (C, the batched target shape (N, *))."""
+    _float(op, "input", x)
+    if x.ndim == 0:
+        raise ShapeError(f"{op}: expected input with 1 or more dims (C,) or (N, C, *), got shape {x.shape}")
+    if reduction not in _REDUCTIONS:
+        raise ValueRangeError(f"{op}: {reduction!r} is not a valid value for reduction (one of {_REDUCTIONS})")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueRangeError(f"{op}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    c = x.shape[1] if x.ndim >= 2 else x.shape[0]
+    tshape = (x.shape[0],) + x.shape[2:] if x.ndim >= 2 else ()
+    _like(op, "target", target, tshape, dt.int64)
+    if weight is not None:
+        _like(op, "weight", weight, (c,), x.dtype)
+    return c, (x.shape[0],) + x.shape[2:] if x.ndim >= 2 else (1,)
+
+
+def _ce_spec(x: TensorSpec, target: TensorSpec, weight: Any, *, ignore_index: int = -100, reduction: str = "mean",
+             label_smoothing: float = 0.0) -> tuple[TensorSpec, TensorSpec]:
+    _, batched = _ce_check("cross_entropy_index", x, target, weight, reduction, label_smoothing)
+    loss = target.shape if reduction == "none" else ()
+    return TensorSpec(loss, x.dtype), TensorSpec(batched, x.dtype)
+
+
+def _batched(x: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """(N, C, *) input and (N, *) target; unbatched (C,) input is one row."""
+    if x.ndim == 1:
+        return x.reshape(1, x.shape[0]), target.reshape(1)
+    return x, target
+
+
+@backend_extension("nn.cross_entropy_index", output=_ce_spec, publish=False,
+                   description="log-softmax + class-index gather + reduction (cross-entropy), with its log-sum-exp")
+def cross_entropy_index(x: Tensor, target: Tensor, weight: Tensor | None, *, ignore_index: int = -100,
+                        reduction: str = "mean", label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Cross-entropy of logits ``x`` ((C,) or (N, C, *)) at int64 class indices ``target`` (validated in range),
+    as ``torch.nn.functional.cross_entropy``; returns (loss, lse) where lse (N, *) is each row's log-sum-exp over
+    the classes."""
+    from . import nn as _nn
+
+    loss = _nn.cross_entropy(x, target, weight, ignore_index, reduction, label_smoothing)
+    xb, _ = _batched(x, target)
+    return loss, xb.logsumexp(1)
+
+
+def _ce_bwd_spec(x: TensorSpec, target: TensorSpec, weight: Any, lse: TensorSpec, grad: TensorSpec, *,
+                 ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> TensorSpec:
+    op = "cross_entropy_index_backward"
+    _, batched = _ce_check(op, x, target, weight, reduction, label_smoothing)
+    _like(op, "lse", lse, batched, x.dtype)
+    _like(op, "grad", grad, target.shape if reduction == "none" else (), x.dtype)
+    return TensorSpec(x.shape, x.dtype)
+
+
+@backend_extension("nn.cross_entropy_index_backward", output=_ce_bwd_spec, publish=False,
+                   description="gradient of cross-entropy at class-index targets: (softmax - onehot), scaled")
+def cross_entropy_index_backward(x: Tensor, target: Tensor, weight: Tensor | None, lse: Tensor, grad: Tensor, *,
+                                 ignore_index: int = -100, reduction: str = "mean",
+                                 label_smoothing: float = 0.0) -> Tensor:
+    """dloss/dx of :func:`cross_entropy_index` from the loss's gradient ``grad`` and the forward's ``lse``.
+
+    With softmax p, per-row scale s (grad, divided by the summed weight of the kept targets for 'mean'),
+    a = s * w[t] * (1 - label_smoothing) and b = s * label_smoothing / C (zero at ignored targets):
+    dx = p * (a + b * sum(w)) - b * w - a * onehot(t).
+    """
+    from .creation import ones_like
+    from .pointwise import where
+
+    xb, t = _batched(x, target)
+    c = xb.shape[1]
+    extra = (1,) * (xb.ndim - 2)
+    p = (xb - lse.unsqueeze(1)).exp()
+    valid = t != ignore_index
+    safe = where(valid, t, 0)
+    wt = weight[safe] if weight is not None else ones_like(lse)
+    scale = grad.reshape(t.shape) if reduction == "none" else grad
+    if reduction == "mean":
+        scale = scale / where(valid, wt, 0.0).sum()
+    a = where(valid, scale * wt * (1.0 - label_smoothing), 0.0)
+    b = where(valid, scale * (label_smoothing / c), 0.0)
+    wsum = weight.sum() if weight is not None else float(c)
+    onehot = (safe.unsqueeze(1) == _class_ids(c, xb, extra)).to(xb.dtype)
+    dx = p * (a + b * wsum).unsqueeze(1) - a.unsqueeze(1) * onehot
+    if label_smoothing > 0:
+        dx = dx - b.unsqueeze(1) * (weight.reshape((1, c) + extra) if weight is not None else 1.0)
+    return dx.reshape(x.shape)
+
+
+def _class_ids(c: int, like: Tensor, extra: tuple[int, ...]) -> Tensor:
+    from .creation import arange
+
+    return arange(c, device=like._device).reshape((1, c) + extra)
+
+
+@cross_entropy_index.vjp
+def _cross_entropy_vjp(ctx: Any, gloss: Tensor, glse: Tensor) -> tuple[Tensor | None, ...]:
+    x, target, weight = ctx.inputs
+    # lse is the op's own workspace (no caller differentiates it): its gradient is ignored
+    dx = cross_entropy_index_backward(x, target, weight, ctx.outputs[1], gloss, **ctx.kwargs)
+    return dx, None, None
+
+
+# -- batch norm in training mode -----------------------------------------------------------------------------------
+def _bn_check(op: str, x: TensorSpec, weight: Any, bias: Any) -> int:
+    _float(op, "input", x)
+    if x.ndim < 2:
+        raise ShapeError(f"{op}: expected input with at least 2 dims (N, C, *), got shape {x.shape}")
+    c = x.shape[1]
+    count = x.shape[0]
+    for n in x.shape[2:]:
+        count *= n
+    if count <= 1:
+        raise ValueRangeError(f"{op}: expected more than 1 value per channel when training, got input shape "
+                              f"{x.shape}")
+    for name, spec in (("weight", weight), ("bias", bias)):
+        if spec is not None:
+            _like(op, name, spec, (c,), x.dtype)
+    return c
+
+
+def _bn_spec(x: TensorSpec, weight: Any, bias: Any, *, eps: float = 1e-5) -> tuple[TensorSpec, ...]:
+    c = _bn_check("batch_norm_train", x, weight, bias)
+    stat = TensorSpec((c,), x.dtype)
+    return TensorSpec(x.shape, x.dtype), stat, stat, stat
+
+
+def _reduced_dims(x: Tensor) -> tuple[int, ...]:
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def _channel_view(t: Tensor, ndim: int) -> Tensor:
+    return t.reshape((1, t.shape[0]) + (1,) * (ndim - 2))
+
+
+@backend_extension("nn.batch_norm_train", output=_bn_spec, publish=False,
+                   description="batch norm in training mode: batch statistics, normalisation and affine")
+def batch_norm_train(x: Tensor, weight: Tensor | None, bias: Tensor | None, *,
+                     eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Normalise (N, C, *) x per channel with its batch statistics, then ``weight``/``bias``; returns
+    (y, mean, invstd, var) with the (C,) batch mean, 1 / sqrt(var + eps) and the biased variance."""
+    dims = _reduced_dims(x)
+    c = x.shape[1]
+    mean = x.mean(dims, keepdim=True)
+    xc = x - mean
+    var = (xc * xc).mean(dims, keepdim=True)  # two passes, as the unfused path: no cancellation
+    invstd = (var + eps).rsqrt()
+    y = xc * invstd
+    if weight is not None:
+        y = y * _channel_view(weight, x.ndim)
+    if bias is not None:
+        y = y + _channel_view(bias, x.ndim)
+    return y, mean.reshape(c), invstd.reshape(c), var.reshape(c)
+
+
+def _bn_bwd_spec(x: TensorSpec, weight: Any, mean: TensorSpec, invstd: TensorSpec,
+                 dy: TensorSpec) -> tuple[TensorSpec, ...]:
+    op = "batch_norm_train_backward"
+    c = _bn_check(op, x, weight, None)
+    _like(op, "mean", mean, (c,), x.dtype)
+    _like(op, "invstd", invstd, (c,), x.dtype)
+    _like(op, "dy", dy, x.shape, x.dtype)
+    stat = TensorSpec((c,), x.dtype)
+    return TensorSpec(x.shape, x.dtype), stat, stat
+
+
+@backend_extension("nn.batch_norm_train_backward", output=_bn_bwd_spec, publish=False,
+                   description="batch norm (training mode) backward: dx, dweight, dbias in one op")
+def batch_norm_train_backward(x: Tensor, weight: Tensor | None, mean: Tensor, invstd: Tensor,
+                              dy: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`batch_norm_train`'s y: (dx, dweight, dbias), dweight = sum(dy * xhat) and dbias =
+    sum(dy) per channel (returned even when the forward had no weight or bias)."""
+    dims = _reduced_dims(x)
+    nd = x.ndim
+    count = x.numel() // x.shape[1]
+    xhat = (x - _channel_view(mean, nd)) * _channel_view(invstd, nd)
+    dbias = dy.sum(dims)
+    dweight = (dy * xhat).sum(dims)
+    k = invstd if weight is None else invstd * weight
+    dx = _channel_view(k, nd) * (dy - _channel_view(dbias / count, nd) - xhat * _channel_view(dweight / count, nd))
+    return dx, dweight, dbias
+
+
+@batch_norm_train.vjp
+def _batch_norm_vjp(ctx: Any, gy: Tensor, *stat_grads: Tensor) -> tuple[Tensor | None, ...]:
+    x, weight, bias = ctx.inputs
+    _, mean, invstd, _ = ctx.outputs
+    # the statistics feed only the running-stat update, under no_grad: their gradients are ignored
+    dx, dweight, dbias = batch_norm_train_backward(x, weight, mean, invstd, gy)
+    return dx, (dweight if weight is not None else None), (dbias if bias is not None else None)
+
+
+# -- Adam / AdamW --------------------------------------------------------------------------------------------------
+def _adam_spec(param: TensorSpec, grad: TensorSpec, exp_avg: TensorSpec, exp_avg_sq: TensorSpec,
+               max_exp_avg_sq: Any, **hyper: Any) -> tuple[TensorSpec, ...]:
+    op = "adam_step"
+    _float(op, "param", param)
+    for name, spec in (("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        _like(op, name, spec, param.shape, param.dtype)
+    out = [TensorSpec(param.shape, param.dtype)] * 3
+    if hyper.get("amsgrad", False):
+        _like(op, "max_exp_avg_sq", max_exp_avg_sq, param.shape, param.dtype)
+        out.append(out[0])
+    elif max_exp_avg_sq is not None:
+        raise ShapeError(f"{op}: max_exp_avg_sq is given only with amsgrad=True")
+    return tuple(out)
+
+
+def adam_scalars(lr: float, beta1: float, beta2: float, step: float) -> tuple[float, float]:
+    """(step_size, bias_correction2_sqrt) of Adam at ``step`` (1-based), in torch's formulas."""
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    return lr / bias_correction1, bias_correction2**0.5
+
+
+@backend_extension("optim.adam_step", output=_adam_spec, publish=False,
+                   description="one parameter's Adam/AdamW update (new param and moments)")
+def adam_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, max_exp_avg_sq: Tensor | None, *,
+              lr: float, beta1: float, beta2: float, eps: float, weight_decay: float = 0.0,
+              decoupled_weight_decay: bool = False, amsgrad: bool = False, maximize: bool = False,
+              step: float = 1.0) -> tuple[Tensor, ...]:
+    """``torch.optim.Adam``'s single-tensor update of one parameter at ``step`` (already incremented); returns
+    the new (param, exp_avg, exp_avg_sq) and, with amsgrad, max_exp_avg_sq. ``grad`` has param's dtype."""
+    g = -grad if maximize else grad
+    p = param
+    if weight_decay != 0:
+        if decoupled_weight_decay:
+            p = p * (1 - lr * weight_decay)
+        else:
+            g = g + p * weight_decay
+    w = 1 - beta1
+    # torch's two-sided lerp (exact at weight 0 and 1), as optim.optimizer.lerp_
+    m = exp_avg + (g - exp_avg) * w if w < 0.5 else g - (g - exp_avg) * (1 - w)
+    value = 1 - beta2
+    v = exp_avg_sq * beta2 + ((g * value) * g if value != 1 else g * g)
+    step_size, bc2_sqrt = adam_scalars(lr, beta1, beta2, step)
+    out = [None, m, v]
+    if amsgrad:
+        assert max_exp_avg_sq is not None  # the spec checked
+        from .pointwise import maximum
+
+        mx = maximum(max_exp_avg_sq, v)
+        denom = mx.sqrt() / bc2_sqrt + eps
+        out.append(mx)
+    else:
+        denom = v.sqrt() / bc2_sqrt + eps
+    out[0] = p + ((m * -step_size) / denom if -step_size != 1 else m / denom)
+    return tuple(out)
