@@ -715,3 +715,17 @@ def test_a_refused_layer_leaves_the_model_unchanged() -> None:
     with pytest.raises(ValueRangeError, match="got r=4"):
         apply_lora(model, LoraConfig(r=4, target_modules=["0", "1"], init_lora_weights="pissa"), adapter="p")
     assert model[0].adapter_names == ["default"] and type(model[1]) is nn.Linear
+
+
+def test_a_pissa_adapter_loads_onto_its_residual_base(tmp_path: object) -> None:
+    model = _mlp()
+    x = e(np.random.default_rng(6).normal(size=(2, 6)))
+    apply_lora(model, LoraConfig(r=2, target_modules=["fc1", "fc2"], init_lora_weights="pissa"))
+    _randomise(model)  # "trained"
+    out = model(x).numpy()
+    save_adapter(model, tmp_path)
+    unload(model)  # the residual base model, which a PiSSA user saves beside the adapter
+    load_adapter(model, tmp_path)  # must not run PiSSA on the residual again
+    np.testing.assert_allclose(model(x).numpy(), out, rtol=1e-5, atol=1e-6)
+    cfg = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert cfg["init_lora_weights"] == "pissa" and cfg["format"] == "ember-lora"

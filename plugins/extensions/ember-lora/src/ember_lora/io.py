@@ -174,6 +174,9 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike[str], adapter: s
         raise DTypeError(f"{op}: directory must be a path, got {type(directory).__name__}")
     d = os.fspath(directory)
     data = _read_config(d, op)
+    # the file's weights replace whatever initialisation made: never run one (PiSSA would rewrite the base weights
+    # again, and PEFT's other schemes, "olora", "pissa_niter_16", ..., are only initialisations too)
+    data = {**data, "init_lora_weights": True}
     try:
         config = LoraConfig.from_dict(data)
     except (DTypeError, ValueRangeError) as e:
