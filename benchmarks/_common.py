@@ -19,13 +19,90 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+#: results kept alive per realization in per-op rows (``hold``): each result is still realized before the clock
+#: stops, but one device sync serves this many tiny ops instead of adding its fixed cost to every one of them
+PER_OP_HOLD = 64
 
-def time_loop(fn: Callable[[], Any], number: int) -> float:
-    """Seconds per call of fn, over a loop of number calls."""
+
+def _syncs(values: Any) -> list[Callable[[], None]]:
+    """The ``sync`` of every ember device that holds a tensor among values (walking tuples, lists, dicts)."""
+    from ember import Tensor
+
+    devices: dict[Any, None] = {}
+    stack = [values]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is tuple or t is list:
+            stack.extend(v)
+        elif t is dict:
+            stack.extend(v.values())
+        elif isinstance(v, Tensor):
+            devices[v.device] = None
+    return [d.sync for d in devices]
+
+
+def realize(*values: Any) -> None:
+    """Finish the work that produced values: sync every ember device holding one of them, while they are alive.
+
+    A lazily recording device (ember-fusion, on by default) computes only what a live tensor can still read, when
+    something reads it or the device syncs; a benchmark that drops its result before that times the recording, not
+    the compute. Syncing with the results alive runs their pending graphs (and waits for asynchronous queues, as on
+    OpenCL). numpy arrays, Python numbers and PyTorch CPU tensors are computed already and need nothing.
+    """
+    for sync in _syncs(values):
+        sync()
+
+
+def time_loop(fn: Callable[[], Any], number: int, realize_results: bool = True, hold: int = 1) -> float:
+    """Seconds per call of fn, over a loop of number calls.
+
+    With ``realize_results`` (the default) every result is realized (:func:`realize`) inside the timed loop: fn's
+    results are kept alive, ``hold`` at a time, and the devices holding them are synced after each ``hold`` calls
+    (``hold=1``: after every call). Without it results are dropped as they come, which on a lazily recording
+    device times only the recording (fusion.py's "recorded only" rows want exactly that).
+    """
+    if not realize_results:
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        return (time.perf_counter() - t0) / number
+    hold = max(1, min(hold, number))
+    held: list[Any] = [None] * hold
+    syncs: list[Callable[[], None]] | None = None
+    full, rest = divmod(number, hold)
+    chunk = range(hold)
     t0 = time.perf_counter()
-    for _ in range(number):
-        fn()
-    return (time.perf_counter() - t0) / number
+    for _ in range(full):
+        for i in chunk:
+            held[i] = fn()
+        if syncs is None:  # the devices of fn's results, found once (a case's results live on the same devices)
+            syncs = _syncs(held)
+        for sync in syncs:
+            sync()
+    if rest:
+        for i in range(rest):
+            held[i] = fn()
+        for sync in _syncs(held[:rest]) if syncs is None else syncs:
+            sync()
+    elapsed = time.perf_counter() - t0
+    del held
+    return elapsed / number
+
+
+def sample_cases(cases: dict[str, Callable[[], Any]], repeats: int, number: int = 1, warmup: int = 1,
+                 realize_results: bool = True, hold: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of every case: ``warmup`` untimed calls each, then ``repeats`` samples of a
+    :func:`time_loop` of ``number`` calls, alternating (:func:`alternate`). Every benchmark row of ember's scripts is
+    timed through this one function (looked up on this module at call time), so tests/test_bench_realizes.py can
+    run each row once and count the work it did."""
+    for fn in cases.values():
+        for _ in range(warmup):
+            out = fn()
+            if realize_results:
+                realize(out)
+            del out
+    return alternate(cases, repeats, lambda f: time_loop(f, number, realize_results, hold))
 
 
 def stats(samples: list[float]) -> dict[str, float]:

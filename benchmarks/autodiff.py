@@ -31,7 +31,6 @@ import gc
 import json
 import operator
 import sys
-import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -44,8 +43,9 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # `ember bench autodiff` loads this file by path: make its siblings importable
     sys.path.insert(0, str(HERE))
 
+import _common  # noqa: E402
 import models  # noqa: E402 - needs the path above
-from _common import alternate, environment, peak_rss_growth, run_rss_probe, stats, time_loop, write_json  # noqa: E402
+from _common import PER_OP_HOLD, environment, peak_rss_growth, run_rss_probe, stats, write_json  # noqa: E402
 
 import ember  # noqa: E402
 from ember import Device  # noqa: E402
@@ -98,9 +98,9 @@ def bench_per_op(repeats: int, number: int) -> dict[str, dict[str, dict[str, flo
                 raise SystemExit("autodiff bench: torch recorded no grad_fn")
             cases["torch"] = partial(fn, a_t, b_t)
             cases["torch requires_grad"] = partial(fn, a_tg, b_t)
-        for fn_ in cases.values():  # warm-up: caches, lazy imports, allocator pools
-            time_loop(fn_, max(number // 10, 10))
-        samples = alternate(cases, repeats, lambda f: time_loop(f, number))
+        # warm-up (caches, lazy imports, allocator pools), then alternating repeats; results are kept alive and
+        # realized (ember's devices synced) every PER_OP_HOLD calls inside the timed loop
+        samples = _common.sample_cases(cases, repeats, number, max(number // 10, 10), hold=PER_OP_HOLD)
         result[op] = {name: stats(s) for name, s in samples.items()}
     return result
 
@@ -145,16 +145,9 @@ def bench_train_step(batch: int, repeats: int, warmup: int) -> dict[str, Any]:
         tm, to, tx, ty = _torch_case(init, batch)
         steps["torch"] = lambda: models.torch_train_step(tm, to, tx, ty)
 
-    def once(fn: Callable[[], Any]) -> float:
-        t0 = time.perf_counter()
-        loss = fn()
-        float(loss.item())  # a finished, finite step (and it syncs lazily evaluated backends)
-        return time.perf_counter() - t0
-
-    for fn in steps.values():
-        for _ in range(warmup):
-            once(fn)
-    samples = alternate(steps, repeats, once)
+    # each timed step ends realized: the loss is alive when its device syncs, which runs everything still pending
+    # in the thread (loss, batch-norm statistics, ...); the parameters' in-place updates ran inside the step
+    samples = _common.sample_cases(steps, repeats, 1, warmup)
     return {"batch": batch, "repeats": repeats, "warmup": warmup,
             "seconds_per_step": {name: stats(s) for name, s in samples.items()}}
 

@@ -8,7 +8,9 @@
 * copy bandwidth: GB/s of a 64 MB clone (bytes cloned per second)
 
 Every figure is the median over >= 5 timed repetitions after warm-up, the frameworks rotating inside every repeat,
-with min/max/IQR as spread and the ratio ember/PyTorch (of times: > 1 means ember is slower).
+with min/max/IQR as spread and the ratio ember/PyTorch (of times: > 1 means ember is slower). Every timed call's
+result is realized inside the timed loop (``_common.realize``: its device synced while the result is alive), so a
+lazily recording device (ember-fusion) is timed computing, not recording ops whose results it then drops.
 
 This module also holds the helpers the suite (``benchmarks/suite.py``) shares: :func:`measure`, :func:`figure`
 and :func:`format_table`.
@@ -34,7 +36,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # `ember bench micro` loads this file by path: make its siblings importable
     sys.path.insert(0, str(HERE))
 
-from _common import alternate, environment, stats, time_loop, write_json  # noqa: E402
+import _common  # noqa: E402
+from _common import PER_OP_HOLD, environment, stats, write_json  # noqa: E402
 
 import ember  # noqa: E402
 import ember.nn.functional as F  # noqa: E402
@@ -59,15 +62,16 @@ def torch_module() -> Any:
 # ----------------------------------------------------------------------------------------------------------
 # shared helpers
 # ----------------------------------------------------------------------------------------------------------
-def measure(cases: dict[str, Callable[[], Any]], repeats: int, number: int = 1, warmup: int = 1
-            ) -> dict[str, dict[str, float]]:
+def measure(cases: dict[str, Callable[[], Any]], repeats: int, number: int = 1, warmup: int = 1,
+            realize_results: bool = True, hold: int = 1) -> dict[str, dict[str, float]]:
     """Seconds per call of every case: warm-up, then ``repeats`` samples of ``number`` calls each, rotating the
-    order every repeat so drift (turbo, other load) hits every case alike. Returns stats per case."""
+    order every repeat so drift (turbo, other load) hits every case alike. Returns stats per case.
+
+    Every call's result is realized inside the timed loop (``_common.realize``: ember devices synced with the
+    results alive), ``hold`` results per sync; ``realize_results=False`` times calls whose results are dropped
+    (on a lazily recording device: the recording alone)."""
     repeats = max(repeats, MIN_REPEATS)
-    for fn in cases.values():
-        for _ in range(warmup):
-            fn()
-    samples = alternate(cases, repeats, lambda f: time_loop(f, number))
+    samples = _common.sample_cases(cases, repeats, number, warmup, realize_results, hold)
     return {name: stats(s) for name, s in samples.items()}
 
 
@@ -150,7 +154,9 @@ def bench_per_op(repeats: int, number: int) -> list[dict[str, Any]]:
             a_t, b_t = torch.from_numpy(a_np.copy()), torch.from_numpy(b_np.copy())
             cases[TORCH] = partial(fn, a_t, b_t)
             cases["torch requires_grad"] = partial(fn, a_t.clone().requires_grad_(), b_t)
-        s = measure(cases, repeats, number, warmup=number // 10)
+        # one device sync per PER_OP_HOLD results: each op still computes (1k elements run eagerly on a fused
+        # device), but the figure stays the op's own cost rather than the op plus a sync
+        s = measure(cases, repeats, number, warmup=number // 10, hold=PER_OP_HOLD)
         plain = {k: s[k] for k in (EMBER, TORCH, NUMPY) if k in s}
         grad = {k: s[k] for k in (EMBER_AD, "torch requires_grad") if k in s}
         out.append(figure("per-op", f"a {sym} b, 1k f32", "us", plain))
@@ -192,8 +198,9 @@ def bench_conv(batch: int, repeats: int) -> list[dict[str, Any]]:
     axx = ember.tensor(x, device=ad, requires_grad=True)
     aw, ab = ember.tensor(w, device=ad, requires_grad=True), ember.tensor(bias, device=ad, requires_grad=True)
 
-    def ember_fb() -> None:
+    def ember_fb() -> tuple[Any, ...]:
         F.conv2d(axx, aw, ab).sum().backward()
+        return axx.grad, aw.grad, ab.grad  # what backward produced, realized by measure
 
     fwd: dict[str, Callable[[], Any]] = {EMBER: partial(F.conv2d, ex, ew, eb)}
     fb: dict[str, Callable[[], Any]] = {EMBER_AD: ember_fb}
@@ -209,8 +216,9 @@ def bench_conv(batch: int, repeats: int) -> list[dict[str, Any]]:
             with torch.no_grad():
                 return tF.conv2d(tx, tw, tb)
 
-        def torch_fb() -> None:
+        def torch_fb() -> tuple[Any, ...]:
             tF.conv2d(gx, gw, gb).sum().backward()
+            return gx.grad, gw.grad, gb.grad
 
         fwd[TORCH], fb[TORCH] = torch_fwd, torch_fb
     shape = f"({batch},64,13,13)*(64,64,3,3)"

@@ -4,7 +4,8 @@ Measures, in one run and side by side:
 
 * ``a + b`` on 1,000 float32 elements: ember on flex, numpy, and PyTorch (CPU, when installed). The frameworks
   are timed alternately inside every repeat, so drift (turbo, other load) hits all of them alike. Each repeat
-  times a loop of ``number`` calls; the per-op time is the median over repeats, with min/max and IQR as spread.
+  times a loop of ``number`` calls whose results are kept alive and realized (ember's device synced) every 64
+  calls; the per-op time is the median over repeats, with min/max and IQR as spread.
 * cold ``import ember`` in fresh interpreters (median of 5), and whether that import pulled in a backend module
   (``ember_flex``) or the plugin machinery (``pluggy``) -- discovery must be lazy.
 
@@ -31,7 +32,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # `ember bench overhead` loads this file by path: make its siblings importable
     sys.path.insert(0, str(HERE))
 
-from _common import alternate, environment, stats, time_loop, write_json  # noqa: E402
+import _common  # noqa: E402
+from _common import PER_OP_HOLD, environment, stats, write_json  # noqa: E402
 
 N_ELEMENTS = 1000
 
@@ -75,9 +77,10 @@ def bench_add(repeats: int, number: int) -> dict[str, dict[str, float]]:
     except ImportError:
         pass
 
-    for fn in cases.values():  # warm-up: caches, lazy imports, allocator pools
-        time_loop(fn, max(number // 10, 10))
-    samples = alternate(cases, repeats, lambda f: time_loop(f, number))
+    # warm-up (caches, lazy imports, allocator pools), then alternating repeats; every result is realized in the
+    # timed loop, one device sync per PER_OP_HOLD results (a + b on 1,000 elements runs at once even on a fused
+    # device; the sync makes sure of it without adding its fixed cost to every op)
+    samples = _common.sample_cases(cases, repeats, number, max(number // 10, 10), hold=PER_OP_HOLD)
     return {name: stats(s) for name, s in samples.items()}
 
 

@@ -12,7 +12,9 @@ is slower):
 * the micro-benchmarks of ``benchmarks/micro.py``
 * peak memory of one training step per model: peak RSS growth in a fresh process, ember and torch
 
-Both frameworks start from the same weights (ember's initialisation, copied into the torch twin by name).
+Both frameworks start from the same weights (ember's initialisation, copied into the torch twin by name). Every
+timed call ends with its work done: a training step reads its loss and syncs the device, inference reads the logits
+(``.numpy()``), and the micro-benchmarks realize each result (``_common.realize``) inside the timed loop.
 
 Usage::
 
@@ -128,7 +130,9 @@ def ember_train_step(model: str, batch: int, dev: Device | None = None) -> Calla
         loss = F.cross_entropy(m(x), y)
         loss.backward()
         opt.step()
-        return float(loss.item())  # a finished step (and it syncs lazily evaluated backends)
+        value = float(loss.item())  # reading the loss realizes it
+        dev.sync()  # and whatever else the step left pending (none today: its in-place updates run at once)
+        return value
 
     step.model = m  # type: ignore[attr-defined]
     return step

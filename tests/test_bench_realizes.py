@@ -1,0 +1,183 @@
+"""Every benchmark row times work, not lazy recording (issue 17).
+
+With fusion on (the default), a fused device records ops lazily and computes only what a live tensor can still
+read; a timed call that drops its result times the recording alone (the 8-op GELU chain once read 0.066 ms against
+torch's 2.6 ms). Every row of benchmarks/{micro,overhead,autodiff,suite,opencl}.py is timed through
+``_common.sample_cases``; here that function is replaced by a probe that runs each ember case once, through the very
+loop the timing uses (``_common.time_loop``, one call), and reads the devices' fusion counters around it. A case
+fails when it ran no kernel at all, or when it recorded ops lazily and realized none of them.
+
+No timing is asserted; sizes are the smallest that still record lazily (>= 2**19 elements for elementwise rows).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ember
+from ember import Device
+from ember.errors import EmberError
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+if not (BENCH / "_common.py").is_file():
+    pytest.skip("benchmarks/ is not in this checkout", allow_module_level=True)
+if str(BENCH) not in sys.path:  # the scripts import their siblings by name, as `ember bench` runs them
+    sys.path.insert(0, str(BENCH))
+
+import _common  # noqa: E402
+
+#: counters of ember-fusion's memory report that count work run on the backend under it
+WORK = ("fusion_eager", "fusion_single_ops", "fusion_kernels_run", "fusion_boundaries")
+#: a lazily recorded op (not run at once) is fusion_recorded - fusion_eager
+COUNTERS = ("fusion_recorded", "fusion_realizations", *WORK)
+
+
+def _opencl() -> Device | None:
+    try:
+        dev = Device.opencl(0)
+        dev.stack  # noqa: B018 - creates the runtime; raises where there is no OpenCL device
+        return dev
+    except EmberError:
+        return None
+
+
+def _devices() -> list[Device]:
+    """The fused stacks the benchmarks run on (flex+autodiff shares flex's fusion stack, so its counters)."""
+    return [d for d in (Device.flex(), _opencl()) if d is not None]
+
+
+def _counts() -> dict[str, int]:
+    total = dict.fromkeys(COUNTERS, 0)
+    for dev in _devices():
+        report = dev.memory_report()
+        for k in COUNTERS:
+            total[k] += int(report.get(k, 0))
+    return total
+
+
+def _problem(delta: dict[str, int]) -> str | None:
+    """Why a case's counter deltas show no realized work, or None when they do."""
+    ran = sum(delta[k] for k in WORK)
+    lazy = delta["fusion_recorded"] - delta["fusion_eager"]
+    if ran == 0:
+        return f"ran no kernel (counters {delta})"
+    if lazy > 0 and delta["fusion_realizations"] == 0:
+        return f"recorded {lazy} op(s) lazily and realized none (counters {delta})"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _fusion_active() -> None:
+    if "fusion_recorded" not in Device.flex().memory_report():
+        pytest.skip("fusion is off for flex (EMBER_FUSION=0 or ember-fusion not installed): nothing records lazily")
+
+
+@pytest.fixture
+def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, int]]]]:
+    """Replace the benchmarks' sampling with one realized call per ember case; yields (case, counter delta) pairs."""
+    seen: list[tuple[str, dict[str, int]]] = []
+
+    def sample_cases(cases: dict[str, Callable[[], Any]], repeats: int, number: int = 1, warmup: int = 1,
+                     realize_results: bool = True, hold: int = 1) -> dict[str, list[float]]:
+        for name, fn in cases.items():
+            if name.startswith("ember"):  # torch and numpy compute eagerly; they are not what this checks
+                before = _counts()
+                _common.time_loop(fn, 1, realize_results, hold)
+                after = _counts()
+                seen.append((name, {k: after[k] - before[k] for k in COUNTERS}))
+        return {name: [1e-3] for name in cases}  # a stand-in time: the rows' ratios stay computable
+
+    monkeypatch.setattr(_common, "sample_cases", sample_cases)
+    yield seen
+
+
+def _rows() -> list[Any]:
+    """(id, row) for every timed row of the scripts, at the smallest sizes that still exercise lazy recording."""
+    import autodiff
+    import micro
+    import opencl
+    import overhead
+    import suite
+
+    rows: list[tuple[str, Callable[[], Any]]] = [
+        ("micro-per-op", lambda: micro.bench_per_op(1, 1)),
+        ("micro-matmul", lambda: micro.bench_matmul((64,), 1)),
+        ("micro-conv2d", lambda: micro.bench_conv(2, 1)),
+        ("micro-elementwise-and-reductions", lambda: micro.bench_elementwise_and_reductions(1 << 20, 1)),
+        ("micro-copy", lambda: micro.bench_copy(4, 1)),
+        ("overhead-add", lambda: overhead.bench_add(1, 1)),
+        ("autodiff-per-op", lambda: autodiff.bench_per_op(1, 1)),
+        ("autodiff-train-step", lambda: autodiff.bench_train_step(2, 1, 0)),
+        ("suite-cnn-train", lambda: suite.bench_train("cnn", 2, 1, 0)),
+        ("suite-transformer-train", lambda: suite.bench_train("transformer-small", 1, 1, 0)),
+        ("suite-cnn-inference", lambda: suite.bench_inference("cnn", 2, 1, 0)),
+        ("suite-transformer-inference", lambda: suite.bench_inference("transformer-small", 1, 1, 0)),
+        ("opencl-matmul", lambda: opencl.bench_matmul([(64, 64, 64, "square")], 1)),
+        ("opencl-cnn", lambda: opencl.bench_cnn(2, 1, 0)),
+    ]
+    return [pytest.param(row, id=name) for name, row in rows]
+
+
+@pytest.mark.parametrize("row", _rows())
+def test_every_ember_case_of_the_row_realizes_its_work(request: pytest.FixtureRequest, row: Callable[[], Any],
+                                                      probe: list[tuple[str, dict[str, int]]]) -> None:
+    if request.node.callspec.id.startswith("opencl") and _opencl() is None:
+        pytest.skip("no OpenCL device")
+    figures = row()
+    assert figures, "the row reported nothing"
+    assert probe, "the row timed no ember case"
+    problems = [f"{name}: {why}" for name, delta in probe if (why := _problem(delta)) is not None]
+    assert not problems, "\n".join(problems)
+
+
+def _gelu_chain() -> Callable[[], Any]:
+    import micro
+
+    x = ember.tensor(np.random.default_rng(0).standard_normal(1 << 20, dtype=np.float32), device=Device.flex())
+    return lambda: micro._gelu_chain(x, ember.tanh)
+
+
+def test_the_probe_catches_a_row_that_drops_its_lazy_result() -> None:
+    """The counters tell recording from computing: the GELU chain with its result dropped (the old timing loop)
+    records 8 ops and runs nothing; realized, it runs them."""
+    chain = _gelu_chain()
+    chain()  # warm-up: the plan is built and cached
+    before = _counts()
+    _common.time_loop(chain, 1, realize_results=False)
+    dropped = {k: v - before[k] for k, v in _counts().items()}
+    assert dropped["fusion_recorded"] - dropped["fusion_eager"] >= 8
+    assert _problem(dropped) is not None
+    before = _counts()
+    _common.time_loop(chain, 1)
+    kept = {k: v - before[k] for k, v in _counts().items()}
+    assert _problem(kept) is None and kept["fusion_kernels_run"] >= 1
+
+
+def test_realize_computes_pending_results_in_nested_containers() -> None:
+    chain = _gelu_chain()
+    y = chain()
+    before = _counts()
+    _common.realize({"out": [(y, 1.0)]}, np.zeros(3), None)
+    assert _counts()["fusion_realizations"] > before["fusion_realizations"]
+    before = _counts()
+    _common.realize(y)  # already computed: nothing left to run
+    assert _counts()["fusion_realizations"] == before["fusion_realizations"]
+    assert y.shape == (1 << 20,) and np.isfinite(y.numpy()).all()
+
+
+def test_time_loop_realizes_every_held_result() -> None:
+    """hold > 1 keeps results alive and syncs once per hold: every result is still computed."""
+    chain = _gelu_chain()
+    chain()
+    before = _counts()
+    _common.time_loop(chain, 5, hold=2)  # chunks of 2, 2 and a remainder of 1
+    delta = {k: v - before[k] for k, v in _counts().items()}
+    assert _problem(delta) is None
+    assert delta["fusion_realizations"] == 3  # one plan per sync: the two held chains of a chunk run together
