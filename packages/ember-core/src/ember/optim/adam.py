@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import dtypes as dt
+from ..ops import train_kernels as _tk
 from ..ops.creation import zeros_like
+from ..ops.elementwise import write_result
 from ..ops.pointwise import maximum
 from ..tensor import Tensor
 from .optimizer import Optimizer, _check_adam_group, addcdiv_, addcmul_, lerp_
+
+#: parameter dtypes whose update runs as one op where the backend has a kernel for it
+_FUSED_DTYPES = (dt.float32, dt.float64)
 
 
 class Adam(Optimizer):
@@ -35,7 +41,6 @@ class Adam(Optimizer):
         beta1, beta2 = group["betas"]
         amsgrad, maximize, decoupled = group["amsgrad"], group["maximize"], group["decoupled_weight_decay"]
         for p in params:
-            g = self._grad(p, maximize)
             state = self.state[p]
             if not state:
                 state["step"] = self._step_tensor(p)
@@ -45,6 +50,10 @@ class Adam(Optimizer):
                     state["max_exp_avg_sq"] = zeros_like(p)
             step_t = state["step"]
             step_t.add_(1)
+            if p._dtype in _FUSED_DTYPES and _tk.has_kernel(_tk.adam_step, p):
+                self._fused_update(p, state, lr, beta1, beta2, eps, wd, decoupled, amsgrad, maximize)
+                continue
+            g = self._grad(p, maximize)
             if wd != 0:
                 if decoupled:
                     p.mul_(1 - lr * wd)
@@ -65,6 +74,23 @@ class Adam(Optimizer):
             else:
                 denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
             addcdiv_(p, exp_avg, denom, -step_size)
+
+    @staticmethod
+    def _fused_update(p: Tensor, state: dict[str, Any], lr: float, beta1: float, beta2: float, eps: float,
+                      wd: float, decoupled: bool, amsgrad: bool, maximize: bool) -> None:
+        """The update above as one op (``optim.adam_step``) where the backend has a kernel for it: the same
+        arithmetic in the same order, the results written back into the parameter and its state in place."""
+        g = p.grad
+        assert g is not None  # step() passes only parameters with a gradient
+        if g._dtype is not p._dtype:
+            g = g.to(p._dtype)
+        mx = state["max_exp_avg_sq"] if amsgrad else None
+        out = _tk.adam_step(p, g, state["exp_avg"], state["exp_avg_sq"], mx, lr=lr, beta1=beta1, beta2=beta2,
+                            eps=eps, weight_decay=wd, decoupled_weight_decay=decoupled, amsgrad=amsgrad,
+                            maximize=maximize, step=state["step"].item())
+        targets = (p, state["exp_avg"], state["exp_avg_sq"]) + ((mx,) if mx is not None else ())
+        for t, new in zip(targets, out):
+            write_result(t, new._h, "adam_step")
 
 
 class AdamW(Adam):

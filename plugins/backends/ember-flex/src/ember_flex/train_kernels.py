@@ -96,7 +96,7 @@ def cross_entropy_index(backend: Any, x: np.ndarray, target: np.ndarray, weight:
                 total = total * (1.0 - label_smoothing) + s * (label_smoothing / c)
             loss = np.asarray(total, dtype=work)
     lse_shape = (1,) if x.ndim == 1 else (x.shape[0],) + x.shape[2:]
-    return _cast(dt, (np.ascontiguousarray(loss), lse.reshape(lse_shape)))
+    return _cast(dt, (loss, lse.reshape(lse_shape)))
 
 
 def cross_entropy_index_backward(backend: Any, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None,
@@ -199,6 +199,11 @@ def adam_step(backend: Any, param: np.ndarray, grad: np.ndarray, exp_avg: np.nda
     from ember.ops.train_kernels import adam_scalars
 
     dt = param.dtype
+    if param.ndim == 0:  # ufuncs on 0-d arrays return scalars, which take no out=: run on (1,) views
+        arrs = [a if a is None else a.reshape(1) for a in (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)]
+        out = adam_step(backend, *arrs, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                        decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad, maximize=maximize, step=step)
+        return tuple(o.reshape(()) for o in out)
     if dt not in (np.float32, np.float64):
         work, arrs = _work(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
         out = adam_step(backend, *arrs, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,

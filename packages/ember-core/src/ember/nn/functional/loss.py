@@ -9,9 +9,13 @@ from ...amp.autocast_mode import STATE as _AMP
 from ...amp.autocast_mode import run as _amp_run
 from ...errors import DTypeError, IndexOutOfRangeError, ShapeError, UnsupportedError, ValueRangeError
 from ...ops import nn as _nn
+from ...ops import train_kernels as _tk
 from ...shapes import broadcast_shapes, norm_dim
 from ...tensor import Tensor
 from ._util import check_float, check_like, check_reduction, check_tensor, device_mismatch
+
+#: input dtypes cross_entropy sends to the fused op (kernels compute these in their own dtype)
+_FUSED_DTYPES = (dt.float32, dt.float64)
 
 
 def _pair(op: str, input: Any, target: Any, same_shape: bool = False,
@@ -251,6 +255,12 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
             d = dt.promote_types(d, weight._dtype)
         return _nn.cross_entropy_probs(input, target, weight, d, reduction, label_smoothing)
     target = _class_target(op, input, target, weight, ignore_index)
+    if (c and input._dtype in _FUSED_DTYPES and (weight is None or not weight.requires_grad)
+            and _tk.has_kernel(_tk.cross_entropy_index, input)):
+        # one op (log-softmax, gather, reduction) and one backward op where the backend has kernels for them; a
+        # weight that requires grad keeps the composition, which differentiates it
+        return _tk.cross_entropy_index(input, target, weight, ignore_index=ignore_index, reduction=reduction,
+                                       label_smoothing=label_smoothing)[0]
     return _nn.cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
 
 

@@ -9,8 +9,10 @@ import numpy as np
 from ... import dtypes as dt
 from ...amp.autocast_mode import STATE as _AMP
 from ...amp.autocast_mode import run as _amp_run
+from ...autograd import no_grad
 from ...errors import ShapeError, ValueRangeError
 from ...ops import nn as _nn
+from ...ops import train_kernels as _tk
 from ...tensor import Tensor
 from ._util import check_float, check_like, is_int, prod
 
@@ -91,7 +93,24 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                               f"shape {input.shape}")
     if not training and (running_mean is None or running_var is None):
         raise ValueRangeError(f"{op}: running_mean and running_var must be given when training=False")
+    if (training and input.numel() and input._dtype in (dt.float32, dt.float64)
+            and _tk.has_kernel(_tk.batch_norm_train, input)):
+        return _batch_norm_fused(input, running_mean, running_var, weight, bias, momentum, eps, count)
     return _nn.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def _batch_norm_fused(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None,
+                      bias: Tensor | None, momentum: float, eps: float, count: int) -> Tensor:
+    """Training-mode batch norm as one op (and one backward op) where the backend has kernels for them; the
+    running statistics are updated from the op's batch mean and variance as the unfused path does."""
+    y, mean, _, var = _tk.batch_norm_train(input, weight, bias, eps=eps)
+    s = input._device.stack
+    with no_grad():  # the statistics only feed the buffers: nothing here joins the gradient graph
+        if running_mean is not None:
+            _nn._update_running(s, running_mean, mean._h, momentum)
+        if running_var is not None:
+            _nn._update_running(s, running_var, s.binary("mul", var._h, count / (count - 1)), momentum)
+    return y
 
 
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
