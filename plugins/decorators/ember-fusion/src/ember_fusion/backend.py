@@ -159,13 +159,9 @@ class FusionBackend(Decorator):
         """A realized node holding ``value``, an inner handle in memory (to record an op that reads it)."""
         return Node("leaf", (), (), tuple(value.shape), self.inner.dtype_of(value), value)
 
-    def _node(self, h: Any) -> Node:
-        """The graph node of a handle: an FArray's own, or a new leaf for an inner handle."""
-        return h.node if type(h) is FArray else self._leaf_node(h)
-
     # Decorator's handle hooks. A value in memory is the inner backend's own handle (a boundary's result, an op
     # run eagerly): wrapping it in an FArray would cost two objects per op and gain nothing, as only recording
-    # needs a node, and a node for it is made then (_node).
+    # needs a node, and a node for it is made then (_leaf_node).
     def _wrap(self, h: Any) -> Any:
         return h
 
