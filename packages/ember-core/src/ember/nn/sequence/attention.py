@@ -128,14 +128,16 @@ class MultiheadAttention(Module):
                 is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
         batched = self._check(query, key, value, key_padding_mask, attn_mask)
         same_qk, same_kv = query is key, key is value
-        if self.batch_first and batched:
-            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
         if not batched:
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
-        tgt_len, bsz, e = query.shape
-        src_len = key.shape[0]
+        # the inputs keep their layout: batch_first (N, L, E) or (L, N, E); the projections run on their rows as one
+        # GEMM each and the heads are views (N, h, L, hd) of the results, so no transposed copy is made
+        bf = self.batch_first and batched
+        seq_dim = 1 if bf else 0
+        tgt_len, bsz, e = query.shape[seq_dim], query.shape[1 - seq_dim], query.shape[2]
+        src_len = key.shape[seq_dim]
         h, hd = self.num_heads, self.head_dim
 
         if key_padding_mask is not None and tuple(key_padding_mask.shape) != (bsz, src_len):
@@ -157,30 +159,31 @@ class MultiheadAttention(Module):
             attn_mask = causal_mask(tgt_len, src_len, query)
         else:
             attn_mask = float_mask(_CLS, "attn_mask", attn_mask, query)
-        if attn_mask is not None and attn_mask.ndim == 2:
-            attn_mask = attn_mask.unsqueeze(0)
+        # masks in the heads' layout: (1, 1, L, S) or (N, h, L, S); the key padding mask (N, 1, 1, S)
+        if attn_mask is not None:
+            attn_mask = attn_mask.reshape(*((1, 1) if attn_mask.ndim == 2 else (bsz, h)), *attn_mask.shape[-2:])
+        if kpm is not None:
+            kpm = kpm.reshape(bsz, 1, 1, src_len)
 
         q, k, v = self._in_projection(query, key, value, same_qk and same_kv, same_kv)
+        q, k, v = self._heads(q, bf), self._heads(k, bf), self._heads(v, bf)
 
         if self.bias_k is not None and self.bias_v is not None:
-            k = cat([k, self.bias_k.repeat(1, bsz, 1)], 0)
-            v = cat([v, self.bias_v.repeat(1, bsz, 1)], 0)
+            k = cat([k, self.bias_k.reshape(1, h, 1, hd).expand(bsz, h, 1, hd)], 2)
+            v = cat([v, self.bias_v.reshape(1, h, 1, hd).expand(bsz, h, 1, hd)], 2)
             attn_mask = _pad_last(attn_mask)
             kpm = _pad_last(kpm)
-        q = q.reshape(tgt_len, bsz * h, hd).transpose(0, 1)
-        k = k.reshape(k.shape[0], bsz * h, hd).transpose(0, 1)
-        v = v.reshape(v.shape[0], bsz * h, hd).transpose(0, 1)
         if self.add_zero_attn:
-            z = zeros((bsz * h, 1, hd), dtype=k._dtype, device=k._device)
-            k, v = cat([k, z], 1), cat([v, z], 1)
+            z = zeros((bsz, h, 1, hd), dtype=k._dtype, device=k._device)
+            k, v = cat([k, z], 2), cat([v, z], 2)
             attn_mask = _pad_last(attn_mask)
             kpm = _pad_last(kpm)
-        src_len = k.shape[1]
+        src_len = k.shape[2]
         if kpm is not None:
-            kpm = kpm.reshape(bsz, 1, 1, src_len).expand(bsz, h, 1, src_len).reshape(bsz * h, 1, src_len)
             attn_mask = kpm if attn_mask is None else attn_mask + kpm
         dropout_p = self.dropout if self.training else 0.0
 
+        attn_weights: Tensor | None = None
         if need_weights:
             scores = (q * math.sqrt(1.0 / float(hd))) @ k.transpose(-2, -1)
             if attn_mask is not None:
@@ -188,34 +191,38 @@ class MultiheadAttention(Module):
             weights = F.softmax(scores, dim=-1)
             if dropout_p > 0.0:
                 weights = F.dropout(weights, p=dropout_p)
-            out = (weights @ v).transpose(0, 1).reshape(tgt_len * bsz, e)
-            out = F.linear(out, self.out_proj.weight, self.out_proj.bias).reshape(tgt_len, bsz, e)
-            attn_weights: Tensor | None = weights.reshape(bsz, h, tgt_len, src_len)
-            if average_attn_weights:
-                attn_weights = attn_weights.mean(dim=1)
-            if not batched:
-                out, attn_weights = out.squeeze(1), attn_weights.squeeze(0)
+            out = weights @ v
+            attn_weights = weights.mean(dim=1) if average_attn_weights else weights
         else:
-            if attn_mask is not None:
-                if attn_mask.shape[0] == 1:
-                    attn_mask = attn_mask.unsqueeze(0)
-                else:
-                    attn_mask = attn_mask.reshape(bsz, h, attn_mask.shape[1], src_len)
-            q4 = q.reshape(bsz, h, tgt_len, hd)
-            k4 = k.reshape(bsz, h, src_len, hd)
-            v4 = v.reshape(bsz, h, src_len, hd)
-            out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask, dropout_p, sdpa_causal)
-            out = out.permute(2, 0, 1, 3).reshape(tgt_len * bsz, e)
-            out = F.linear(out, self.out_proj.weight, self.out_proj.bias).reshape(tgt_len, bsz, e)
-            attn_weights = None
-            if not batched:
-                out = out.squeeze(1)
-        if self.batch_first and batched:
-            out = out.transpose(0, 1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, sdpa_causal)
+        # (N, h, L, hd) -> rows of the input's layout -> out_proj as one GEMM
+        out = out.permute(0, 2, 1, 3) if bf else out.permute(2, 0, 1, 3)
+        out = F.linear(out.reshape(tgt_len * bsz, e), self.out_proj.weight, self.out_proj.bias)
+        out = out.reshape(bsz, tgt_len, e) if bf else out.reshape(tgt_len, bsz, e)
+        if not batched:
+            out = out.squeeze(1)
+            if attn_weights is not None:
+                attn_weights = attn_weights.squeeze(0)
         return out, attn_weights
+
+    def _heads(self, x: Tensor, batch_first: bool) -> Tensor:
+        """Projected (N, L, E) or (L, N, E) -> (N, h, L, hd), a view where x's rows are contiguous."""
+        a, b = x.shape[0], x.shape[1]
+        x = x.reshape(a, b, self.num_heads, self.head_dim)
+        return x.permute(0, 2, 1, 3) if batch_first else x.permute(1, 2, 0, 3)
 
     def _in_projection(self, query: Tensor, key: Tensor, value: Tensor, self_attn: bool,
                        kv_same: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v of the 3-D inputs, each projection one 2-D GEMM over the input's rows (a batched 3-D matmul
+        over a transposed input is several times slower on CPU backends)."""
+        lead_q, lead_k, lead_v = query.shape[:2], key.shape[:2], value.shape[:2]
+        q, k, v = self._project(query.reshape(-1, query.shape[-1]), key.reshape(-1, key.shape[-1]),
+                                value.reshape(-1, value.shape[-1]), self_attn, kv_same)
+        e = self.embed_dim
+        return q.reshape(*lead_q, e), k.reshape(*lead_k, e), v.reshape(*lead_v, e)
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor, self_attn: bool,
+                 kv_same: bool) -> tuple[Tensor, Tensor, Tensor]:
         e = self.embed_dim
         b = self.in_proj_bias
         bq, bk, bv = (None, None, None) if b is None else (b[:e], b[e:2 * e], b[2 * e:])
