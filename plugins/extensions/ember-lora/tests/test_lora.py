@@ -8,6 +8,12 @@ import math
 import numpy as np
 import pytest
 import torch
+
+import ember
+from ember import nn
+from ember.errors import DTypeError, ValueRangeError
+from ember.nn import ParamGroup
+from ember.records import CorruptRecordError, IncompatibleStateError, RecordNotFoundError
 from ember_lora import (
     LoraConfig,
     LoraConv2d,
@@ -29,12 +35,6 @@ from ember_lora import (
     unload,
     unmerge,
 )
-
-import ember
-from ember import nn
-from ember.errors import DTypeError, ValueRangeError
-from ember.nn import ParamGroup
-from ember.records import CorruptRecordError, IncompatibleStateError, RecordNotFoundError
 
 DEV = ember.device("cpu").autodiff()
 

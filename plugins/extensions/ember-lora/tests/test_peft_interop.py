@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from ember_lora import LoraConfig, apply_lora, load_adapter, save_adapter
 
 import ember
 from ember import nn
+from ember_lora import LoraConfig, apply_lora, load_adapter, save_adapter
 
 peft = pytest.importorskip("peft")
 
