@@ -2,8 +2,8 @@
 
 Forward, in one call: the scale folded into q (L*E multiplies instead of L*S), one batched GEMM for the scores, the
 mask or causal triangle applied in place, a numerically stable softmax in place in the scores' buffer (max
-subtracted, exp, divided by the row sums; rows that are entirely masked give zeros, torch's "safe" softmax), and one
-batched GEMM with v. The probabilities are the op's second output: the backward reads them.
+subtracted, exp, times the reciprocal of the row sums; rows that are entirely masked give zeros, torch's "safe"
+softmax), and one batched GEMM with v. The probabilities are the op's second output: the backward reads them.
 
 Backward, in one pass: dv = attn^T @ dout, dP = dout @ v^T, and in place in dP's buffer
 dS = attn * (dP - rowsum(dout * out)); then dq = dS @ k * scale and dk = dS^T @ q * scale. Broadcast batch dims
@@ -87,7 +87,7 @@ def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
     total = scores.sum(-1, keepdims=True)
     if masked_rows:
         total[empty] = 1
-    scores /= total
+    scores *= np.reciprocal(total, out=total)  # as torch's CPU softmax: one reciprocal per row, then multiplies
     out = np.matmul(scores, v)
     return _cast(dt, (out, scores))
 

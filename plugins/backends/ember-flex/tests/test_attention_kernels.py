@@ -1,0 +1,242 @@
+"""The flex kernels of core's attention ops (nn.scaled_dot_product_attention and its backward) against torch and
+against the ops' compositions: no mask, bool and float masks (broadcast), is_causal (L != S too), scale=, GQA,
+broadcast batch dims, unbatched 2-D operands, float32 and float64, fused and unfused devices, fully masked rows, the
+float mask's gradient, and MultiheadAttention / TransformerEncoderLayer through the kernels. Every test checks the
+kernels really ran (a silent fall back to the composition gives the same numbers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ember
+import ember.nn.functional as F
+from ember.ops import attention as A
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+
+TOL = {"float32": {"rtol": 2e-5, "atol": 2e-6}, "float64": {"rtol": 1e-10, "atol": 1e-12}}
+DEVICES = ["flex+autodiff", "flex+fusion(False)+autodiff"]
+
+
+@pytest.fixture
+def calls() -> Iterator[dict[str, int]]:
+    """Count the kernels' calls (the originals are restored afterwards)."""
+    ember.zeros(1)  # plugins load lazily: the flex kernels are registered once flex is loaded
+    counts = {"forward": 0, "backward": 0}
+    fwd, bwd = A.sdpa.kernels["flex"], A.sdpa_backward.kernels["flex"]
+
+    def counting(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    A.sdpa.kernel("flex")(counting("forward", fwd))
+    A.sdpa_backward.kernel("flex")(counting("backward", bwd))
+    try:
+        yield counts
+    finally:
+        A.sdpa.kernel("flex")(fwd)
+        A.sdpa_backward.kernel("flex")(bwd)
+
+
+def _rand(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# (query, key, value, mask) shapes; mask None, or a shape broadcasting to the attention's
+CASES = {
+    "4d": ((2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 4), None),
+    "L!=S,Ev": ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 6), None),
+    "3d": ((3, 4, 8), (3, 6, 8), (3, 6, 5), None),
+    "2d": ((4, 8), (6, 8), (6, 3), None),
+    "bcast-batch": ((1, 3, 5, 4), (2, 1, 7, 4), (2, 3, 7, 4), None),
+    "v-wider-batch": ((3, 5, 4), (3, 7, 4), (2, 3, 7, 4), None),
+    "mask-2d": ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4), (5, 7)),
+    "mask-kpm": ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4), (2, 1, 1, 7)),
+    "mask-full": ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4), (2, 3, 5, 7)),
+}
+
+
+def _mask(rng: np.random.Generator, shape: tuple[int, ...], kind: str, dtype: str) -> np.ndarray:
+    if kind == "bool":
+        m = rng.random(shape) < 0.7
+        m[..., 0] = True  # every row keeps one position (fully masked rows have their own test)
+        return m
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _run(dev: str, dtype: str, shapes: tuple[Any, ...], mask_kind: str | None, seed: int = 0,
+         **kw: Any) -> None:
+    """Forward and backward of ember and torch on the same data; compares output and every gradient."""
+    rng = np.random.default_rng(seed)
+    qs, ks, vs, ms = shapes
+    arrays = [_rand(rng, s, dtype) for s in (qs, ks, vs)]
+    m = _mask(rng, ms, mask_kind, dtype) if ms is not None and mask_kind else None
+    grad_mask = m is not None and m.dtype != np.bool_
+    e_in = [ember.tensor(a, device=dev, requires_grad=True) for a in arrays]
+    t_in = [torch.tensor(a, requires_grad=True) for a in arrays]
+    e_m = None if m is None else ember.tensor(m, device=dev, requires_grad=grad_mask)
+    t_m = None if m is None else torch.tensor(m, requires_grad=grad_mask)
+    e_out = F.scaled_dot_product_attention(*e_in, attn_mask=e_m, **kw)
+    t_out = TF.scaled_dot_product_attention(*t_in, attn_mask=t_m, **kw)
+    tol = TOL[dtype]
+    assert tuple(e_out.shape) == tuple(t_out.shape)
+    np.testing.assert_allclose(e_out.numpy(), t_out.detach().numpy(), **tol)
+    g = rng.standard_normal(tuple(t_out.shape)).astype(dtype)
+    (e_out * ember.tensor(g, device=dev)).sum().backward()
+    (t_out * torch.tensor(g)).sum().backward()
+    for name, e, t in zip("qkv", e_in, t_in):
+        np.testing.assert_allclose(e.grad.numpy(), t.grad.numpy(), **tol, err_msg=f"d{name}")
+    if grad_mask:
+        np.testing.assert_allclose(e_m.grad.numpy(), t_m.grad.numpy(), **tol, err_msg="dmask")
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case,mask_kind", [(c, k) for c, s in CASES.items()
+                                             for k in ([None] if s[3] is None else ["bool", "float"])])
+def test_against_torch(calls: dict[str, int], dev: str, dtype: str, case: str, mask_kind: str | None) -> None:
+    _run(dev, dtype, CASES[case], mask_kind)
+    assert calls == {"forward": 1, "backward": 1}
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("L,S", [(5, 5), (5, 8), (8, 5)])
+def test_causal_and_scale(calls: dict[str, int], dev: str, dtype: str, L: int, S: int) -> None:
+    # top-left aligned triangle as torch; with L > S the last rows see every key
+    _run(dev, dtype, ((2, 3, L, 4), (2, 3, S, 4), (2, 3, S, 6), None), None, is_causal=True)
+    _run(dev, dtype, ((2, 3, L, 4), (2, 3, S, 4), (2, 3, S, 6), None), None, scale=0.3, seed=1)
+    assert calls == {"forward": 2, "backward": 2}
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gqa(calls: dict[str, int], dev: str, dtype: str) -> None:
+    _run(dev, dtype, ((2, 6, 5, 4), (2, 2, 7, 4), (2, 3, 7, 5), None), None, enable_gqa=True)
+    _run(dev, dtype, ((2, 6, 5, 4), (2, 3, 7, 4), (2, 3, 7, 5), (5, 7)), "bool", enable_gqa=True, is_causal=False)
+    assert calls == {"forward": 2, "backward": 2}
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_fully_masked_rows_give_zeros(calls: dict[str, int], dev: str) -> None:
+    """torch's math path: a row without any kept position gives zeros and zero gradients (no NaN)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (_rand(rng, s, "float64") for s in ((2, 4, 3), (2, 5, 3), (2, 5, 3)))
+    keep = np.ones((4, 5), bool)
+    keep[1] = False
+    e_in = [ember.tensor(a, device=dev, requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*e_in, attn_mask=ember.tensor(keep, device=dev))
+    ref = TF.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)), attn_mask=torch.tensor(keep))
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), **TOL["float64"])
+    assert np.all(out.numpy()[:, 1] == 0)
+    out.sum().backward()
+    assert np.all(np.isfinite(e_in[0].grad.numpy())) and np.all(e_in[0].grad.numpy()[:, 1] == 0)
+    # a -inf float mask row too
+    fm = np.where(keep, 0.0, -np.inf)
+    out2 = F.scaled_dot_product_attention(*e_in, attn_mask=ember.tensor(fm, device=dev))
+    np.testing.assert_allclose(out2.numpy(), out.numpy(), rtol=0, atol=0)
+    assert calls == {"forward": 2, "backward": 1}
+
+
+@pytest.mark.parametrize("mask_kind", [None, "bool", "float", "causal"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_kernels_match_compositions(mask_kind: str | None, dtype: str) -> None:
+    """The op and its backward through the flex kernels equal their ember-ops compositions."""
+    dev = ember.Device.parse("flex")
+    rng = np.random.default_rng(4)
+    q, k, v = (ember.tensor(_rand(rng, s, dtype), device=dev) for s in ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 6)))
+    m = None if mask_kind in (None, "causal") else ember.tensor(_mask(rng, (5, 7), mask_kind, dtype), device=dev)
+    kw = {"scale": 0.4, "is_causal": mask_kind == "causal", "mask_grad": mask_kind == "float"}
+    got, want = A.sdpa(q, k, v, m, **kw), A.sdpa.composition(q, k, v, m, **kw)
+    tol = TOL[dtype]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), **tol)
+    dout = ember.tensor(_rand(rng, (2, 3, 5, 6), dtype), device=dev)
+    b_got = A.sdpa_backward(q, k, v, m, got[0], got[1], dout, **kw)
+    b_want = A.sdpa_backward.composition(q, k, v, m, got[0], got[1], dout, **kw)
+    assert len(b_got) == len(b_want) == (4 if mask_kind == "float" else 3)
+    for a, b in zip(b_got, b_want, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a.numpy(), b.numpy(), **tol)
+
+
+def test_half_dtypes_compute_in_float32(calls: dict[str, int]) -> None:
+    rng = np.random.default_rng(5)
+    arrays = [_rand(rng, (2, 5, 8), "float32") for _ in range(3)]
+    for name in ("float16", "bfloat16"):
+        e = F.scaled_dot_product_attention(*(ember.tensor(a, device="flex").to(getattr(ember, name))
+                                             for a in arrays))
+        t = TF.scaled_dot_product_attention(*(torch.tensor(a).to(getattr(torch, name)) for a in arrays))
+        assert e.dtype is getattr(ember, name)
+        np.testing.assert_allclose(e.to(ember.float32).numpy(), t.float().numpy(), rtol=2e-2, atol=2e-2)
+    assert calls["forward"] == 2
+
+
+def test_errors_unchanged() -> None:
+    dev = "flex"
+    q = ember.zeros(2, 4, 8, device=dev)
+    with pytest.raises(ember.ShapeError, match="same embedding size"):
+        F.scaled_dot_product_attention(q, ember.zeros(2, 4, 6, device=dev), q)
+    with pytest.raises(ember.ShapeError, match="same sequence length"):
+        F.scaled_dot_product_attention(q, q, ember.zeros(2, 5, 8, device=dev))
+    with pytest.raises(ember.ValueRangeError, match="is_causal"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=ember.ones(4, 4, dtype=ember.bool_, device=dev),
+                                       is_causal=True)
+    with pytest.raises(ember.DTypeError, match="attn_mask dtype"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=ember.ones(4, 4, dtype=ember.int64, device=dev))
+    with pytest.raises(ember.ShapeError, match="does not broadcast"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=ember.ones(3, 4, dtype=ember.bool_, device=dev))
+    # the op's own shape rule names it (it runs before any kernel)
+    with pytest.raises(ember.ShapeError, match="nn.scaled_dot_product_attention"):
+        A.sdpa(q, ember.zeros(2, 5, 6, device=dev), q, None, scale=1.0)
+
+
+def test_dropout_and_empty_use_the_composition(calls: dict[str, int]) -> None:
+    q = ember.ones(2, 4, 8, device="flex")
+    out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    assert out.shape == (2, 4, 8)
+    empty = F.scaled_dot_product_attention(ember.ones(2, 0, 8, device="flex"), q, q)
+    assert empty.shape == (2, 0, 8)
+    assert calls == {"forward": 0, "backward": 0}
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_encoder_layer_through_the_kernels(calls: dict[str, int], dev: str, batch_first: bool) -> None:
+    """A pre-norm GELU encoder layer (the seed transformer's) with a key padding mask, against torch's."""
+    rng = np.random.default_rng(6)
+    tl = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation="gelu", batch_first=batch_first,
+                                          norm_first=True, dtype=torch.float64)
+    el = ember.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation="gelu", batch_first=batch_first,
+                                          norm_first=True, dtype=ember.float64, device=dev)
+    el.load_state_dict({k: ember.tensor(v.detach().numpy(), device=dev) for k, v in tl.state_dict().items()})
+    x = rng.standard_normal((3, 6, 16) if batch_first else (6, 3, 16))
+    kpm = np.zeros((3, 6), bool)
+    kpm[0, 4:] = True
+    ex, tx = ember.tensor(x, device=dev, requires_grad=True), torch.tensor(x, requires_grad=True)
+    e_out = el(ex, src_key_padding_mask=ember.tensor(kpm, device=dev))
+    t_out = tl(tx, src_key_padding_mask=torch.tensor(kpm))
+    np.testing.assert_allclose(e_out.numpy(), t_out.detach().numpy(), **TOL["float64"])
+    e_out.sum().backward()
+    t_out.sum().backward()
+    np.testing.assert_allclose(ex.grad.numpy(), tx.grad.numpy(), **TOL["float64"])
+    tp = dict(tl.named_parameters())
+    for name, p in el.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), tp[name].grad.numpy(), **TOL["float64"], err_msg=name)
+    assert calls == {"forward": 1, "backward": 1}
+
+
+def test_inference_runs_the_forward_kernel_only(calls: dict[str, int]) -> None:
+    m = ember.nn.MultiheadAttention(8, 2, batch_first=True, device="flex")
+    x = ember.ones(2, 5, 8, device="flex")
+    with ember.no_grad():
+        out, w = m(x, x, x, need_weights=False)
+    assert out.shape == (2, 5, 8) and w is None
+    assert calls == {"forward": 1, "backward": 0}
