@@ -440,7 +440,17 @@ class FusionBackend(Decorator):
                     work = prod(vb.shape)
                 else:
                     sa, sb = va.shape, vb.shape
-                    work = prod(sa if sa == sb else broadcast_shapes(sa, sb))
+                    work = prod(sa)
+                    if sa != sb:
+                        # the broadcast result has at least max and at most the product of the two sizes: work
+                        # out its shape only where those bounds straddle the threshold
+                        nb = prod(sb)
+                        if work * nb >= below:
+                            work = max(work, nb)
+                            if work < below:
+                                work = prod(broadcast_shapes(sa, sb))
+                        else:
+                            work = 0
                 if work < below:
                     counts = self._pending.counts  # _eager() inlined: this is the hottest path of small models
                     counts.recorded += 1
