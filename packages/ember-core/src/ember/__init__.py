@@ -107,7 +107,7 @@ def info() -> dict[str, Any]:
 def __getattr__(name: str) -> Any:
     # subpackages that cost import time load on first use
     if name in ("nn", "testing", "linalg", "plugins", "backend", "dispatch", "extension", "records", "optim", "utils",
-                "cuda"):
+                "cuda", "quantization"):
         from importlib import import_module
 
         return import_module(f".{name}", __name__)
