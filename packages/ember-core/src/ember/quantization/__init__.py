@@ -22,7 +22,14 @@ from __future__ import annotations
 
 from . import ops
 from .io import DequantizedOnLoadWarning, load, save
-from .modules import DynamicQuantizedLinear, Linear4bit, QuantizedModule, model_size, quantize_dynamic, quantized_modules
+from .modules import (
+    DynamicQuantizedLinear,
+    Linear4bit,
+    QuantizedModule,
+    model_size,
+    quantize_dynamic,
+    quantized_modules,
+)
 from .tensor import FORMATS, QuantizedTensor, dequantize, quantize, quantize_4bit, quantize_int8
 
 __all__ = [

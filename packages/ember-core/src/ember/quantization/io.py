@@ -1,7 +1,7 @@
 """Quantized weights through ``ember.records`` (safetensors): each quantized value's parts are plain safetensors
 entries (``<key>`` the data, ``<key>_scale``, ``<key>_zero_point``, ``<key>_scale2``, ``<key>_offset`` -- the
 buffer names of the quantized layers' state dicts) and its format tag sits in the header metadata under
-``ember.quantization`` (JSON: ``{key: tag}``).
+``quantization`` (JSON: ``{key: tag}``).
 
 Loading into a model: a quantized layer takes its parts as they are (a different format or shape is a typed
 error); a float ``nn.Linear`` (or any float parameter) in that place gets the value dequantized to the parameter's
@@ -26,7 +26,7 @@ from .tensor import QuantizedTensor
 
 __all__ = ["DequantizedOnLoadWarning", "load", "save"]
 
-META_KEY = "ember.quantization"
+META_KEY = "quantization"
 _PARTS = ("scale", "zero_point", "scale2", "offset")
 
 

@@ -182,7 +182,8 @@ def _double_quant(absmax: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return q, safe, offset.reshape(1)
 
 
-def quantize_4bit(x: Tensor, quant_type: str = "nf4", blocksize: int = 64, double_quant: bool = False) -> QuantizedTensor:
+def quantize_4bit(x: Tensor, quant_type: str = "nf4", blocksize: int = 64,
+                  double_quant: bool = False) -> QuantizedTensor:
     """NF4/FP4 block quantization of ``x`` (any shape, flattened row-major), bit-exact with bitsandbytes'
     ``quantize_4bit`` on the float32 values; ``double_quant`` also quantizes the absmax (module docstring)."""
     op = "quantize_4bit"
