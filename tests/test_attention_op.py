@@ -80,9 +80,9 @@ def test_backward_composition_against_torch(case: str) -> None:
     scale = kw.get("scale", arrays[0].shape[-1] ** -0.5)
     opts = {"scale": scale, "is_causal": kw.get("is_causal", False), "repeat_k": rk, "repeat_v": rv,
             "mask_grad": grad_mask}
-    out, attn = A.sdpa(q, k, v, em, **opts)
+    out, attn = A.sdpa(q, k, v, em, None, **opts)
     g = np.random.default_rng(3).standard_normal(tuple(out.shape))
-    grads = A.sdpa_backward(q, k, v, em, out, attn, ember.tensor(g, device=dev), **opts)
+    grads = A.sdpa_backward(q, k, v, em, None, out, attn, ember.tensor(g, device=dev), **opts)
     t_in = [torch.tensor(a, requires_grad=True) for a in arrays]
     t_m = None if m is None else torch.tensor(m, requires_grad=grad_mask)
     t_out = TF.scaled_dot_product_attention(*t_in, attn_mask=t_m, **kw)
@@ -99,11 +99,11 @@ def test_shape_rules_refuse_bad_operands() -> None:
     dev = ember.Device.parse("toy")
     q = ember.zeros(2, 4, 8, device=dev)
     with pytest.raises(ember.ShapeError, match=r"nn.scaled_dot_product_attention: .*\(2, 4, 8\)"):
-        A.sdpa(q, ember.zeros(2, 5, 3, device=dev), q, None, scale=1.0)
+        A.sdpa(q, ember.zeros(2, 5, 3, device=dev), q, None, None, scale=1.0)
     with pytest.raises(ember.DTypeError, match="attn_mask dtype"):
-        A.sdpa(q, q, q, ember.zeros(4, 4, dtype=ember.int64, device=dev), scale=1.0)
-    out, attn = A.sdpa(q, q, q, None, scale=1.0)
+        A.sdpa(q, q, q, ember.zeros(4, 4, dtype=ember.int64, device=dev), None, scale=1.0)
+    out, attn = A.sdpa(q, q, q, None, None, scale=1.0)
     with pytest.raises(ember.ShapeError, match="expected dout of shape"):
-        A.sdpa_backward(q, q, q, None, out, attn, ember.zeros(2, 4, 7, device=dev), scale=1.0)
+        A.sdpa_backward(q, q, q, None, None, out, attn, ember.zeros(2, 4, 7, device=dev), scale=1.0)
     with pytest.raises(ember.DTypeError, match="mask_grad needs a float attn_mask"):
-        A.sdpa_backward(q, q, q, None, out, attn, out, scale=1.0, mask_grad=True)
+        A.sdpa_backward(q, q, q, None, None, out, attn, out, scale=1.0, mask_grad=True)

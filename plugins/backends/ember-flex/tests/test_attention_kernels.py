@@ -1,8 +1,9 @@
 """The flex kernels of core's attention ops (nn.scaled_dot_product_attention and its backward) against torch and
 against the ops' compositions: no mask, bool and float masks (broadcast), is_causal (L != S too), scale=, GQA,
-broadcast batch dims, unbatched 2-D operands, float32 and float64, fused and unfused devices, fully masked rows, the
-float mask's gradient, and MultiheadAttention / TransformerEncoderLayer through the kernels. Every test checks the
-kernels really ran (a silent fall back to the composition gives the same numbers)."""
+dropout (the composition's draw), broadcast batch dims, unbatched 2-D operands, float32 and float64, fused and
+unfused devices, fully masked rows, the float mask's gradient, and MultiheadAttention / TransformerEncoderLayer
+through the kernels. Every test checks the kernels really ran (a silent fall back to the composition gives the
+same numbers)."""
 
 from __future__ import annotations
 
@@ -147,20 +148,22 @@ def test_fully_masked_rows_give_zeros(calls: dict[str, int], dev: str) -> None:
 
 @pytest.mark.parametrize("mask_kind", [None, "bool", "float", "causal"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_kernels_match_compositions(mask_kind: str | None, dtype: str) -> None:
+@pytest.mark.parametrize("dropout", [False, True])
+def test_kernels_match_compositions(mask_kind: str | None, dtype: str, dropout: bool) -> None:
     """The op and its backward through the flex kernels equal their ember-ops compositions."""
     dev = ember.Device.parse("flex")
     rng = np.random.default_rng(4)
     q, k, v = (ember.tensor(_rand(rng, s, dtype), device=dev) for s in ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 6)))
     m = None if mask_kind in (None, "causal") else ember.tensor(_mask(rng, (5, 7), mask_kind, dtype), device=dev)
+    drop = ember.tensor(((rng.random((2, 3, 5, 7)) < 0.7) / 0.7).astype(dtype), device=dev) if dropout else None
     kw = {"scale": 0.4, "is_causal": mask_kind == "causal", "mask_grad": mask_kind == "float"}
-    got, want = A.sdpa(q, k, v, m, **kw), A.sdpa.composition(q, k, v, m, **kw)
+    got, want = A.sdpa(q, k, v, m, drop, **kw), A.sdpa.composition(q, k, v, m, drop, **kw)
     tol = TOL[dtype]
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), **tol)
     dout = ember.tensor(_rand(rng, (2, 3, 5, 6), dtype), device=dev)
-    b_got = A.sdpa_backward(q, k, v, m, got[0], got[1], dout, **kw)
-    b_want = A.sdpa_backward.composition(q, k, v, m, got[0], got[1], dout, **kw)
+    b_got = A.sdpa_backward(q, k, v, m, drop, got[0], got[1], dout, **kw)
+    b_want = A.sdpa_backward.composition(q, k, v, m, drop, got[0], got[1], dout, **kw)
     assert len(b_got) == len(b_want) == (4 if mask_kind == "float" else 3)
     for a, b in zip(b_got, b_want, strict=True):
         assert a.shape == b.shape
@@ -195,16 +198,48 @@ def test_errors_unchanged() -> None:
         F.scaled_dot_product_attention(q, q, q, attn_mask=ember.ones(3, 4, dtype=ember.bool_, device=dev))
     # the op's own shape rule names it (it runs before any kernel)
     with pytest.raises(ember.ShapeError, match="nn.scaled_dot_product_attention"):
-        A.sdpa(q, ember.zeros(2, 5, 6, device=dev), q, None, scale=1.0)
+        A.sdpa(q, ember.zeros(2, 5, 6, device=dev), q, None, None, scale=1.0)
 
 
-def test_dropout_and_empty_use_the_composition(calls: dict[str, int]) -> None:
+def test_dropout_one_and_empty_use_the_composition(calls: dict[str, int]) -> None:
     q = ember.ones(2, 4, 8, device="flex")
-    out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
-    assert out.shape == (2, 4, 8)
+    assert np.all(F.scaled_dot_product_attention(q, q, q, dropout_p=1.0).numpy() == 0)
     empty = F.scaled_dot_product_attention(ember.ones(2, 0, 8, device="flex"), q, q)
     assert empty.shape == (2, 0, 8)
     assert calls == {"forward": 0, "backward": 0}
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_dropout_draws_as_the_composition(calls: dict[str, int], dev: str) -> None:
+    """dropout_p > 0 runs the kernel with the same draw from the device's stream as the ops composition (same
+    seed, same numbers), and its gradients are those of (softmax(...) * factors) @ v."""
+    from ember.ops import nn as N
+
+    device = ember.Device.parse(dev)
+    rng = np.random.default_rng(7)
+    arrays = [_rand(rng, s, "float64") for s in ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 6))]
+    e_in = [ember.tensor(a, device=device, requires_grad=True) for a in arrays]
+    device.seed(11)
+    got = F.scaled_dot_product_attention(*e_in, dropout_p=0.4, is_causal=True)
+    device.seed(11)
+    with ember.no_grad():
+        want = N.scaled_dot_product_attention(*e_in, None, 0.4, True, 0.5, 1, 1, (2, 3, 5, 6))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL["float64"])
+    assert calls["forward"] == 1
+    # gradients against torch with the same factors (recovered from the draw: keep where rand < 1 - p)
+    device.seed(11)
+    factors = (ember.rand((2, 3, 5, 7), dtype=ember.float64, device=device).numpy() < 0.6) / 0.6
+    t_in = [torch.tensor(a, requires_grad=True) for a in arrays]
+    scores = t_in[0] @ t_in[1].transpose(-2, -1) * 0.5
+    scores = scores.masked_fill(~torch.ones(5, 7, dtype=torch.bool).tril(), float("-inf"))
+    ref = (torch.softmax(scores, -1) * torch.tensor(factors)) @ t_in[2]
+    np.testing.assert_allclose(got.numpy(), ref.detach().numpy(), **TOL["float64"])
+    g = rng.standard_normal((2, 3, 5, 6))
+    (got * ember.tensor(g, device=device)).sum().backward()
+    (ref * torch.tensor(g)).sum().backward()
+    for e, t in zip(e_in, t_in):
+        np.testing.assert_allclose(e.grad.numpy(), t.grad.numpy(), **TOL["float64"])
+    assert calls == {"forward": 1, "backward": 1}
 
 
 @pytest.mark.parametrize("dev", DEVICES)

@@ -11,12 +11,14 @@ math path saves the same), and MultiheadAttention's ``need_weights`` could retur
 positions where it is True, a float mask is added to the scores; ``is_causal`` keeps the top-left aligned lower
 triangle (as torch). Rows whose every position is masked give zeros (torch's math path uses a "safe" softmax).
 Grouped-query attention (``enable_gqa``) repeats each key/value head ``repeat_k`` / ``repeat_v`` times along dim -3
-(repeat_interleave, as torch). Dropout is not part of the op: ``F.scaled_dot_product_attention`` runs its own
-composition when ``dropout_p > 0``.
+(repeat_interleave, as torch). Dropout comes as ``dropout_mask``, drawn by the caller (so the device's random stream
+is used as everywhere else): the kept positions' factor ``1 / (1 - p)``, zeros elsewhere, of the attention's shape;
+``out = (attn * dropout_mask) @ v`` while ``attn`` stays the undropped probabilities.
 
 The backward uses ``D = rowsum(dout * out)`` (FlashAttention's identity, equal to ``rowsum(dP * attn)``):
-``dS = attn * (dout @ v^T - D)``, ``dq = dS @ k * scale``, ``dk = dS^T @ q * scale``, ``dv = attn^T @ dout``;
-gradients of broadcast batch dims and of repeated (GQA) heads are summed back to each input's shape.
+``dS = attn * (dout @ v^T * dropout_mask - D)``, ``dq = dS @ k * scale``, ``dk = dS^T @ q * scale``,
+``dv = (attn * dropout_mask)^T @ dout``; gradients of broadcast batch dims and of repeated (GQA) heads are summed
+back to each input's shape.
 """
 
 from __future__ import annotations
@@ -74,11 +76,18 @@ def _check_dtypes(q: Any, k: Any, v: Any, mask: Any, op: str) -> None:
                          f"{mask.dtype.name}")
 
 
-def _spec(q: TensorSpec, k: TensorSpec, v: TensorSpec, mask: TensorSpec | None, *, scale: float,
-          is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1,
+def _check_dropout(drop: Any, q: TensorSpec, shape: tuple[int, ...], op: str) -> None:
+    if drop is not None and (not isinstance(drop, TensorSpec) or drop.shape != shape or drop.dtype is not q.dtype):
+        raise ShapeError(f"{op}: expected dropout_mask of shape {shape} and dtype {q.dtype.name} (the attention's), "
+                         f"got {getattr(drop, 'shape', drop)!r}")
+
+
+def _spec(q: TensorSpec, k: TensorSpec, v: TensorSpec, mask: TensorSpec | None, drop: TensorSpec | None, *,
+          scale: float, is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1,
           mask_grad: bool = False) -> tuple[TensorSpec, TensorSpec]:
     _check_dtypes(q, k, v, mask, _OP)
     batch, L, S, ev = sdpa_shapes(q, k, v, mask, repeat_k, repeat_v)
+    _check_dropout(drop, q, batch + (L, S), _OP)
     return TensorSpec(batch + (L, ev), q.dtype), TensorSpec(batch + (L, S), q.dtype)
 
 
@@ -119,7 +128,8 @@ def _keep_causal(L: int, S: int, like: Tensor) -> Tensor:
 
 @backend_extension("nn.scaled_dot_product_attention", output=_spec, publish=False,
                    description="scaled dot-product attention (softmax(q k^T * scale + mask) v) and its weights")
-def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, *, scale: float,
+def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, dropout_mask: Tensor | None, *,
+         scale: float,
          is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1,
          mask_grad: bool = False) -> tuple[Tensor, Tensor]:
     """Attention of validated operands; returns ``(out, attn)`` (see the module docstring).
@@ -128,6 +138,7 @@ def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, *,
         query, key, value: (..., L, E), (..., S, E), (..., S, Ev), batch dims broadcasting (after the GQA repeat).
         attn_mask: None, a bool mask (True keeps) or a float mask added to the scores, broadcasting to
             (..., L, S); never given together with ``is_causal``.
+        dropout_mask: None, or the dropout's factors (0 or ``1 / (1 - p)``) of the attention's shape (..., L, S).
         scale: the factor of the scores. repeat_k, repeat_v: GQA head repeats of key and value.
         mask_grad: whether the backward should return the float mask's gradient (it requires grad).
     """
@@ -145,15 +156,16 @@ def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, *,
     attn = _nn.softmax(scores, scores.ndim - 1, scores.dtype)
     # safe softmax: a row that is entirely -inf gives zeros instead of NaN
     attn = where(scores.amax(-1, keepdim=True) == float("-inf"), 0.0, attn)
-    return attn @ v, attn
+    return (attn if dropout_mask is None else attn * dropout_mask) @ v, attn
 
 
-def _backward_spec(q: TensorSpec, k: TensorSpec, v: TensorSpec, mask: TensorSpec | None, out: TensorSpec,
-                   attn: TensorSpec, dout: TensorSpec, *, scale: float, is_causal: bool = False, repeat_k: int = 1,
-                   repeat_v: int = 1, mask_grad: bool = False) -> tuple[TensorSpec, ...]:
+def _backward_spec(q: TensorSpec, k: TensorSpec, v: TensorSpec, mask: TensorSpec | None, drop: TensorSpec | None,
+                   out: TensorSpec, attn: TensorSpec, dout: TensorSpec, *, scale: float, is_causal: bool = False,
+                   repeat_k: int = 1, repeat_v: int = 1, mask_grad: bool = False) -> tuple[TensorSpec, ...]:
     op = "scaled_dot_product_attention_backward"
     _check_dtypes(q, k, v, mask, op)
     batch, L, S, ev = sdpa_shapes(q, k, v, mask, repeat_k, repeat_v, op)
+    _check_dropout(drop, q, batch + (L, S), op)
     for name, spec, shape in (("out", out, batch + (L, ev)), ("attn", attn, batch + (L, S)),
                               ("dout", dout, batch + (L, ev))):
         if not isinstance(spec, TensorSpec) or spec.shape != shape or spec.dtype is not q.dtype:
@@ -169,17 +181,20 @@ def _backward_spec(q: TensorSpec, k: TensorSpec, v: TensorSpec, mask: TensorSpec
 
 @backend_extension("nn.scaled_dot_product_attention_backward", output=_backward_spec, publish=False,
                    description="gradients of scaled dot-product attention in one pass")
-def sdpa_backward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, out: Tensor, attn: Tensor,
-                  dout: Tensor, *, scale: float, is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1,
-                  mask_grad: bool = False) -> tuple[Tensor, ...]:
+def sdpa_backward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, dropout_mask: Tensor | None,
+                  out: Tensor, attn: Tensor, dout: Tensor, *, scale: float, is_causal: bool = False,
+                  repeat_k: int = 1, repeat_v: int = 1, mask_grad: bool = False) -> tuple[Tensor, ...]:
     """Gradients of :func:`sdpa` from the forward's inputs, its outputs ``out`` and ``attn``, and ``dout``.
 
-    Returns (dquery, dkey, dvalue), each of its input's shape, then the float mask's gradient with ``mask_grad``.
+    Takes the forward's inputs too (``dropout_mask`` the same factors). Returns (dquery, dkey, dvalue), each of its
+    input's shape, then the float mask's gradient with ``mask_grad``.
     """
     k, v = _repeat_heads(key, repeat_k), _repeat_heads(value, repeat_v)
-    dv = attn.transpose(-2, -1) @ dout
-    d = (dout * out).sum(-1, keepdim=True)
-    ds = attn * (dout @ v.transpose(-2, -1) - d)
+    dropped = attn if dropout_mask is None else attn * dropout_mask
+    dv = dropped.transpose(-2, -1) @ dout
+    d = (dout * out).sum(-1, keepdim=True)  # = rowsum(dP * attn), dropout included: out = dropped @ v
+    dp = dout @ v.transpose(-2, -1)
+    ds = attn * ((dp if dropout_mask is None else dp * dropout_mask) - d)
     dq = (ds @ k) * scale
     dk = (ds.transpose(-2, -1) @ query) * scale
     grads = [_sum_to(dq, tuple(query.shape)),
@@ -195,7 +210,7 @@ def sdpa_backward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor |
 def _sdpa_vjp(ctx: Any, dout: Tensor, dattn: Tensor | None = None) -> tuple[Tensor | None, ...]:
     # ``attn`` is the op's second output for the backward's sake; nothing downstream differentiates through it
     # (F.scaled_dot_product_attention returns ``out`` only), so its gradient is not used
-    query, key, value, attn_mask = ctx.inputs
+    query, key, value, attn_mask, dropout_mask = ctx.inputs
     out, attn = ctx.outputs
-    res = sdpa_backward(query, key, value, attn_mask, out, attn, dout, **ctx.kwargs)
-    return res[0], res[1], res[2], (res[3] if ctx.kwargs.get("mask_grad") else None)
+    res = sdpa_backward(query, key, value, attn_mask, dropout_mask, out, attn, dout, **ctx.kwargs)
+    return res[0], res[1], res[2], (res[3] if ctx.kwargs.get("mask_grad") else None), None

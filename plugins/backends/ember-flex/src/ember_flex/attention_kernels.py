@@ -3,9 +3,10 @@
 Forward, in one call: the scale folded into q (L*E multiplies instead of L*S), one batched GEMM for the scores, the
 mask or causal triangle applied in place, a numerically stable softmax in place in the scores' buffer (max
 subtracted, exp, times the reciprocal of the row sums; rows that are entirely masked give zeros, torch's "safe"
-softmax), and one batched GEMM with v. The probabilities are the op's second output: the backward reads them.
+softmax), and one batched GEMM with v (of the probabilities times the dropout factors, when dropout is on). The
+probabilities are the op's second output: the backward reads them.
 
-Backward, in one pass: dv = attn^T @ dout, dP = dout @ v^T, and in place in dP's buffer
+Backward, in one pass: dv = (attn * drop)^T @ dout, dP = dout @ v^T * drop, and in place in dP's buffer
 dS = attn * (dP - rowsum(dout * out)); then dq = dS @ k * scale and dk = dS^T @ q * scale. Broadcast batch dims
 and repeated (GQA) heads are summed back to each input's shape.
 
@@ -58,12 +59,12 @@ def _full(h: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return h if h.shape == shape else np.broadcast_to(h, shape).copy()
 
 
-def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, *, scale: float,
-         is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1,
+def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+         drop: np.ndarray | None, *, scale: float, is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1,
          mask_grad: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The forward (see the module docstring); returns (out, attn)."""
     dt = q.dtype
-    work, (q, k, v, mask) = _work(q, k, v, mask)
+    work, (q, k, v, mask, drop) = _work(q, k, v, mask, drop)
     k, v = _repeat(k, repeat_k), _repeat(v, repeat_v)
     L, S = q.shape[-2], k.shape[-2]
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -88,22 +89,25 @@ def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
     if masked_rows:
         total[empty] = 1
     scores *= np.reciprocal(total, out=total)  # as torch's CPU softmax: one reciprocal per row, then multiplies
-    out = np.matmul(scores, v)
+    out = np.matmul(scores if drop is None else scores * drop, v)
     return _cast(dt, (out, scores))
 
 
 def sdpa_backward(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-                  out: np.ndarray, attn: np.ndarray, dout: np.ndarray, *, scale: float, is_causal: bool = False,
-                  repeat_k: int = 1, repeat_v: int = 1, mask_grad: bool = False) -> tuple[np.ndarray, ...]:
+                  drop: np.ndarray | None, out: np.ndarray, attn: np.ndarray, dout: np.ndarray, *, scale: float,
+                  is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1,
+                  mask_grad: bool = False) -> tuple[np.ndarray, ...]:
     """dq, dk, dv (and the float mask's gradient with ``mask_grad``) in one pass (see the module docstring)."""
     dt = q.dtype
     q_shape = q.shape
-    work, (q, k, v, mask, out, attn, dout) = _work(q, k, v, mask, out, attn, dout)
+    work, (q, k, v, mask, drop, out, attn, dout) = _work(q, k, v, mask, drop, out, attn, dout)
     kr, vr = _repeat(k, repeat_k), _repeat(v, repeat_v)
-    dv = np.matmul(np.swapaxes(attn, -1, -2), dout)
+    dv = np.matmul(np.swapaxes(attn if drop is None else attn * drop, -1, -2), dout)
     ds = np.matmul(dout, np.swapaxes(vr, -1, -2))  # dP, then dS in place
     if ds.shape != attn.shape:  # v's batch dims narrower than the attention's
         ds = _full(ds, attn.shape)
+    if drop is not None:
+        ds *= drop
     ds -= np.einsum("...i,...i->...", dout, out)[..., None]
     ds *= attn
     dq = np.matmul(ds, kr)

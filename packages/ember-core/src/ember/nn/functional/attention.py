@@ -12,6 +12,7 @@ from ...amp.autocast_mode import run as _amp_run
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...ops import attention as _attention
 from ...ops import nn as _nn
+from ...ops.creation import rand as _rand
 from ...shapes import broadcast_shapes
 from ...tensor import Tensor
 from ._util import check_float, check_like, check_tensor
@@ -76,15 +77,20 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     # E == 0: every score is exactly 0 and attention is uniform (PyTorch), whatever the scale
     sc = (1.0 / math.sqrt(E) if E else 1.0) if scale is None else float(scale)
     out_shape = batch + (L, value.shape[-1])
-    if dropout_p > 0.0 or 0 in out_shape or S == 0 or \
+    if dropout_p == 1.0 or 0 in out_shape or S == 0 or \
             (attn_mask is not None and broadcast_shapes(attn_mask.shape, batch + (L, S)) != batch + (L, S)):
-        # dropout inside attention, empty operands and a mask that widens the batch run the ops composition
+        # dropping everything, empty operands and a mask that widens the batch run the ops composition
         return _nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, sc, rk, rv,
                                                 out_shape)
+    drop = None
+    if dropout_p > 0.0:
+        # the same draw from the device's stream as the composition's: keep where rand < 1 - p, scaled by 1/(1-p)
+        keep = _rand(batch + (L, S), dtype=d, device=query._device) < 1.0 - dropout_p
+        drop = keep.to(d) * (1.0 / (1.0 - dropout_p))
     # one extension op (a backend's fused kernel where it has one; ember.ops.attention's composition otherwise)
     mask_grad = attn_mask is not None and attn_mask._dtype is not dt.bool_ and attn_mask.requires_grad
-    return _attention.sdpa(query, key, value, attn_mask, scale=sc, is_causal=is_causal, repeat_k=rk, repeat_v=rv,
-                           mask_grad=mask_grad)[0]
+    return _attention.sdpa(query, key, value, attn_mask, drop, scale=sc, is_causal=is_causal, repeat_k=rk,
+                           repeat_v=rv, mask_grad=mask_grad)[0]
 
 
 
