@@ -6,7 +6,6 @@ fall back to the composition gives the same numbers)."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -356,16 +355,45 @@ def test_adam_other_dtypes_keep_the_unfused_path(calls: dict[str, int]) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_adam_kernel_other_dtypes_compute_in_float32(dtype: str) -> None:
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["adam", "amsgrad"])
+def test_adam_kernel_other_dtypes_compute_in_float32(dtype: str, amsgrad: bool) -> None:
     """Called directly with a half dtype, the kernel computes in float32 and rounds once (the composition rounds
-    after every op): within the dtype's precision of each other."""
+    after every op): within the dtype's precision of each other; both update their arguments in place."""
     rng = np.random.default_rng(8)
     d = getattr(ember, dtype)
-    ts = [ember.tensor(rng.standard_normal((5, 4)).astype(np.float32), device="flex").to(d) for _ in range(3)]
-    v = ember.tensor(rng.uniform(0, 1, (5, 4)).astype(np.float32), device="flex").to(d)
-    kw = {"lr": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "step": 3.0}
-    for kernel, composed in itertools.zip_longest(T.adam_step(ts[0], ts[1], ts[2], v, None, **kw),
-                                                  T.adam_step.composition(ts[0], ts[1], ts[2], v, None, **kw)):
-        assert kernel.dtype is d
-        np.testing.assert_allclose(kernel.to(ember.float32).numpy(), composed.to(ember.float32).numpy(),
-                                   rtol=2e-2, atol=2e-2)
+    arrays = [rng.standard_normal((5, 4)).astype(np.float32) for _ in range(3)]
+    arrays += [rng.uniform(0, 1, (5, 4)).astype(np.float32)] * 2
+    kw = {"lr": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "step": 3.0, "amsgrad": amsgrad}
+    results = []
+    for fn in (T.adam_step, T.adam_step.composition):
+        ts = [ember.tensor(a, device="flex").to(d) for a in arrays]
+        p, g, m, v, mx = ts
+        out = fn(p, g, m, v, mx if amsgrad else None, **kw)
+        assert len(out) == (4 if amsgrad else 3)
+        for new, old in zip(out, (p, m, v, mx)):
+            assert new.dtype is d
+            np.testing.assert_array_equal(new.to(ember.float32).numpy(), old.to(ember.float32).numpy())
+        results.append([t.to(ember.float32).numpy() for t in out])
+    for kernel, composed in zip(*results):
+        np.testing.assert_allclose(kernel, composed, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 3, 4)])
+def test_adam_kernel_in_place_on_strided_parameters(calls: dict[str, int], shape: tuple[int, ...]) -> None:
+    """A parameter that is a strided view (a slice of a larger tensor) is updated where it lives."""
+    dev = "flex+autodiff"
+    rng = np.random.default_rng(9)
+    base = rng.standard_normal((shape[0], 2 * shape[-1]) if len(shape) == 2 else (2 * shape[0],) + shape[1:])
+    base = base.astype(np.float32)
+    eb = ember.tensor(base, device=dev)
+    ep = (eb[:, ::2] if len(shape) == 2 else eb[::2]).detach().requires_grad_()
+    tb = torch.tensor(base)
+    tp = (tb[:, ::2] if len(shape) == 2 else tb[::2]).detach().requires_grad_()
+    eo, to = ember.optim.Adam([ep], lr=0.1, amsgrad=True), torch.optim.Adam([tp], lr=0.1, amsgrad=True)
+    for _ in range(3):
+        g = rng.standard_normal(tuple(tp.shape)).astype(np.float32)
+        ep.grad, tp.grad = ember.tensor(g, device=dev), torch.tensor(g)
+        eo.step()
+        to.step()
+    _close(ep, tp, "float32")
+    assert calls["adam"] == 3

@@ -14,11 +14,14 @@ for both pays neither per-op dispatch nor per-op autodiff recording -- PyTorch's
   channel dim 1 of (N, C, *) x, torch's ``native_batch_norm`` in training mode (``var`` is the biased variance;
   the caller updates the running statistics from ``mean`` and ``var``). ``nn.batch_norm_train_backward`` is the
   classic one-pass backward ``dx = invstd * gamma * (dy - mean(dy) - xhat * mean(dy * xhat))`` with dgamma, dbeta.
-* ``optim.adam_step`` (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq) -> the new (param, exp_avg, exp_avg_sq
+* ``optim.adam_step`` (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq) -> (param, exp_avg, exp_avg_sq
   [, max_exp_avg_sq]): one parameter's Adam/AdamW update (``torch.optim.Adam``'s single-tensor arithmetic, in its
-  order, so a kernel can match it bit for bit). The op is functional; the optimizer writes the results back into
-  its tensors through the stack (``write_back``), so fused devices, autodiff's version counters and views see an
-  ordinary in-place update.
+  order, so a kernel can match it bit for bit), **in place**: unlike other extension ops, its kernels update the
+  param and moment handles they receive and return them. The optimizer first syncs the device (a fused device
+  runs whatever pending value might read the old contents) and then writes each result back into its tensor
+  through the stack (``write_back``; a copy of a handle onto itself costs nothing on flex), so autodiff's version
+  counters and every decorator see an ordinary in-place update, and a stack that hands the kernel copies still
+  ends with the right values.
 
 Callers (``nn.functional.cross_entropy``/``batch_norm``, ``optim.Adam``) route through an op only where the
 device's backend has a kernel for it (:func:`has_kernel`): elsewhere their own compositions run, unchanged.
@@ -277,35 +280,34 @@ def adam_scalars(lr: float, beta1: float, beta2: float, step: float) -> tuple[fl
 
 
 @backend_extension("optim.adam_step", output=_adam_spec, publish=False,
-                   description="one parameter's Adam/AdamW update (new param and moments)")
+                   description="one parameter's Adam/AdamW update, in place (param and moments)")
 def adam_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, max_exp_avg_sq: Tensor | None, *,
               lr: float, beta1: float, beta2: float, eps: float, weight_decay: float = 0.0,
               decoupled_weight_decay: bool = False, amsgrad: bool = False, maximize: bool = False,
               step: float = 1.0) -> tuple[Tensor, ...]:
-    """``torch.optim.Adam``'s single-tensor update of one parameter at ``step`` (already incremented); returns
-    the new (param, exp_avg, exp_avg_sq) and, with amsgrad, max_exp_avg_sq. ``grad`` has param's dtype."""
+    """``torch.optim.Adam``'s single-tensor update of one parameter at ``step`` (already incremented), in place:
+    param, exp_avg, exp_avg_sq (and, with amsgrad, max_exp_avg_sq) are updated and returned. ``grad`` has param's
+    dtype. Run under ``no_grad``; callers write each result back into its tensor (``write_back``: a kernel that
+    updated the handle itself makes that a no-op) so that every decorator sees an in-place update."""
+    from ..optim.optimizer import addcdiv_, addcmul_, lerp_
+    from .pointwise import maximum
+
     g = -grad if maximize else grad
-    p = param
     if weight_decay != 0:
         if decoupled_weight_decay:
-            p = p * (1 - lr * weight_decay)
+            param.mul_(1 - lr * weight_decay)
         else:
-            g = g + p * weight_decay
-    w = 1 - beta1
-    # torch's two-sided lerp (exact at weight 0 and 1), as optim.optimizer.lerp_
-    m = exp_avg + (g - exp_avg) * w if w < 0.5 else g - (g - exp_avg) * (1 - w)
-    value = 1 - beta2
-    v = exp_avg_sq * beta2 + ((g * value) * g if value != 1 else g * g)
+            g = g + param * weight_decay
+    lerp_(exp_avg, g, 1 - beta1)
+    addcmul_(exp_avg_sq.mul_(beta2), g, g, 1 - beta2)
     step_size, bc2_sqrt = adam_scalars(lr, beta1, beta2, step)
-    out = [None, m, v]
+    out = [param, exp_avg, exp_avg_sq]
     if amsgrad:
         assert max_exp_avg_sq is not None  # the spec checked
-        from .pointwise import maximum
-
-        mx = maximum(max_exp_avg_sq, v)
-        denom = mx.sqrt() / bc2_sqrt + eps
-        out.append(mx)
+        max_exp_avg_sq.copy_(maximum(max_exp_avg_sq, exp_avg_sq))
+        denom = (max_exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+        out.append(max_exp_avg_sq)
     else:
-        denom = v.sqrt() / bc2_sqrt + eps
-    out[0] = p + ((m * -step_size) / denom if -step_size != 1 else m / denom)
+        denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+    addcdiv_(param, exp_avg, denom, -step_size)
     return tuple(out)

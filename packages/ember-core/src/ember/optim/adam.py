@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from .. import dtypes as dt
+from ..errors import AutodiffError
 from ..ops import train_kernels as _tk
 from ..ops.creation import zeros_like
 from ..ops.elementwise import write_result
-from ..ops.pointwise import maximum
 from ..tensor import Tensor
-from .optimizer import Optimizer, _check_adam_group, addcdiv_, addcmul_, lerp_
+from .optimizer import Optimizer, _check_adam_group
 
 #: parameter dtypes whose update runs as one op where the backend has a kernel for it
 _FUSED_DTYPES = (dt.float32, dt.float64)
@@ -40,7 +40,13 @@ class Adam(Optimizer):
         lr, eps, wd = float(group["lr"]), group["eps"], group["weight_decay"]
         beta1, beta2 = group["betas"]
         amsgrad, maximize, decoupled = group["amsgrad"], group["maximize"], group["decoupled_weight_decay"]
+        synced: set[Any] = set()
         for p in params:
+            g = p.grad
+            if g is None:  # pragma: no cover - filtered by step()
+                raise AutodiffError("internal: parameter without grad")
+            if g._dtype is not p._dtype:
+                g = g.to(p._dtype)
             state = self.state[p]
             if not state:
                 state["step"] = self._step_tensor(p)
@@ -50,47 +56,22 @@ class Adam(Optimizer):
                     state["max_exp_avg_sq"] = zeros_like(p)
             step_t = state["step"]
             step_t.add_(1)
+            targets = (p, state["exp_avg"], state["exp_avg_sq"]) + ((state["max_exp_avg_sq"],) if amsgrad else ())
+            mx = targets[3] if amsgrad else None
+            kw = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, decoupled_weight_decay=decoupled,
+                      amsgrad=amsgrad, maximize=maximize, step=step_t.item())
             if p._dtype in _FUSED_DTYPES and _tk.has_kernel(_tk.adam_step, p):
-                self._fused_update(p, state, lr, beta1, beta2, eps, wd, decoupled, amsgrad, maximize)
-                continue
-            g = self._grad(p, maximize)
-            if wd != 0:
-                if decoupled:
-                    p.mul_(1 - lr * wd)
-                else:
-                    g = g + p * wd
-            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            lerp_(exp_avg, g, 1 - beta1)
-            addcmul_(exp_avg_sq.mul_(beta2), g, g, 1 - beta2)
-            step = step_t.item()
-            bias_correction1 = 1 - beta1**step
-            bias_correction2 = 1 - beta2**step
-            step_size = lr / bias_correction1
-            bias_correction2_sqrt = bias_correction2**0.5
-            if amsgrad:
-                mx = state["max_exp_avg_sq"]
-                mx.copy_(maximum(mx, exp_avg_sq))
-                denom = (mx.sqrt() / bias_correction2_sqrt).add_(eps)
-            else:
-                denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-            addcdiv_(p, exp_avg, denom, -step_size)
-
-    @staticmethod
-    def _fused_update(p: Tensor, state: dict[str, Any], lr: float, beta1: float, beta2: float, eps: float,
-                      wd: float, decoupled: bool, amsgrad: bool, maximize: bool) -> None:
-        """The update above as one op (``optim.adam_step``) where the backend has a kernel for it: the same
-        arithmetic in the same order, the results written back into the parameter and its state in place."""
-        g = p.grad
-        assert g is not None  # step() passes only parameters with a gradient
-        if g._dtype is not p._dtype:
-            g = g.to(p._dtype)
-        mx = state["max_exp_avg_sq"] if amsgrad else None
-        out = _tk.adam_step(p, g, state["exp_avg"], state["exp_avg_sq"], mx, lr=lr, beta1=beta1, beta2=beta2,
-                            eps=eps, weight_decay=wd, decoupled_weight_decay=decoupled, amsgrad=amsgrad,
-                            maximize=maximize, step=state["step"].item())
-        targets = (p, state["exp_avg"], state["exp_avg_sq"]) + ((mx,) if mx is not None else ())
-        for t, new in zip(targets, out):
-            write_result(t, new._h, "adam_step")
+                # one kernel updates the parameter and its state in place (ember.ops.train_kernels): first the
+                # device runs whatever pending value may read their old contents, then each result is written back
+                # through the stack (onto itself: free) so autodiff's version counters see the update
+                if p._device not in synced:
+                    p._device.stack.sync()
+                    synced.add(p._device)
+                out = _tk.adam_step(p, g, targets[1], targets[2], mx, **kw)
+                for t, new in zip(targets, out):
+                    write_result(t, new._h, "adam_step")
+            else:  # the op's composition: torch's single-tensor update in ember's in-place ops
+                _tk.adam_step.composition(p, g, targets[1], targets[2], mx, **kw)
 
 
 class AdamW(Adam):

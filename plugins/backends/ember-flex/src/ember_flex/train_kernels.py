@@ -10,14 +10,16 @@ makes the fewest numpy passes and arrays it can:
 * batch norm forward: per-channel mean, the centred input (which becomes the output, scaled and shifted in place)
   and the variance as one ``einsum`` over it (two passes as the unfused path, no cancellation). Backward: one
   centred copy, the two per-channel reductions, and ``dx = k1 * dy + k2 * (x - mean) + k3`` in place.
-* Adam: torch's single-tensor arithmetic in its order with in-place ufuncs on three fresh arrays (the new param,
-  exp_avg, exp_avg_sq; the caller writes them back), so the results are bit-identical to the unfused path.
+* Adam: torch's single-tensor arithmetic in its order, as in-place ufuncs on the param and its moments (the op's
+  in-place contract) with temporaries in per-thread scratch arrays, so the results are bit-identical to the
+  unfused path and a step allocates nothing for parameters up to :data:`SCRATCH_MAX` elements.
 
 float32 and float64 compute in their own dtype; other floating dtypes in float32, cast back.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -190,69 +192,92 @@ def batch_norm_train_backward(backend: Any, x: np.ndarray, weight: np.ndarray | 
 
 
 # -- Adam ----------------------------------------------------------------------------------------------------------
+#: scratch arrays up to this many elements are kept per thread for the next update (a fresh large array costs its
+#: page faults on every step); larger parameters allocate theirs per call, so idle memory stays bounded
+SCRATCH_MAX = 1 << 22
+_scratch = threading.local()
+
+
+def _scratch_arrays(k: int, shape: tuple[int, ...], dtype: np.dtype) -> list[np.ndarray]:
+    """k scratch arrays of ``shape`` (views of this thread's kept buffers, or fresh ones for large shapes)."""
+    n = 1
+    for d in shape:
+        n *= d
+    if n > SCRATCH_MAX:
+        return [np.empty(shape, dtype) for _ in range(k)]
+    bufs = getattr(_scratch, "bufs", None)
+    if bufs is None:
+        bufs = _scratch.bufs = {}
+    kept = bufs.get(dtype)
+    if kept is None or kept.shape[1] < n:
+        kept = bufs[dtype] = np.empty((3, max(n, 1 << 12)), dtype)
+    return [kept[i, :n].reshape(shape) for i in range(k)]
+
+
 def adam_step(backend: Any, param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray,
               max_exp_avg_sq: np.ndarray | None, *, lr: float, beta1: float, beta2: float, eps: float,
               weight_decay: float = 0.0, decoupled_weight_decay: bool = False, amsgrad: bool = False,
               maximize: bool = False, step: float = 1.0) -> tuple[np.ndarray, ...]:
-    """New (param, exp_avg, exp_avg_sq[, max_exp_avg_sq]), each op as the unfused path does it (Python floats
-    act in the array's dtype, NEP 50), so the results are bit-identical to it."""
-    from ember.ops.train_kernels import adam_scalars
-
-    dt = param.dtype
+    """Update param, exp_avg, exp_avg_sq (and max_exp_avg_sq) in place and return them: the op's in-place
+    contract (see ``ember.ops.train_kernels``). Each ufunc is one the unfused path runs, in its order (Python
+    floats act in the array's dtype, NEP 50), so the results are bit-identical to it; temporaries live in
+    per-thread scratch arrays."""
+    kw = {"lr": lr, "beta1": beta1, "beta2": beta2, "eps": eps, "weight_decay": weight_decay,
+          "decoupled_weight_decay": decoupled_weight_decay, "amsgrad": amsgrad, "maximize": maximize, "step": step}
+    state = (param, exp_avg, exp_avg_sq) + ((max_exp_avg_sq,) if amsgrad else ())
     if param.ndim == 0:  # ufuncs on 0-d arrays return scalars, which take no out=: run on (1,) views
-        arrs = [a if a is None else a.reshape(1) for a in (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)]
-        out = adam_step(backend, *arrs, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-                        decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad, maximize=maximize, step=step)
-        return tuple(o.reshape(()) for o in out)
-    if dt not in (np.float32, np.float64):
-        work, arrs = _work(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
-        out = adam_step(backend, *arrs, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-                        decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad, maximize=maximize, step=step)
-        return _cast(dt, out)
-    g = np.negative(grad) if maximize else grad
-    p = param
+        adam_step(backend, param.reshape(1), grad.reshape(1), exp_avg.reshape(1), exp_avg_sq.reshape(1),
+                  None if max_exp_avg_sq is None else max_exp_avg_sq.reshape(1), **kw)
+        return state
+    if param.dtype not in (np.float32, np.float64):  # half dtypes: in float32, rounded back once
+        work = [a.astype(np.float32) for a in state]
+        adam_step(backend, work[0], grad.astype(np.float32), work[1], work[2], work[3] if amsgrad else None, **kw)
+        for dst, src in zip(state, work):
+            np.copyto(dst, src, casting="unsafe")
+        return state
+    a, b, c = _scratch_arrays(3, param.shape, param.dtype)
+    g = grad
+    if maximize:
+        g = np.negative(grad, out=c)
     if weight_decay != 0:
         if decoupled_weight_decay:
-            p = np.multiply(param, 1 - lr * weight_decay)
+            param *= 1 - lr * weight_decay
         else:
-            t = np.multiply(param, weight_decay)
-            g = np.add(g, t, out=t)
+            np.multiply(param, weight_decay, out=b)
+            g = np.add(g, b, out=c)
     w = 1 - beta1
-    m = np.subtract(g, exp_avg)
+    np.subtract(g, exp_avg, out=a)  # torch's two-sided lerp, as optim.optimizer.lerp_
     if w < 0.5:
-        m *= w
-        m += exp_avg
+        a *= w
+        exp_avg += a
     else:
-        m *= 1 - w
-        np.subtract(g, m, out=m)
+        a *= 1 - w
+        np.subtract(g, a, out=exp_avg)
     value = 1 - beta2
-    v = np.multiply(exp_avg_sq, beta2)
+    exp_avg_sq *= beta2
     if value != 1:
-        tmp = np.multiply(g, value)
-        tmp *= g
+        np.multiply(g, value, out=b)
+        b *= g
     else:
-        tmp = np.multiply(g, g)
-    v += tmp
-    step_size, bc2_sqrt = adam_scalars(lr, beta1, beta2, step)
-    mx = None
+        np.multiply(g, g, out=b)
+    exp_avg_sq += b
+    step_size = lr / (1 - beta1**step)  # ember.ops.train_kernels.adam_scalars
+    bc2_sqrt = (1 - beta2**step) ** 0.5
     if amsgrad:
-        mx = np.maximum(max_exp_avg_sq, v)
-        np.sqrt(mx, out=tmp)
+        assert max_exp_avg_sq is not None
+        np.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
+        np.sqrt(max_exp_avg_sq, out=a)
     else:
-        np.sqrt(v, out=tmp)
-    tmp /= bc2_sqrt
-    tmp += eps
-    denom = tmp
+        np.sqrt(exp_avg_sq, out=a)
+    a /= bc2_sqrt
+    a += eps
     if -step_size != 1:
-        upd = np.multiply(m, -step_size)
-        upd /= denom
+        np.multiply(exp_avg, -step_size, out=b)
+        b /= a
     else:
-        upd = np.divide(m, denom, out=denom)
-    if p is param:
-        p = np.add(param, upd, out=upd)
-    else:
-        p += upd
-    return (p, m, v) if mx is None else (p, m, v, mx)
+        np.divide(exp_avg, a, out=b)
+    param += b
+    return state
 
 
 def register() -> None:
