@@ -71,7 +71,8 @@ class Linear4bit(QuantizedModule):
     """A Linear layer whose weight is stored in 4 bits (NF4 or FP4, bitsandbytes' format) and never trained.
 
     Build it with :meth:`from_linear`. The forward runs ``x @ dequant(W).T + bias`` in ``compute_dtype`` (float32 or
-    bfloat16; the input is cast to it) and returns that dtype. ``bias`` stays a float parameter in
+    bfloat16; the input is cast to it) and returns the input's dtype (as bitsandbytes' ``Linear4bit``). ``bias``
+    stays a float parameter in
     ``compute_dtype`` (frozen unless someone unfreezes it); gradients flow to the input and the bias only.
     """
 
@@ -99,9 +100,11 @@ class Linear4bit(QuantizedModule):
 
     def forward(self, x: Tensor) -> Tensor:
         q_abs = self.quantized_weight().absmax()
-        x = x.to(self.compute_dtype) if x.dtype is not self.compute_dtype else x
-        return _ops.matmul_4bit(x, self._buffers["weight"], q_abs, self.bias, out_features=self.out_features,
-                                in_features=self.in_features, blocksize=self.blocksize, quant_type=self.quant_type)
+        in_dtype = x.dtype
+        x = x.to(self.compute_dtype) if in_dtype is not self.compute_dtype else x
+        out = _ops.matmul_4bit(x, self._buffers["weight"], q_abs, self.bias, out_features=self.out_features,
+                               in_features=self.in_features, blocksize=self.blocksize, quant_type=self.quant_type)
+        return out.to(in_dtype) if in_dtype is not self.compute_dtype and in_dtype.is_floating_point else out
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

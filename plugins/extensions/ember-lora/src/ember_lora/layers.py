@@ -256,6 +256,90 @@ class LoraLinear(LoraLayer):
         return out.to(self._weight().dtype) if out.dtype != self._weight().dtype else out
 
 
+class QLoraLinear(LoraLinear):
+    """LoRA around a 4-bit ``ember.quantization.Linear4bit`` (QLoRA): the base weight stays NF4/FP4 and frozen, the
+    adapters are in the base's ``compute_dtype``, and the base path runs ``quant.matmul_4bit`` (the weight
+    dequantized on the fly). Both compute in ``compute_dtype``; the output has the input's dtype (PEFT's and
+    bitsandbytes' rule).
+
+    ``merge`` dequantizes: the base becomes a float ``nn.Linear`` in ``compute_dtype`` (its 4-bit storage is given
+    up) and the update is added to it, so ``merge_and_unload`` returns a float model. ``init_lora_weights="pissa"``
+    is refused (it rewrites the base weight, which is quantized).
+    """
+
+    def __init__(self, base_layer: Any) -> None:
+        from ember.quantization import Linear4bit
+
+        if not isinstance(base_layer, Linear4bit):
+            raise DTypeError(f"QLoraLinear: base_layer must be an ember.quantization.Linear4bit, got "
+                             f"{type(base_layer).__name__}")
+        LoraLayer.__init__(self, base_layer)
+        self.lora_A = nn.ModuleDict()
+        self.lora_B = nn.ModuleDict()
+        self.in_features, self.out_features = base_layer.in_features, base_layer.out_features
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the base is still 4-bit (False after a merge dequantized it)."""
+        from ember.quantization import Linear4bit
+
+        return isinstance(self.base_layer, Linear4bit)
+
+    def _compute_dtype(self) -> Any:
+        return self.base_layer.compute_dtype if self.quantized else self.base_layer.weight.dtype
+
+    def _weight(self) -> Tensor:
+        if self.quantized:
+            raise ValueRangeError("QLoraLinear: the base weight is 4-bit; merge() dequantizes it first")
+        return self.base_layer.weight
+
+    def check_config(self, adapter: str, config: LoraConfig) -> None:
+        if config.init_lora_weights == "pissa":
+            raise ValueRangeError(f"QLoraLinear: init_lora_weights='pissa' rewrites the base weight, which is "
+                                  f"quantized ({self.base_layer.quant_type if self.quantized else 'float'}, "
+                                  f"{(self.out_features, self.in_features)}); use True or 'gaussian'")
+        super().check_config(adapter, config)
+
+    def update_layer(self, adapter: str, config: LoraConfig) -> None:
+        self.check_config(adapter, config)
+        self.r[adapter] = config.r
+        self.lora_alpha[adapter] = config.lora_alpha
+        self.scaling[adapter] = config.scaling
+        self.lora_dropout[adapter] = nn.Dropout(config.lora_dropout) if config.lora_dropout > 0 else nn.Identity()
+        device = self.base_layer._buffers["weight"].device if self.quantized else self.base_layer.weight.device
+        self._create(adapter, config.r, device, self._compute_dtype())
+        self._initialise(adapter, config.init_lora_weights)
+
+    def _delta_matrix_shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def get_delta_weight(self, adapter: str) -> Tensor:
+        a, b = self._ab(adapter)
+        return (b @ a) * self.scaling[adapter]
+
+    def merge(self, adapter_names: list[str] | None = None) -> None:
+        names = self.active_adapters if adapter_names is None else adapter_names
+        if self.quantized and not names:
+            return  # nothing to fold in: the base stays 4-bit
+        unknown = [n for n in names if n not in self.r]
+        if unknown:  # refuse before dequantizing anything
+            raise ValueRangeError(f"QLoraLinear.merge: no adapter(s) {unknown} (adapters: {self.adapter_names})")
+        if self.quantized:
+            base = self.base_layer.dequantized_linear(self._compute_dtype())
+            base.requires_grad_(False)
+            if self.base_layer.bias is not None and self.base_layer.bias.requires_grad:
+                base.bias.requires_grad_(True)
+            self.base_layer = base
+        super().merge(adapter_names)
+
+    def _lora_term(self, adapter: str, x: Tensor) -> Tensor:
+        # the adapter computes in compute_dtype; the sum is in the input's dtype, what the 4-bit base returns
+        a, b = self.lora_A[adapter], self.lora_B[adapter]
+        out = b(a(self.lora_dropout[adapter](_cast_input(x, a.weight)))) * self.scaling[adapter]
+        want = x.dtype if x.dtype.is_floating_point else self._compute_dtype()
+        return out.to(want) if out.dtype != want else out
+
+
 class LoraConv2d(LoraLayer):
     """LoRA around an ``nn.Conv2d``: ``lora_A`` is the base's convolution with ``r`` output channels (same kernel,
     stride, padding, dilation and padding mode), ``lora_B`` a 1×1 convolution from ``r`` channels; no biases."""
@@ -390,9 +474,16 @@ class ModulesToSaveWrapper(nn.Module):
         return f"adapters={self.adapter_names}, active={self.active_adapter!r}"
 
 
-#: the base layer types ``apply_lora`` wraps, and their wrappers (exact subclasses of the ember layers included)
+def _linear4bit() -> type[nn.Module]:
+    from ember.quantization import Linear4bit
+
+    return Linear4bit
+
+
+#: the base layer types ``apply_lora`` wraps, and their wrappers (exact subclasses of the ember layers included);
+#: ``Linear4bit`` is what ``apply_qlora`` quantizes the targets to
 WRAPPERS: tuple[tuple[type[nn.Module], type[LoraLayer]], ...] = (
-    (nn.Linear, LoraLinear), (nn.Conv2d, LoraConv2d), (nn.Embedding, LoraEmbedding),
+    (nn.Linear, LoraLinear), (nn.Conv2d, LoraConv2d), (nn.Embedding, LoraEmbedding), (_linear4bit(), QLoraLinear),
 )
 
 
@@ -404,5 +495,5 @@ def wrapper_for(module: nn.Module) -> type[LoraLayer] | None:
     return None
 
 
-__all__ = ["LoraLayer", "LoraLinear", "LoraConv2d", "LoraEmbedding", "ModulesToSaveWrapper", "wrapper_for",
-           "WRAPPERS"]
+__all__ = ["LoraLayer", "LoraLinear", "QLoraLinear", "LoraConv2d", "LoraEmbedding", "ModulesToSaveWrapper",
+           "wrapper_for", "WRAPPERS"]

@@ -373,13 +373,17 @@ def _kind(path: str) -> str:
 
 
 def trainable_parameters(model: nn.Module) -> tuple[int, int]:
-    """``(trainable, total)`` parameter element counts of ``model``."""
+    """``(trainable, total)`` parameter element counts of ``model``; a 4-bit base weight (QLoRA) counts its
+    weights in ``total`` (they are buffers, not parameters, but the model's weights all the same)."""
     _check_model(model, "trainable_parameters")
     trainable = total = 0
     for p in model.parameters():
         total += p.numel()
         if p.requires_grad:
             trainable += p.numel()
+    from ember.quantization import quantized_modules
+
+    total += sum(m.quantized_weight().numel() for _, m in quantized_modules(model))
     return trainable, total
 
 
