@@ -7,9 +7,11 @@ makes the fewest numpy passes and arrays it can:
 * cross-entropy forward: the row max, one ``exp`` in a scratch array and its row sums give each row's log-sum-exp;
   the loss reads only the target logits (and, with label smoothing, the rows' weighted sums as one mat-vec).
   Backward: ``exp(x - lse)`` in the output array, scaled per row in place, the target column adjusted by a scatter.
-* batch norm forward: per-channel mean, the centred input (which becomes the output, scaled and shifted in place)
-  and the variance as one ``einsum`` over it (two passes as the unfused path, no cancellation). Backward: one
-  centred copy, the two per-channel reductions, and ``dx = k1 * dy + k2 * (x - mean) + k3`` in place.
+* batch norm forward: per-channel sums, then the centred input's squares' sums (two passes as the unfused path, no
+  cancellation), then the output, each block's centring, scaling and shift done while it is in cache.
+  Backward: the two per-channel reductions, then ``dx = k1 * dy + k2 * (x - mean) + k3`` block by block; blocks
+  of :data:`BN_BLOCK` elements keep the traffic near five passes over the data, and the sums run at most
+  :data:`BN_RUN` elements per channel in the dtype, then in float64 across blocks.
 * Adam: torch's single-tensor arithmetic in its order, as in-place ufuncs on the param and its moments (the op's
   in-place contract) with temporaries in per-thread scratch arrays, so the results are bit-identical to the
   unfused path and a step allocates nothing for parameters up to :data:`SCRATCH_MAX` elements.
@@ -136,58 +138,113 @@ def cross_entropy_index_backward(backend: Any, x: np.ndarray, target: np.ndarray
 
 
 # -- batch norm ----------------------------------------------------------------------------------------------------
+#: elements per block of the batch-norm loops (128 KiB of float32): a block's centred values are computed, reduced
+#: and reused while they are in cache
+BN_BLOCK = 1 << 15
+#: at most this many elements of one channel per block: einsum's sums run sequentially within a block (the blocks'
+#: sums are added in float64), so this bounds their rounding error
+BN_RUN = 1 << 12
+
+Block = tuple[slice, slice, slice]
+
+
 def _channels(x: np.ndarray) -> np.ndarray:
     """(N, C, S) view (or copy, for a strided x) of (N, C, *) x."""
     return x.reshape(x.shape[0], x.shape[1], -1)
 
 
-def _channel_sum(a: np.ndarray) -> np.ndarray:
-    """Sum of (N, C, S) over N and S: the contiguous S axis first (numpy's pairwise sum), then N."""
-    return a.sum(axis=2).sum(axis=0) if a.shape[2] != 1 else a[:, :, 0].sum(axis=0)
+def _blocks(x3: np.ndarray) -> list[Block]:
+    """Blocks of (N, C, S) x3: a few whole samples, or parts of one sample's rows when a sample is large; each about
+    :data:`BN_BLOCK` elements and at most :data:`BN_RUN` per channel."""
+    n, c, s = x3.shape
+    every = slice(None)
+    if s <= BN_RUN:
+        step = max(1, min(BN_BLOCK // max(c * s, 1), BN_RUN // max(s, 1)))
+        return [(slice(i, min(n, i + step)), every, every) for i in range(0, n, step)]
+    return [(slice(i, i + 1), every, slice(j, min(s, j + BN_RUN))) for i in range(n) for j in range(0, s, BN_RUN)]
+
+
+def _scratch_for(blocks: list[Block], x3: np.ndarray, work: np.dtype) -> np.ndarray:
+    """A scratch array as large as the largest (the first) block."""
+    nb, _, sb = blocks[0]
+    return np.empty((nb.stop - nb.start, x3.shape[1], len(range(*sb.indices(x3.shape[2])))), work)
+
+
+def _fit(scratch: np.ndarray, block: np.ndarray) -> np.ndarray:
+    return scratch[:block.shape[0], :, :block.shape[2]]
 
 
 def batch_norm_train(backend: Any, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, *,
                      eps: float = 1e-5) -> tuple[np.ndarray, ...]:
-    """(y, mean, invstd, var) with the centred input turned into y in place."""
+    """(y, mean, invstd, var) in three sweeps of blocks: the channel sums; the centred values' squares' sums (in a
+    block-sized scratch array); y = (x - mean) * invstd * weight + bias. x is read three times, y written once."""
     dt = x.dtype
     work, (x, weight, bias) = _work(x, weight, bias)
     x3 = _channels(x)
+    c = x3.shape[1]
     count = x3.shape[0] * x3.shape[2]
-    mean = _channel_sum(x3)
-    mean /= count
-    y = np.subtract(x3, mean[:, None])
-    var = np.einsum("ncs,ncs->c", y, y)
-    var /= count
+    blocks = _blocks(x3)
+    acc = np.zeros(c, np.float64)
+    for b in blocks:
+        acc += np.einsum("ncs->c", x3[b])
+    mean = (acc / count).astype(work)
+    mcol = mean[:, None]
+    scratch = _scratch_for(blocks, x3, work)
+    acc[:] = 0
+    for b in blocks:
+        xb = x3[b]
+        xc = np.subtract(xb, mcol, out=_fit(scratch, xb))
+        acc += np.einsum("ncs,ncs->c", xc, xc)  # centred (two passes as the unfused path): no cancellation
+    var = (acc / count).astype(work)
     invstd = np.add(var, work.type(eps))
     np.sqrt(invstd, out=invstd)
     np.reciprocal(invstd, out=invstd)
-    k = invstd if weight is None else invstd * weight
-    y *= k[:, None]
-    if bias is not None:
-        y += bias[:, None]
+    kcol = (invstd if weight is None else invstd * weight)[:, None]
+    bcol = None if bias is None else bias[:, None]
+    y = np.empty(x3.shape, work)
+    for b in blocks:  # y = (x - mean) * k + bias, each block's three steps while it is in cache
+        yb = np.subtract(x3[b], mcol, out=y[b])
+        yb *= kcol
+        if bcol is not None:
+            yb += bcol
     return _cast(dt, (y.reshape(x.shape), mean, invstd, var))
 
 
 def batch_norm_train_backward(backend: Any, x: np.ndarray, weight: np.ndarray | None, mean: np.ndarray,
                               invstd: np.ndarray, dy: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(dx, dweight, dbias): two per-channel reductions, then dx = k1 * dy + k2 * (x - mean) + k3."""
+    """(dx, dweight, dbias): per block, sum(dy) and sum(dy * (x - mean)); then per block
+    dx = k1 * dy + k2 * (x - mean) + k3, the centred block recomputed in a block-sized scratch array."""
     dt = x.dtype
     work, (x, weight, mean, invstd, dy) = _work(x, weight, mean, invstd, dy)
     x3, dy3 = _channels(x), _channels(dy)
+    c = x3.shape[1]
     count = x3.shape[0] * x3.shape[2]
-    xc = np.subtract(x3, mean[:, None])
-    dbias = _channel_sum(dy3)
-    dot = np.einsum("ncs,ncs->c", dy3, xc)  # sum(dy * (x - mean)) per channel
-    dweight = dot * invstd
+    blocks = _blocks(x3)
+    mcol = mean[:, None]
+    scratch = _scratch_for(blocks, x3, work)
+    acc_b, acc_d = np.zeros(c, np.float64), np.zeros(c, np.float64)
+    for b in blocks:
+        xb = x3[b]
+        xc = np.subtract(xb, mcol, out=_fit(scratch, xb))
+        acc_b += np.einsum("ncs->c", dy3[b])
+        acc_d += np.einsum("ncs,ncs->c", dy3[b], xc)
+    dbias = acc_b.astype(work)
+    dweight = acc_d.astype(work)
+    dweight *= invstd  # sum(dy * xhat)
     k1 = invstd if weight is None else invstd * weight
     k2 = k1 * invstd * dweight
     k2 /= -count
     k3 = k1 * dbias
     k3 /= -count
-    dx = np.multiply(dy3, k1[:, None])
-    xc *= k2[:, None]
-    dx += xc
-    dx += k3[:, None]
+    k1c, k2c, k3c = k1[:, None], k2[:, None], k3[:, None]
+    dx = np.empty(x3.shape, work)
+    for b in blocks:
+        xb = x3[b]
+        xc = np.subtract(xb, mcol, out=_fit(scratch, xb))
+        xc *= k2c
+        dxb = np.multiply(dy3[b], k1c, out=dx[b])
+        dxb += xc
+        dxb += k3c
     return _cast(dt, (dx.reshape(x.shape), dweight, dbias))
 
 
