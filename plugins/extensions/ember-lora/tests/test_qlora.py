@@ -207,6 +207,14 @@ def test_refused_inputs_leave_the_model_unchanged(case: str) -> None:
         assert type(model[2]) is nn.Linear
 
 
+def test_second_adapter_on_all_linear() -> None:
+    model = _model()
+    apply_qlora(model, LoraConfig(r=4, target_modules="all-linear"))
+    apply_qlora(model, LoraConfig(r=2, target_modules="all-linear"), adapter="second")
+    assert model[0].adapter_names == ["default", "second"] and model[2].adapter_names == ["default", "second"]
+    assert type(model[4]) is nn.Linear  # the head stays out, as for the first adapter
+
+
 def test_qlora_linear_refuses_a_float_base() -> None:
     with pytest.raises(DTypeError, match="Linear4bit"):
         QLoraLinear(nn.Linear(2, 2))

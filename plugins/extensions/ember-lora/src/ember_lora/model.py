@@ -81,6 +81,13 @@ def _base_of(m: nn.Module) -> nn.Module:
     return m.base_layer if isinstance(m, LoraLayer) else m
 
 
+def _is_linear(m: nn.Module) -> bool:
+    """A Linear layer for "all-linear": float, or the 4-bit base QLoRA made of one."""
+    from ember.quantization import Linear4bit
+
+    return isinstance(m, (nn.Linear, Linear4bit))
+
+
 def _output_head(model: nn.Module, candidates: list[tuple[str, nn.Module]]) -> str | None:
     getter = getattr(model, "get_output_embeddings", None)
     if callable(getter):
@@ -88,7 +95,7 @@ def _output_head(model: nn.Module, candidates: list[tuple[str, nn.Module]]) -> s
         for path, m in candidates:
             if head is not None and (m is head or _base_of(m) is head):
                 return path
-    linear = [path for path, m in candidates if isinstance(_base_of(m), nn.Linear)]
+    linear = [path for path, m in candidates if _is_linear(_base_of(m))]
     return linear[-1] if linear else None
 
 
@@ -107,7 +114,7 @@ def _targets(model: nn.Module, config: LoraConfig, op: str) -> list[str]:
         picked = [p for p, m in candidates if f"{p}.weight" in chosen or f"{p}.base_layer.weight" in chosen]
     elif target == ALL_LINEAR:
         head = _output_head(model, candidates)
-        picked = [p for p, m in candidates if isinstance(_base_of(m), nn.Linear) and p != head]
+        picked = [p for p, m in candidates if _is_linear(_base_of(m)) and p != head]
     elif isinstance(target, str):
         rx = re.compile(target)
         picked = [p for p, _ in candidates if rx.fullmatch(p)]
