@@ -308,7 +308,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, out_shape: Shape) -> 
     """x @ weight.T + bias (weight 2-d, or 1-d for a dot product) reshaped to out_shape."""
     s = _stack(x)
     if weight.ndim == 2:
-        h = s.matmul(x._h, s.permute(weight._h, (1, 0)))
+        xh = x._h
+        if len(xh.shape) > 2:
+            # leading dims flattened into one 2-D GEMM: a batched 3-D @ 2-D matmul loops over the batch (and over a
+            # transposed input it is several times slower than one GEMM of all rows)
+            xh = s.reshape(xh, (_prod(xh.shape[:-1]), xh.shape[-1]))
+        h = s.matmul(xh, s.permute(weight._h, (1, 0)))
     else:
         h = s.matmul(x._h, weight._h)
     if bias is not None:
