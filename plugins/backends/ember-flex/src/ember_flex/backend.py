@@ -25,6 +25,7 @@ from ember.dtypes import DType
 from ember.errors import OutOfMemoryError
 
 from . import nn_kernels
+from . import threads as _par
 
 ndarray = np.ndarray
 _asarray = np.asarray
@@ -283,6 +284,10 @@ class FlexBackend(Backend):
     def cast(self, h: ndarray, dtype: DType) -> ndarray:
         npdt = dtype.numpy
         try:
+            if h.size >= _par.min_elems and h.dtype != npdt:  # large: chunked on flex's thread pool
+                r = _par.cast(h, npdt, h.dtype.kind == "f" and npdt.kind in "iu")
+                if r is not None:
+                    return r
             if h.dtype.kind == "f" and npdt.kind in "iu":
                 return np.asarray(np.trunc(h).astype(npdt))  # a 0-d input would give a numpy scalar
             return h.astype(npdt)
@@ -306,34 +311,44 @@ class FlexBackend(Backend):
     # -- compute -------------------------------------------------------------------------------------------------
     def unary(self, op: str, h: ndarray) -> ndarray:
         try:  # free when nothing is raised; an expanded (stride-0) input can ask for far more than it holds
-            r = self._unary[op](h)
+            # large inputs: chunked on flex's thread pool (None where chunking would not give the same bits)
+            if h.size < _par.min_elems or (r := _par.elementwise(self._unary[op], (h,))) is None:
+                r = self._unary[op](h)
         except MemoryError as exc:
             raise _oom(op, (h,), exc) from None
         return r if type(r) is ndarray else _asarray(r)
 
     def binary(self, op: str, a: Any, b: Any) -> ndarray:
+        ta, tb = type(a) is ndarray, type(b) is ndarray
         try:
-            r = self._binary[op](a, b)
+            m = _par.min_elems  # large operands: chunked on flex's thread pool (None: not exactly, run serially)
+            if not ((ta and a.size >= m) or (tb and b.size >= m)) or (
+                    r := _par.elementwise(self._binary[op], (a, b))) is None:
+                r = self._binary[op](a, b)
         except MemoryError as exc:
             raise _oom(op, (a, b), exc) from None
         if type(r) is not ndarray:
             r = _asarray(r)
-        if type(b) is not ndarray or type(a) is not ndarray:
+        if not (ta and tb):
             # a Python scalar operand: ml_dtypes' bfloat16 widens to float32 where numpy's own dtypes do not
-            h = a if type(a) is ndarray else b
+            h = a if ta else b
             if r.dtype != h.dtype and r.dtype != np.bool_:
                 r = r.astype(h.dtype)
         return r
 
     def inplace_binary(self, op: str, a: ndarray, b: Any) -> None:
         if op in _INPLACE_OK:
-            self._binary[op](a, b, out=a)
+            if a.size < _par.min_elems or not _par.inplace(self._binary[op], a, b):
+                self._binary[op](a, b, out=a)
         else:
             self.assign(a, self.binary(op, a, b))
 
     def where(self, cond: ndarray, a: Any, b: Any) -> ndarray:
         try:
-            r = np.where(cond, a, b)
+            m = _par.min_elems  # large operands: chunked on flex's thread pool
+            big = any(type(x) is ndarray and x.size >= m for x in (cond, a, b))
+            if not big or (r := _par.elementwise(np.where, (cond, a, b))) is None:
+                r = np.where(cond, a, b)
         except MemoryError as exc:
             raise _oom("where", (cond, a, b), exc) from None
         if type(a) is ndarray and r.dtype != a.dtype:
@@ -343,6 +358,10 @@ class FlexBackend(Backend):
         return r
 
     def reduce(self, op: str, h: ndarray, dims: tuple[int, ...], keepdim: bool) -> ndarray:
+        if h.size >= _par.min_elems:  # large: chunked on flex's thread pool, the same bits as the serial call
+            r = _par.reduce(_REDUCE[op].__self__, h, dims, keepdim)  # the ufunc of the bound reduce
+            if r is not None:
+                return r
         r = _REDUCE[op](h, axis=dims, keepdims=keepdim)
         return r if type(r) is ndarray else _asarray(r)
 

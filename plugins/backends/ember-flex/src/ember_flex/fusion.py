@@ -503,6 +503,26 @@ def _numpy_runner(kernel: Kernel, backend: Any) -> Callable[..., list[Any]]:
     return run
 
 
+_threads_synced = False
+
+
+def _sync_threads(numexpr: Any) -> None:
+    """Once, at the first fused kernel: numexpr's pool gets flex's thread count (``ember.set_num_threads``, else
+    the CPUs this process may use), where numexpr would cap itself at 8 or 16 on its own. ``set_num_threads`` sets
+    both pools later on; ``NUMEXPR_NUM_THREADS``/``OMP_NUM_THREADS`` in the environment keep numexpr's own choice."""
+    global _threads_synced
+    if _threads_synced:
+        return
+    _threads_synced = True
+    import os
+
+    if "NUMEXPR_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in os.environ:
+        return
+    from .threads import get_num_threads
+
+    numexpr.set_num_threads(max(1, min(get_num_threads(), numexpr.MAX_THREADS)))
+
+
 def compile_kernel(kernel: Kernel, backend: Any) -> FusedKernel | None:
     """flex's ``fusion_compile``: a :class:`FusedKernel`, or None where numexpr is unavailable or computes no
     instruction of the kernel exactly (then the kernel runs op by op anyway, so fusing it would gain nothing)."""
@@ -510,6 +530,7 @@ def compile_kernel(kernel: Kernel, backend: Any) -> FusedKernel | None:
         import numexpr  # noqa: F401  (an optional accelerator: without it flex runs kernels op by op)
     except ImportError:
         return None
+    _sync_threads(numexpr)
     try:
         plan = _NumexprPlan(kernel, backend)
     except _Unsupported:

@@ -1,0 +1,475 @@
+"""flex's intra-op thread pool: large elementwise ops and reductions chunked across the machine's cores.
+
+numpy runs a ufunc's inner loop without the GIL, so chunks of one op, each a plain numpy call on a slice, run in
+parallel on a few Python threads. :func:`elementwise`, :func:`cast` and :func:`reduce` are what
+:class:`~ember_flex.backend.FlexBackend` calls for arrays of at least :data:`min_elems` elements (measured
+crossovers: below, one thread wins -- waking a worker costs ~10-30 us); each returns ``None`` where it would not
+give the serial result exactly, and the caller then runs the serial numpy call.
+
+Results are bit-identical to the one-thread path, layout (strides) included:
+
+* elementwise: every element is computed by the same inner loop on the same dtypes; chunks are slices along the
+  outermost axis in memory, so each has the serial call's strides (and numpy picks the same SIMD or scalar loop);
+* reductions over some axes are split along a *kept* (non-reduced) axis only, in chunks at least 2 long, so every
+  output element is accumulated over exactly the elements, in exactly the order, of the serial call;
+* whole float32/float64 sums split numpy's pairwise summation tree (``pairwise_sum`` in numpy's loops: halves at
+  ``n/2`` rounded down to a multiple of 8, above 128 elements): each thread sums whole subtrees with numpy itself,
+  and the partial sums are added in the tree's order in the array's dtype. Integer and bool reductions are exact in
+  any order. Float max/min combine chunk maxima, and recompute serially when the result is a zero or NaN (whose
+  sign or payload depends on the order); float prod and half-precision sums (accumulated wider inside numpy's loop)
+  run serially.
+
+``EMBER_FLEX_THREADS_MIN=n`` (environment, read at import) chunks arrays from n elements on instead: for tests that
+push small arrays through the pool and for measuring the threshold on other machines.
+
+Pool: one process-wide pool of ``get_num_threads() - 1`` daemon workers (the calling thread runs a chunk too),
+sized by ``ember.set_num_threads`` (``1``: no pool, everything serial). One op at a time uses the pool: a user
+thread that finds it busy runs its op serially instead of queueing, so N user threads never make more than
+``N + threads - 1`` busy threads, and no chunk ever waits on another op (no deadlock). After ``os.fork`` the
+child starts with no workers and makes new ones on first use.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+ndarray = np.ndarray
+
+#: smallest output (elementwise) or input (reduction) element count that is chunked; measured on the benchmark
+#: ``ember bench threads`` (at 2**16 float32 elements a thread's chunk is ~10 us of work, about a worker's wake-up)
+MIN_ELEMS = 1 << 17
+#: smallest chunk, in elements: smaller chunks cost more to dispatch than they save
+MIN_CHUNK = 1 << 15
+
+# EMBER_FLEX_THREADS_MIN=n: chunk from n elements on (chunks from n/2): for tests that push small arrays through
+# the pool (the conformance kit, say) and for measuring thresholds on other machines
+_env_min = os.environ.get("EMBER_FLEX_THREADS_MIN", "")
+if _env_min.isdigit() and int(_env_min) > 0:
+    MIN_ELEMS = int(_env_min)
+    MIN_CHUNK = max(2, min(MIN_CHUNK, MIN_ELEMS // 2))
+
+#: what the backend compares sizes with: MIN_ELEMS, or a size nothing reaches when there is one thread
+min_elems: int = MIN_ELEMS
+
+_NEVER = 1 << 62
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+class _Batch:
+    """The chunks of one op handed to workers: a countdown the caller waits on, and the first error raised."""
+
+    __slots__ = ("left", "lock", "done", "error")
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def finish(self, exc: BaseException | None) -> None:
+        with self.lock:
+            if exc is not None and self.error is None:
+                self.error = exc
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            self.done.set()
+
+
+class _Pool:
+    """Daemon worker threads fed from one queue; :meth:`run` runs one op's chunks on them and the caller."""
+
+    def __init__(self) -> None:
+        self.threads = _cpu_count()
+        self._reset()
+
+    def _reset(self) -> None:
+        # also the after-fork handler: the child has none of the parent's threads (it keeps their count, made
+        # anew on first use), and the parent's locks may have been held at the fork
+        self._workers: list[threading.Thread] = []
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._busy = threading.Lock()  # held by the one op using the workers
+
+    def _work(self) -> None:
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is None:  # a stop request from set_threads
+                return
+            fn, args, batch = item
+            try:
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
+                batch.finish(exc)
+            else:
+                batch.finish(None)
+
+    def set_threads(self, n: int) -> None:
+        """n threads in all (n - 1 workers); workers beyond that stop once the op in flight (if any) is done."""
+        with self._busy:
+            self.threads = n
+            extra = len(self._workers) - (n - 1)
+            for _ in range(max(0, extra)):
+                self._queue.put(None)
+            if extra > 0:
+                self._workers = self._workers[:n - 1]
+
+    def run(self, tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+        """Run every ``fn(*args)``: the first on this thread, the others on workers; return when all are done and
+        raise the first error. Serial on this thread when another op holds the pool."""
+        if len(tasks) < 2 or not self._busy.acquire(blocking=False):
+            for fn, args in tasks:
+                fn(*args)
+            return
+        try:
+            need = min(len(tasks), self.threads) - 1
+            while len(self._workers) < need:
+                t = threading.Thread(target=self._work, name=f"ember-flex-{len(self._workers)}", daemon=True)
+                t.start()
+                self._workers.append(t)
+            batch = _Batch(len(tasks) - 1)
+            put = self._queue.put
+            for fn, args in tasks[1:]:
+                put((fn, args, batch))
+            fn, args = tasks[0]
+            first: BaseException | None = None
+            try:
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - the workers still write into the result: wait for them
+                first = exc
+            batch.done.wait()
+            if first is not None:
+                raise first
+            if batch.error is not None:
+                raise batch.error
+        finally:
+            self._busy.release()
+
+
+_pool = _Pool()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pool._reset)
+
+
+def set_num_threads(n: int) -> None:
+    """Use n threads for large elementwise ops and reductions (1: all serial). ``ember.set_num_threads`` calls
+    this through flex's ``register_backend_traits`` declaration."""
+    global min_elems
+    _pool.set_threads(n)
+    min_elems = MIN_ELEMS if n > 1 else _NEVER
+
+
+def get_num_threads() -> int:
+    """The threads flex's pool uses (the caller's included)."""
+    return _pool.threads
+
+
+if _pool.threads <= 1:
+    min_elems = _NEVER
+
+
+def run_tasks(tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    """Run ``fn(*args)`` for each task on the pool (for kernels outside this module: one op's independent parts)."""
+    _pool.run(tasks)
+
+
+# -- chunking ---------------------------------------------------------------------------------------------------
+def _bounds(n: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    """``parts`` (lo, hi) ranges covering range(n): as even as possible (each at least ``n // parts`` long), or
+    with ``align`` > 1 each start a multiple of it (SIMD-friendly offsets) and maybe fewer ranges."""
+    if align == 1:
+        return [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
+    step = -(-n // parts)
+    step = -(-step // align) * align
+    return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+
+
+def _slicer(arr: Any, axis: int, ndim: int) -> Callable[[int, int], Any]:
+    """lo, hi -> arr's part along the output's ``axis`` (an operand broadcast along it, or a scalar, whole)."""
+    if type(arr) is not ndarray:
+        return lambda lo, hi: arr
+    k = axis - (ndim - arr.ndim)
+    if k < 0 or arr.shape[k] == 1:
+        return lambda lo, hi: arr
+    pre = (slice(None),) * k
+    return lambda lo, hi: arr[pre + (slice(lo, hi),)]
+
+
+def _outer_axis(shape: tuple[int, ...], strides: tuple[int, ...], parts: int, allowed: Sequence[int]) -> int:
+    """The axis to split: among ``allowed``, by decreasing |stride| (outermost in memory first), the first at least
+    2*parts long, else the longest; -1 when none is at least 4 long (two chunks of 2)."""
+    order = sorted(allowed, key=lambda d: -abs(strides[d]))
+    for d in order:
+        if shape[d] >= 2 * parts:
+            return d
+    best = max(order, key=lambda d: shape[d], default=-1)
+    return best if best >= 0 and shape[best] >= 4 else -1
+
+
+def _parts(n: int) -> int:
+    return min(_pool.threads, n // MIN_CHUNK)
+
+
+class _Mismatch(Exception):
+    """A chunk's result has another dtype or shape than the whole op's: run the op serially."""
+
+
+def _copy_result(fn: Callable[..., Any], args: tuple[Any, ...], out: ndarray) -> None:
+    r = fn(*args)
+    if type(r) is not ndarray or r.dtype != out.dtype or r.shape != out.shape:
+        raise _Mismatch
+    np.copyto(out, r, casting="no")
+
+
+def elementwise(fn: Callable[..., Any], args: tuple[Any, ...]) -> ndarray | None:
+    """``fn(*args)`` for a numpy elementwise function (a ufunc, or a function of ufuncs such as flex's sigmoid or
+    ``np.where``) computed in chunks on the pool, bit for bit and stride for stride as the serial call; ``None``
+    where chunking would not be exact or would not pay (the caller then calls ``fn`` itself)."""
+    arrays = [a for a in args if type(a) is ndarray]
+    shape = arrays[0].shape
+    for a in arrays[1:]:
+        if a.shape != shape:
+            try:
+                shape = np.broadcast_shapes(*(x.shape for x in arrays))
+            except ValueError:
+                return None  # the serial call raises numpy's own error
+            break
+    n = math.prod(shape)
+    parts = _parts(n)
+    if parts < 2 or not shape:
+        return None
+    ndim = len(shape)
+    full = [a for a in arrays if a.shape == shape]
+    if all(a.flags.c_contiguous for a in arrays):
+        order = "C"
+        if len(full) == len(arrays):  # no broadcasting: split the flat arrays
+            flat_args = tuple(a.reshape(-1) if type(a) is ndarray else a for a in args)
+            r = _run_elementwise(fn, flat_args, (n,), 0, parts, "C", None)
+            return None if r is None else r.reshape(shape)
+        axis = _outer_axis(shape, tuple(range(ndim, 0, -1)), parts, range(ndim))
+    elif len(arrays) == 1 and full:
+        # one array operand in any layout: the result has its layout (numpy's order K), split outermost in memory
+        order = "K"
+        axis = _outer_axis(shape, arrays[0].strides, parts, range(ndim))
+    else:
+        return None  # mixed layouts: numpy's choice of result layout is not worth re-deriving
+    if axis < 0:
+        return None
+    return _run_elementwise(fn, args, shape, axis, parts, order, arrays[0] if order == "K" else None)
+
+
+def _run_elementwise(fn: Callable[..., Any], args: tuple[Any, ...], shape: tuple[int, ...], axis: int,
+                     parts: int, order: str, like: ndarray | None) -> ndarray | None:
+    ndim = len(shape)
+    slicers = [_slicer(a, axis, ndim) for a in args]
+    probe = fn(*(s(0, 0) for s in slicers))  # the result dtype (numpy's promotion rules, Python scalars weak)
+    if type(probe) is not ndarray:
+        return None
+    out = np.empty_like(like, dtype=probe.dtype) if like is not None else np.empty(shape, probe.dtype)
+    pre = (slice(None),) * axis
+    align = 64 if axis == ndim - 1 else 1
+    ufunc = isinstance(fn, np.ufunc)
+    tasks = []
+    for lo, hi in _bounds(shape[axis], parts, align):
+        chunk = tuple(s(lo, hi) for s in slicers)
+        dst = out[pre + (slice(lo, hi),)]
+        if ufunc:
+            tasks.append((_ufunc_into, (fn, chunk, dst)))
+        else:
+            tasks.append((_copy_result, (fn, chunk, dst)))
+    try:
+        _pool.run(tasks)
+    except _Mismatch:
+        return None
+    return out
+
+
+def _ufunc_into(fn: np.ufunc, chunk: tuple[Any, ...], dst: ndarray) -> None:
+    fn(*chunk, out=dst)
+
+
+def inplace(fn: np.ufunc, a: ndarray, b: Any) -> bool:
+    """``fn(a, b, out=a)`` in chunks; False (nothing done) where it would not be exact: ``b`` sharing memory with
+    ``a`` (numpy copies such an operand first), or a non-contiguous ``a``."""
+    if not isinstance(fn, np.ufunc) or not a.flags.c_contiguous:
+        return False
+    if type(b) is ndarray:
+        if np.may_share_memory(a, b) or not b.flags.c_contiguous or b.ndim > a.ndim:
+            return False
+        try:
+            if np.broadcast_shapes(a.shape, b.shape) != a.shape:
+                return False  # numpy's error, from the serial call
+        except ValueError:
+            return False
+    parts = _parts(a.size)
+    if parts < 2 or a.ndim == 0:
+        return False
+    if type(b) is not ndarray or b.shape == a.shape:
+        fa, fb = a.reshape(-1), (b.reshape(-1) if type(b) is ndarray else b)
+        tasks = [(_ufunc_into, (fn, (fa[lo:hi], fb if type(fb) is not ndarray else fb[lo:hi]), fa[lo:hi]))
+                 for lo, hi in _bounds(a.size, parts, 64)]
+    else:
+        axis = _outer_axis(a.shape, tuple(range(a.ndim, 0, -1)), parts, range(a.ndim))
+        if axis < 0:
+            return False
+        sa, sb = _slicer(a, axis, a.ndim), _slicer(b, axis, a.ndim)
+        tasks = [(_ufunc_into, (fn, (sa(lo, hi), sb(lo, hi)), sa(lo, hi))) for lo, hi in _bounds(a.shape[axis], parts)]
+    _pool.run(tasks)
+    return True
+
+
+def cast(h: ndarray, npdt: np.dtype[Any], trunc: bool) -> ndarray | None:
+    """``h.astype(npdt)`` (``np.trunc(h).astype(npdt)`` with ``trunc``) in chunks: one pass, the same cast loop;
+    ``None`` where it would not pay."""
+    parts = _parts(h.size)
+    if parts < 2 or h.ndim == 0:
+        return None
+    out = np.empty_like(h, dtype=npdt)  # astype's order K
+    if h.flags.c_contiguous:
+        src, dst = h.reshape(-1), out.reshape(-1)
+        axis = 0
+    else:
+        axis = _outer_axis(h.shape, h.strides, parts, range(h.ndim))
+        if axis < 0:
+            return None
+        src, dst = h, out
+    pre = (slice(None),) * axis
+    tasks = [(_cast_into, (src[pre + (slice(lo, hi),)], dst[pre + (slice(lo, hi),)], trunc))
+             for lo, hi in _bounds(src.shape[axis], parts, 64 if src.ndim == 1 else 1)]
+    _pool.run(tasks)
+    return out
+
+
+def _cast_into(src: ndarray, dst: ndarray, trunc: bool) -> None:
+    np.copyto(dst, np.trunc(src) if trunc else src, casting="unsafe")
+
+
+# -- reductions ---------------------------------------------------------------------------------------------------
+#: numpy's pairwise summation: below this many elements a block is summed with 8 accumulators, above it is halved
+_PW_BLOCK = 128
+
+
+def reduce(ufunc: np.ufunc, h: ndarray, dims: tuple[int, ...], keepdim: bool) -> ndarray | None:
+    """``ufunc.reduce(h, axis=dims, keepdims=keepdim)`` (add, multiply, maximum, minimum) on the pool, bit-identical
+    to the serial call; ``None`` where that cannot be guaranteed or would not pay (see the module docstring)."""
+    ndim = h.ndim
+    if ndim == 0 or not dims:
+        return None
+    red = {d % ndim for d in dims}
+    kept = [d for d in range(ndim) if d not in red]
+    parts = _parts(h.size)
+    if parts < 2:
+        return None
+    axis = _outer_axis(h.shape, h.strides, parts, kept) if kept else -1
+    if axis >= 0:
+        return _reduce_outer(ufunc, h, dims, keepdim, axis, parts, red)
+    if any(h.shape[d] != 1 for d in kept):
+        return None  # a few kept rows: serial
+    return _reduce_whole(ufunc, h, keepdim, parts, red)
+
+
+def _reduce_outer(ufunc: np.ufunc, h: ndarray, dims: tuple[int, ...], keepdim: bool, axis: int, parts: int,
+                  red: set[int]) -> ndarray | None:
+    n = h.shape[axis]
+    parts = min(parts, n // 2)  # chunks at least 2 long: a length-1 axis would be dropped and reorder the loops
+    if parts < 2:
+        return None
+    pre = (slice(None),) * axis
+    probe = ufunc.reduce(h[pre + (slice(0, 0),)], axis=dims, keepdims=keepdim)
+    # the serial result's layout: numpy allocates it in the input's memory order (K), reduced axes as length 1
+    perm = sorted(range(h.ndim), key=lambda d: -abs(h.strides[d]))
+    out = np.empty([1 if d in red else h.shape[d] for d in perm], probe.dtype).transpose(np.argsort(perm))
+    if not keepdim:
+        out = np.squeeze(out, axis=tuple(sorted(red)))
+    oaxis = axis if keepdim else axis - sum(d < axis for d in red)
+    opre = (slice(None),) * oaxis
+    tasks = [(_reduce_into, (ufunc, h[pre + (slice(lo, hi),)], dims, keepdim, out[opre + (slice(lo, hi),)]))
+             for lo, hi in _bounds(n, parts)]
+    _pool.run(tasks)
+    return out
+
+
+def _reduce_into(ufunc: np.ufunc, h: ndarray, dims: tuple[int, ...], keepdim: bool, out: ndarray) -> None:
+    ufunc.reduce(h, axis=dims, keepdims=keepdim, out=out)
+
+
+def _flat(h: ndarray) -> ndarray | None:
+    """h's elements in memory order as a 1-D view (numpy's whole-array reductions iterate in memory order)."""
+    if h.flags.c_contiguous:
+        return h.reshape(-1)
+    if h.flags.f_contiguous:
+        return h.T.reshape(-1)
+    return None
+
+
+def _reduce_whole(ufunc: np.ufunc, h: ndarray, keepdim: bool, parts: int, red: set[int]) -> ndarray | None:
+    flat = _flat(h)
+    if flat is None:
+        return None
+    kind = h.dtype.kind
+    shape = tuple(1 for _ in range(h.ndim)) if keepdim else ()
+    if kind in "iub":  # integer arithmetic wraps: exact in any order
+        partial = _chunk_reduce(ufunc, flat, parts)
+        return np.asarray(ufunc.reduce(partial)).reshape(shape)
+    if kind != "f" or h.dtype.itemsize < 4:
+        return None  # half types accumulate wider inside numpy's loop; ml_dtypes' types have no pairwise loop
+    if ufunc is np.add:
+        return np.asarray(_pairwise(flat, parts)).reshape(shape)
+    if ufunc is np.maximum or ufunc is np.minimum:
+        r = ufunc.reduce(_chunk_reduce(ufunc, flat, parts))
+        if r == 0 or r != r:  # the sign of a zero, a NaN's payload: whichever the serial order gives
+            return None
+        return np.asarray(r).reshape(shape)
+    return None  # float products: numpy multiplies in sequence
+
+
+def _chunk_reduce(ufunc: np.ufunc, flat: ndarray, parts: int) -> ndarray:
+    bounds = _bounds(flat.size, parts, 64)
+    probe = ufunc.reduce(flat[:1])
+    partial = np.empty(len(bounds), dtype=np.asarray(probe).dtype)
+    tasks = [(_reduce_into, (ufunc, flat[lo:hi], (0,), True, partial[i:i + 1])) for i, (lo, hi) in enumerate(bounds)]
+    _pool.run(tasks)
+    return partial
+
+
+def _pairwise(flat: ndarray, parts: int) -> Any:
+    """numpy's ``add.reduce`` of a contiguous float array: ``0 + pairwise_sum(flat)``, the tree's subtrees summed on
+    the pool (``add.reduce(leaf, initial=-0.0)`` is exactly ``pairwise_sum(leaf)``: -0.0 changes no sum)."""
+    depth = max(1, (parts - 1).bit_length())  # 2**depth >= parts leaves
+    leaves: list[tuple[int, int]] = []
+
+    def split(lo: int, n: int, d: int) -> Any:
+        if d == 0 or n <= _PW_BLOCK:
+            leaves.append((lo, n))
+            return len(leaves) - 1
+        n2 = n // 2
+        n2 -= n2 % 8
+        return (split(lo, n2, d - 1), split(lo + n2, n - n2, d - 1))
+
+    tree = split(0, flat.size, depth)
+    sums = np.empty(len(leaves), dtype=flat.dtype)
+    tasks = [(_leaf_sum, (flat[lo:lo + n], sums[i:i + 1])) for i, (lo, n) in enumerate(leaves)]
+    _pool.run(tasks)
+    vals = list(sums)  # numpy scalars of flat's dtype: their + rounds as the C loop's does
+
+    def combine(t: Any) -> Any:
+        return vals[t] if isinstance(t, int) else combine(t[0]) + combine(t[1])
+
+    return flat.dtype.type(0) + combine(tree)
+
+
+def _leaf_sum(leaf: ndarray, out: ndarray) -> None:
+    np.add.reduce(leaf, keepdims=True, initial=-0.0, out=out)
