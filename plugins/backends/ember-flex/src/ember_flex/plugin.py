@@ -52,10 +52,15 @@ def register_backends(register: Callable[..., None]) -> None:
 
 
 def set_num_threads(n: int) -> None:
-    """Limit flex's thread pools to n threads: the BLAS (and OpenMP) libraries numpy and scipy use, through
-    threadpoolctl, and numexpr's pool (fused kernels). Both are process-wide, as ``torch.set_num_threads`` is."""
+    """Limit flex's thread pools to n threads: its own pool for large elementwise ops and reductions
+    (:mod:`ember_flex.threads`; 1 runs them serially), the BLAS (and OpenMP) libraries numpy and scipy use, through
+    threadpoolctl, and numexpr's pool (fused kernels). All are process-wide, as ``torch.set_num_threads`` is."""
     import scipy.linalg  # noqa: F401 - scipy ships its own BLAS, loaded lazily: load it so its pool is limited too
     from threadpoolctl import threadpool_limits
+
+    from .threads import set_num_threads as set_pool_threads
+
+    set_pool_threads(n)
 
     threadpool_limits(limits=n)  # applies at once and stays (only its context-manager form restores on exit)
     try:
@@ -98,6 +103,10 @@ MICRO_BENCHMARK = {
 SUITE_BENCHMARK = {
     "description": "the full suite: seed CNN and transformer training and inference, micro-benchmarks, peak memory",
     "script": "suite.py",
+}
+THREADS_BENCHMARK = {
+    "description": "flex's thread pool by size: a+b, exp, sum, sum(dim=-1), 1e2..1e7 float32, flex vs PyTorch",
+    "script": "threads.py",
 }
 PORTS_BENCHMARK = {
     "description": "train-step time of the PyTorch ports (examples/ports): torch vs ember fused and unfused",

@@ -1,0 +1,166 @@
+"""flex's thread pool by size: elementwise ops and reductions on 1e2..1e7 float32, flex against PyTorch.
+
+For every thread count asked for (default: 1 and every CPU this process may use), ``ember.set_num_threads(t)`` and
+``torch.set_num_threads(t)`` are set alike, and four ops are timed on each size, flex and torch alternating inside
+every repeat (medians; --json adds min/max/IQR): ``a + b``, ``exp(a)``, ``a.sum()`` and ``a.sum(dim=-1)`` (rows of 1,000
+elements; one row below 1,000). Every result is realized in the timed loop (an ember device is synced with the
+result alive), so a lazily recording device computes what it is timed on. The last column compares flex at t
+threads with flex at 1 thread from the same run: what the pool (:mod:`ember_flex.threads`) buys.
+
+On a loaded machine (other processes on the cores) threads cannot help and the figures say so; compare the
+1-thread and t-thread columns from one run only.
+
+Usage::
+
+    python benchmarks/threads.py                          # 1 and all CPUs, 1e2..1e7 (about a minute)
+    python benchmarks/threads.py --quick                  # fewer repeats, up to 1e6
+    python benchmarks/threads.py --threads 1 2 4 8 --json out.json
+    ember bench threads [--quick] [--json PATH]           # the same, through the CLI
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # `ember bench threads` loads this file by path: make its siblings importable
+    sys.path.insert(0, str(HERE))
+
+import _common  # noqa: E402
+from _common import describe_environment, environment, stats, write_json  # noqa: E402
+
+SIZES = [10**k for k in range(2, 8)]
+OPS = ["a+b", "exp", "sum", "sum(dim=-1)"]
+ROW = 1000  # elements per row of sum(dim=-1)
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _number(n: int) -> int:
+    """Calls per timed sample: about 0.3 M elements' worth, at least one."""
+    return max(1, min(2000, 300_000 // n))
+
+
+def _cases(op: str, n: int, dev: Any) -> dict[str, Callable[[], Any]]:
+    import numpy as np
+
+    import ember
+
+    rng = np.random.default_rng(n)
+    a_np = rng.standard_normal(n, dtype=np.float32)
+    b_np = rng.standard_normal(n, dtype=np.float32)
+    rows = a_np.reshape(max(1, n // ROW), -1)
+    a, b, r = (ember.tensor(x, device=dev) for x in (a_np, b_np, rows))
+    em: dict[str, Callable[[], Any]] = {
+        "a+b": lambda: a + b, "exp": lambda: a.exp(), "sum": lambda: a.sum(), "sum(dim=-1)": lambda: r.sum(dim=-1),
+    }
+    cases = {"flex": em[op]}
+    try:
+        import torch
+    except ImportError:
+        return cases
+    at, bt, rt = (torch.from_numpy(x.copy()) for x in (a_np, b_np, rows))
+    th: dict[str, Callable[[], Any]] = {
+        "a+b": lambda: at + bt, "exp": lambda: at.exp(), "sum": lambda: at.sum(), "sum(dim=-1)": lambda: rt.sum(dim=-1),
+    }
+    cases["torch"] = th[op]
+    # the thing timed computes the right answer
+    np.testing.assert_allclose(np.asarray(cases["flex"]().numpy(), dtype=np.float64),
+                               th[op]().numpy().astype(np.float64), rtol=1e-4, atol=1e-3 * max(1.0, n ** 0.5))
+    return cases
+
+
+def run(threads: Sequence[int], sizes: Sequence[int], repeats: int) -> dict[str, Any]:
+    """{thread count: {op: {size: {case: stats (seconds)}}}}, every case alternating with the others."""
+    import ember
+
+    dev = ember.Device.flex()
+    try:
+        import torch
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+    out: dict[str, Any] = {}
+    for t in threads:
+        ember.set_num_threads(t)
+        if torch is not None:
+            torch.set_num_threads(t)
+        per_op: dict[str, Any] = {}
+        for op in OPS:
+            per_size: dict[str, Any] = {}
+            for n in sizes:
+                cases = _cases(op, n, dev)
+                number = _number(n)
+                # small sizes: one device sync per PER_OP_HOLD results kept alive (as overhead.py), not per call
+                samples = _common.sample_cases(cases, repeats, number, warmup=max(1, min(number, 20)),
+                                               hold=min(number, _common.PER_OP_HOLD))
+                per_size[str(n)] = {name: stats(s) for name, s in samples.items()}
+            per_op[op] = per_size
+        out[str(t)] = per_op
+    return out
+
+
+def report(res: dict[str, Any], repeats: int) -> str:
+    threads = list(res)
+    lines = [f"per-call time in microseconds, median of {repeats} alternating repeats (--json: spread); "
+             "ratio = flex / torch at the same thread count; xT1 = flex at 1 thread / flex at t threads"]
+    for op in OPS:
+        lines.append("")
+        lines.append(f"{op} (float32)")
+        head = f"  {'elements':>10}"
+        for t in threads:
+            head += f" | t={t:<3}{'flex':>10}{'torch':>10}{'ratio':>7}" + ("" if t == "1" else f"{'xT1':>6}")
+        lines.append(head)
+        for n in res[threads[0]][op]:
+            row = f"  {int(n):>10.0e}"
+            base = res.get("1", {}).get(op, {}).get(n, {}).get("flex", {}).get("median")
+            for t in threads:
+                cell = res[t][op][n]
+                fl = cell["flex"]["median"]
+                to = cell.get("torch", {}).get("median")
+                row += f" |      {fl * 1e6:10.1f}" + (f"{to * 1e6:10.1f}{fl / to:7.2f}" if to else f"{'-':>10}{'-':>7}")
+                if t != "1":
+                    row += f"{base / fl:6.2f}" if base else f"{'-':>6}"
+            lines.append(row)
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="flex's thread pool by size, against PyTorch")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, sizes up to 1e6")
+    parser.add_argument("--json", metavar="PATH", help="write results and environment to PATH")
+    parser.add_argument("--threads", type=int, nargs="+", metavar="N",
+                        help="thread counts to run (default: 1 and every CPU)")
+    parser.add_argument("--sizes", type=int, nargs="+", metavar="N", help="element counts (default 1e2..1e7)")
+    args = parser.parse_args(argv)
+
+    import ember
+
+    threads = args.threads or sorted({1, _cpus()})
+    sizes = args.sizes or (SIZES[:-1] if args.quick else SIZES)
+    repeats = 5 if args.quick else 15
+    before = ember.get_num_threads()
+    env = environment()
+    print(describe_environment(env, "flex"))
+    try:
+        res = run(threads, sizes, repeats)
+    finally:
+        ember.set_num_threads(before)
+    print(report(res, repeats))
+    if args.json:
+        write_json(args.json, {"benchmark": "threads", "quick": args.quick, "repeats": repeats,
+                               "seconds_per_call": res, "environment": env})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
