@@ -12,6 +12,8 @@ No timing is asserted; sizes are the smallest that still record lazily (>= 2**19
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,7 +41,9 @@ WORK = ("fusion_eager", "fusion_single_ops", "fusion_kernels_run", "fusion_bound
 COUNTERS = ("fusion_recorded", "fusion_realizations", *WORK)
 
 
+@functools.cache
 def _opencl() -> Device | None:
+    """Device.opencl(0), or None without an OpenCL device (looked up once)."""
     try:
         dev = Device.opencl(0)
         dev.stack  # noqa: B018 - creates the runtime; raises where there is no OpenCL device
@@ -98,41 +102,34 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str,
     yield seen
 
 
-def _rows() -> list[Any]:
-    """(id, row) for every timed row of the scripts, at the smallest sizes that still exercise lazy recording."""
-    import autodiff
-    import micro
-    import opencl
-    import overhead
-    import suite
-
-    rows: list[tuple[str, Callable[[], Any]]] = [
-        ("micro-per-op", lambda: micro.bench_per_op(1, 1)),
-        ("micro-matmul", lambda: micro.bench_matmul((64,), 1)),
-        ("micro-conv2d", lambda: micro.bench_conv(2, 1)),
-        ("micro-elementwise-and-reductions", lambda: micro.bench_elementwise_and_reductions(1 << 20, 1)),
-        ("micro-copy", lambda: micro.bench_copy(4, 1)),
-        ("overhead-add", lambda: overhead.bench_add(1, 1)),
-        ("autodiff-per-op", lambda: autodiff.bench_per_op(1, 1)),
-        ("autodiff-train-step", lambda: autodiff.bench_train_step(2, 1, 0)),
-        ("suite-cnn-train", lambda: suite.bench_train("cnn", 2, 1, 0)),
-        ("suite-transformer-train", lambda: suite.bench_train("transformer-small", 1, 1, 0)),
-        ("suite-cnn-inference", lambda: suite.bench_inference("cnn", 2, 1, 0)),
-        ("suite-transformer-inference", lambda: suite.bench_inference("transformer-small", 1, 1, 0)),
-        # a product small enough for the untuned kernel: a cold PoCL compile stays ~10 s. opencl.bench_cnn is not
-        # run here (its cold kernel compiles take minutes on PoCL): it times suite.ember_train_step, checked above
-        # on flex, whose step reads its loss and syncs its device
-        ("opencl-matmul", lambda: opencl.bench_matmul([(16, 128, 64, "small")], 1)),
-    ]
-    return [pytest.param(row, id=name) for name, row in rows]
+#: (id, script, row function, arguments): every timed row of the scripts, at the smallest sizes that still record
+#: lazily (elementwise rows need >= 2**19 elements); the scripts are imported only when a row runs
+ROWS: list[tuple[str, str, str, tuple[Any, ...]]] = [
+    ("micro-per-op", "micro", "bench_per_op", (1, 1)),
+    ("micro-matmul", "micro", "bench_matmul", ((64,), 1)),
+    ("micro-conv2d", "micro", "bench_conv", (2, 1)),
+    ("micro-elementwise-and-reductions", "micro", "bench_elementwise_and_reductions", (1 << 20, 1)),
+    ("micro-copy", "micro", "bench_copy", (4, 1)),
+    ("overhead-add", "overhead", "bench_add", (1, 1)),
+    ("autodiff-per-op", "autodiff", "bench_per_op", (1, 1)),
+    ("autodiff-train-step", "autodiff", "bench_train_step", (2, 1, 0)),
+    ("suite-cnn-train", "suite", "bench_train", ("cnn", 2, 1, 0)),
+    ("suite-transformer-train", "suite", "bench_train", ("transformer-small", 1, 1, 0)),
+    ("suite-cnn-inference", "suite", "bench_inference", ("cnn", 2, 1, 0)),
+    ("suite-transformer-inference", "suite", "bench_inference", ("transformer-small", 1, 1, 0)),
+    # a product small enough for the untuned kernel: a cold PoCL compile stays ~10 s. opencl.bench_cnn is not run
+    # here (its cold kernel compiles take minutes on PoCL): it times suite.ember_train_step, checked above on flex,
+    # whose step reads its loss and syncs its device
+    ("opencl-matmul", "opencl", "bench_matmul", ([(16, 128, 64, "small")], 1)),
+]
 
 
-@pytest.mark.parametrize("row", _rows())
-def test_every_ember_case_of_the_row_realizes_its_work(request: pytest.FixtureRequest, row: Callable[[], Any],
+@pytest.mark.parametrize(("script", "function", "args"), [pytest.param(*r[1:], id=r[0]) for r in ROWS])
+def test_every_ember_case_of_the_row_realizes_its_work(script: str, function: str, args: tuple[Any, ...],
                                                       probe: list[tuple[str, dict[str, int]]]) -> None:
-    if request.node.callspec.id.startswith("opencl") and _opencl() is None:
+    if script == "opencl" and _opencl() is None:
         pytest.skip("no OpenCL device")
-    figures = row()
+    figures = getattr(importlib.import_module(script), function)(*args)
     assert figures, "the row reported nothing"
     assert probe, "the row timed no ember case"
     problems = [f"{name}: {why}" for name, delta in probe if (why := _problem(delta)) is not None]
