@@ -218,3 +218,22 @@ def test_second_adapter_on_all_linear() -> None:
 def test_qlora_linear_refuses_a_float_base() -> None:
     with pytest.raises(DTypeError, match="Linear4bit"):
         QLoraLinear(nn.Linear(2, 2))
+
+
+def test_seed_transformer_all_linear_skips_attention_projections() -> None:
+    # MultiheadAttention reads out_proj.weight itself: "all-linear" leaves it out (an adapter there would never
+    # run), and naming it is refused; the feed-forward layers get QLoRA and the model trains
+    ember.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+    model = nn.Sequential(nn.TransformerEncoder(layer, 2), nn.Flatten(), nn.Linear(32 * 6, 3)).to(DEV)
+    apply_qlora(model, LoraConfig(r=4, target_modules="all-linear"))
+    wrapped = sorted(p for p, m in model.named_modules() if isinstance(m, QLoraLinear))
+    assert wrapped == [f"0.layers.{i}.linear{j}" for i in range(2) for j in (1, 2)]
+    x = ember.randn(4, 6, 32, device=DEV)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    assert model[0].layers[0].linear1.lora_A["default"].weight.grad is not None
+    with pytest.raises(DTypeError, match="MultiheadAttention"):
+        apply_qlora(model, LoraConfig(r=4, target_modules=["self_attn.out_proj"]), adapter="attn")
+    with pytest.raises(DTypeError, match="MultiheadAttention"):
+        apply_lora(model, LoraConfig(r=4, target_modules=r".*out_proj"), adapter="attn")

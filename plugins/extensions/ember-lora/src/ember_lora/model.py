@@ -106,6 +106,10 @@ def _targets(model: nn.Module, config: LoraConfig, op: str) -> list[str]:
         raise ValueRangeError(f"{op}: the config has no target_modules (a regex, a list of names, 'all-linear' or a "
                               "ParamGroup)")
     candidates = [(p, m) for p, m in _walk(model) if not isinstance(m, ModulesToSaveWrapper)]
+    # MultiheadAttention reads its projections' weights itself (F.linear(..., self.out_proj.weight)) instead of
+    # calling them: a wrapper there would never run its adapter. "all-linear" leaves them out; naming one is an error
+    attention = [p for p, m in candidates if isinstance(m, nn.MultiheadAttention)]
+    inside_attention = {p for p, _ in candidates if any(p.startswith(a + ".") for a in attention)}
     if isinstance(target, ParamGroup):
         if target.model is not model:
             raise ValueRangeError(f"{op}: target_modules is a ParamGroup of a different model")
@@ -114,7 +118,7 @@ def _targets(model: nn.Module, config: LoraConfig, op: str) -> list[str]:
         picked = [p for p, m in candidates if f"{p}.weight" in chosen or f"{p}.base_layer.weight" in chosen]
     elif target == ALL_LINEAR:
         head = _output_head(model, candidates)
-        picked = [p for p, m in candidates if _is_linear(_base_of(m)) and p != head]
+        picked = [p for p, m in candidates if _is_linear(_base_of(m)) and p != head and p not in inside_attention]
     elif isinstance(target, str):
         rx = re.compile(target)
         picked = [p for p, _ in candidates if rx.fullmatch(p)]
@@ -127,6 +131,10 @@ def _targets(model: nn.Module, config: LoraConfig, op: str) -> list[str]:
                               f"{' ...' if len(layers) > 12 else ''})")
     modules = dict(candidates)
     for p in picked:
+        if p in inside_attention:
+            raise DTypeError(f"{op}: target {p!r} is a projection inside a MultiheadAttention, which reads its weight "
+                             f"directly (one GEMM), so an adapter there would never run; target the other Linear "
+                             "layers (\"all-linear\" leaves attention projections out)")
         m = _base_of(modules[p])
         if wrapper_for(m) is None:
             raise DTypeError(f"{op}: target {p!r} is a {type(m).__name__}; LoRA wraps Linear, Conv2d and "
