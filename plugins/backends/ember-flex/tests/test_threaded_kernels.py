@@ -9,6 +9,7 @@ pool gets 4 threads whatever the machine has: chunking, not the speed, is under 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -229,14 +230,16 @@ def test_set_num_threads_sizes_the_pool(monkeypatch):
 
         def spy(fn, chunk, dst):
             seen.add(threading.current_thread().name)
+            time.sleep(0.01)  # slow chunks: the woken workers claim some before the caller has done them all
             real(fn, chunk, dst)
 
         monkeypatch.setattr(T, "_ufunc_into", spy)
         T.min_elems = 64
         _identical(T.elementwise(np.add, (x, x)), x + x)
-        assert 2 <= len(seen) <= 3  # the caller and up to 2 workers
+        assert 2 <= len(seen) <= 3 and len(T._pool._workers) == 2  # the caller and up to 2 workers
         ember.set_num_threads(1)
-        assert T.get_num_threads() == 1 and T.min_elems > 1 << 60  # n=1: nothing is chunked
+        assert T.get_num_threads() == 1 and T.min_elems > 1 << 60  # n=1: nothing is chunked, no workers kept
+        assert not T._pool._workers
         assert T.elementwise(np.add, (x, x)) is None
         seen.clear()
         FlexBackend().binary("add", x, x)
@@ -313,3 +316,24 @@ def test_fork_child_gets_a_fresh_pool(pool):
     os.waitpid(pid, 0)
     os.close(r)
     assert got == b"1"
+
+
+def test_stalled_worker_never_blocks_the_caller(pool):
+    """A worker that does not come (a machine busy with other processes) leaves its chunks to the caller: the op
+    completes on the calling thread instead of waiting."""
+    pool.set_num_threads(2)
+    x = np.arange(10_000, dtype=np.float32)
+    _identical(T.elementwise(np.add, (x, x)), x + x)  # the one worker exists now
+    release = threading.Event()
+
+    class Stall:
+        def work(self) -> None:
+            release.wait(60)
+
+    T._pool._queue.put(Stall())  # the worker takes this and blocks
+    try:
+        for _ in range(5):
+            _identical(T.elementwise(np.multiply, (x, x)), x * x)
+            _identical(T.reduce(np.add, x.reshape(100, 100), (1,), False), np.add.reduce(x.reshape(100, 100), 1))
+    finally:
+        release.set()

@@ -31,6 +31,7 @@ child starts with no workers and makes new ones on first use.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import queue
@@ -69,24 +70,39 @@ def _cpu_count() -> int:
 
 
 class _Batch:
-    """The chunks of one op handed to workers: a countdown the caller waits on, and the first error raised."""
+    """One op's chunks, claimed one at a time by whoever runs :meth:`work` (the calling thread and the workers it
+    woke): a worker that is late (a busy machine) finds fewer or no chunks left, and the caller never waits for a
+    chunk nobody has started."""
 
-    __slots__ = ("left", "lock", "done", "error")
+    __slots__ = ("tasks", "claim", "left", "lock", "done", "error")
 
-    def __init__(self, n: int) -> None:
-        self.left = n
+    def __init__(self, tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+        self.tasks = tasks
+        self.claim = itertools.count().__next__  # atomic: one C call under the GIL
+        self.left = len(tasks)
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.error: BaseException | None = None
 
-    def finish(self, exc: BaseException | None) -> None:
-        with self.lock:
-            if exc is not None and self.error is None:
-                self.error = exc
-            self.left -= 1
-            last = self.left == 0
-        if last:
-            self.done.set()
+    def work(self) -> None:
+        tasks, n = self.tasks, len(self.tasks)
+        while True:
+            i = self.claim()
+            if i >= n:
+                return
+            fn, args = tasks[i]
+            exc: BaseException | None = None
+            try:
+                fn(*args)
+            except BaseException as e:  # noqa: BLE001 - handed to the calling thread, which raises it
+                exc = e
+            with self.lock:
+                if exc is not None and self.error is None:
+                    self.error = exc
+                self.left -= 1
+                last = self.left == 0
+            if last:
+                self.done.set()
 
 
 class _Pool:
@@ -106,16 +122,10 @@ class _Pool:
     def _work(self) -> None:
         get = self._queue.get
         while True:
-            item = get()
-            if item is None:  # a stop request from set_threads
+            batch = get()
+            if batch is None:  # a stop request from set_threads
                 return
-            fn, args, batch = item
-            try:
-                fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
-                batch.finish(exc)
-            else:
-                batch.finish(None)
+            batch.work()
 
     def set_threads(self, n: int) -> None:
         """n threads in all (n - 1 workers); workers beyond that stop once the op in flight (if any) is done."""
@@ -128,31 +138,24 @@ class _Pool:
                 self._workers = self._workers[:n - 1]
 
     def run(self, tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
-        """Run every ``fn(*args)``: the first on this thread, the others on workers; return when all are done and
-        raise the first error. Serial on this thread when another op holds the pool."""
-        if len(tasks) < 2 or not self._busy.acquire(blocking=False):
+        """Run every ``fn(*args)`` on this thread and the workers; return when all are done and raise the first
+        error. Serial on this thread when another op holds the pool."""
+        if len(tasks) < 2 or self.threads < 2 or not self._busy.acquire(blocking=False):
             for fn, args in tasks:
                 fn(*args)
             return
         try:
-            need = min(len(tasks), self.threads) - 1
-            while len(self._workers) < need:
+            wake = min(len(tasks), self.threads) - 1
+            while len(self._workers) < wake:
                 t = threading.Thread(target=self._work, name=f"ember-flex-{len(self._workers)}", daemon=True)
                 t.start()
                 self._workers.append(t)
-            batch = _Batch(len(tasks) - 1)
+            batch = _Batch(tasks)
             put = self._queue.put
-            for fn, args in tasks[1:]:
-                put((fn, args, batch))
-            fn, args = tasks[0]
-            first: BaseException | None = None
-            try:
-                fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - the workers still write into the result: wait for them
-                first = exc
+            for _ in range(wake):
+                put(batch)
+            batch.work()  # chunks until none is left unclaimed; then wait for those the workers are running
             batch.done.wait()
-            if first is not None:
-                raise first
             if batch.error is not None:
                 raise batch.error
         finally:
@@ -220,7 +223,9 @@ def _outer_axis(shape: tuple[int, ...], strides: tuple[int, ...], parts: int, al
 
 
 def _parts(n: int) -> int:
-    return min(_pool.threads, n // MIN_CHUNK)
+    """Chunks for n elements: two per thread (a late worker leaves its share to the others), each MIN_CHUNK+."""
+    t = _pool.threads
+    return 0 if t < 2 else min(2 * t, n // MIN_CHUNK)
 
 
 class _Mismatch(Exception):
