@@ -248,6 +248,34 @@ def test_batch_norm_module_train_and_eval(calls: dict[str, int]) -> None:
     assert calls["bn"] == 3
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+def test_in_place_ops_on_the_results_keep_backward_legal(calls: dict[str, int], dev: str) -> None:
+    """ResNet's ``out = bn(conv(x)); out += shortcut; relu_`` and ``loss /= steps``: in-place ops on what
+    batch_norm and cross_entropy return are legal (the ops' vjps never read those outputs), as in torch."""
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+    sc = rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+    t = rng.integers(0, 3, (4, 5, 5))
+    ex, tx = _pair(x, dev)
+    ew, tw = _pair(np.linspace(0.5, 1.5, 3).astype(np.float32), dev)
+
+    def run(fw: Any, xx: Any, w: Any, shortcut: Any, target: Any, functional: Any) -> Any:
+        out = functional.batch_norm(xx, None, None, w, None, training=True)
+        out += shortcut
+        out = out.relu_()
+        loss = functional.cross_entropy(out, target)
+        loss /= 2
+        loss.backward()
+        return loss
+
+    el = run(ember, ex, ew, ember.tensor(sc, device=dev), ember.tensor(t, device=dev), F)
+    tl = run(torch, tx, tw, torch.tensor(sc), torch.tensor(t), TF)
+    _close(el, tl, "float32")
+    _close(ex.grad, tx.grad, "float32")
+    _close(ew.grad, tw.grad, "float32")
+    assert calls["bn"] == 1 and calls["ce"] == 1 and calls["bn_bwd"] == 1 and calls["ce_bwd"] == 1
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("shape", BN_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_batch_norm_kernels_match_compositions(dtype: str, shape: tuple[int, ...]) -> None:

@@ -37,7 +37,7 @@ from ..extension import ExtensionOp, TensorSpec, backend_extension
 from ..tensor import Tensor
 
 __all__ = ["adam_step", "batch_norm_train", "batch_norm_train_backward", "cross_entropy_index",
-           "cross_entropy_index_backward", "has_kernel"]
+           "cross_entropy_index_backward", "has_kernel", "own_output"]
 
 _REDUCTIONS = ("none", "mean", "sum")
 
@@ -48,6 +48,15 @@ def has_kernel(op: ExtensionOp, x: Tensor) -> bool:
     from ..dispatch import extension_kernel
 
     return extension_kernel(op, x._device.stack) is not None
+
+
+def own_output(t: Tensor) -> Tensor:
+    """``t`` (a fresh, contiguous output of one of these ops) under a handle of its own, through the stack's
+    ``contiguous`` (no copy: the same memory). A differentiable stack saves an extension op's outputs for its vjp
+    and refuses backward once one was modified in place; these ops' vjps never read the outputs callers get (y,
+    loss), so what callers get is a handle of its own and in-place ops on it (ResNet's ``out += shortcut`` after
+    batch norm, ``loss /= accumulation_steps``) stay legal, as in torch."""
+    return Tensor._make(t._device.stack.contiguous(t._h), t._dtype, t._device)
 
 
 def _float(op: str, name: str, spec: Any) -> None:
