@@ -68,6 +68,7 @@ class QuantizedTensor:
 
     @property
     def device(self) -> Any:
+        """The device of the stored tensors."""
         return self.data.device
 
     def numel(self) -> int:
