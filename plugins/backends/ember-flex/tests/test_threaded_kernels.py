@@ -226,14 +226,14 @@ def test_set_num_threads_sizes_the_pool(monkeypatch):
         assert T.get_num_threads() == 3 and T.min_elems == T.MIN_ELEMS
         x = np.arange(10_000, dtype=np.float32)
         seen: set[str] = set()
-        real = T._ufunc_into
+        real = T._ufunc_chunk
 
-        def spy(fn, chunk, dst):
+        def spy(*args):
             seen.add(threading.current_thread().name)
             time.sleep(0.01)  # slow chunks: the woken workers claim some before the caller has done them all
-            real(fn, chunk, dst)
+            real(*args)
 
-        monkeypatch.setattr(T, "_ufunc_into", spy)
+        monkeypatch.setattr(T, "_ufunc_chunk", spy)
         T.min_elems = 64
         _identical(T.elementwise(np.add, (x, x)), x + x)
         assert 2 <= len(seen) <= 3 and len(T._pool._workers) == 2  # the caller and up to 2 workers

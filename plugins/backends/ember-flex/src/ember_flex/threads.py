@@ -43,11 +43,13 @@ import numpy as np
 
 ndarray = np.ndarray
 
-#: smallest output (elementwise) or input (reduction) element count that is chunked; measured on the benchmark
-#: ``ember bench threads`` (at 2**16 float32 elements a thread's chunk is ~10 us of work, about a worker's wake-up)
-MIN_ELEMS = 1 << 17
-#: smallest chunk, in elements: smaller chunks cost more to dispatch than they save
-MIN_CHUNK = 1 << 15
+#: smallest output (elementwise) or input (reduction) element count that is chunked. Measured on a 2-core machine
+#: shared with other work (the numbers behind ``ember bench threads``): the chunked path costs ~5 us plus ~4 us of
+#: Python per chunk, and a worker's wake-up 10-30 us, while numpy's a + b takes ~0.3-0.6 ns per float32 element;
+#: below ~2**18 elements (one chunk of ~2**16 per thread) the overhead would eat what a second core gains
+MIN_ELEMS = 1 << 18
+#: smallest chunk, in elements (~20-60 us of a + b): smaller chunks cost more to dispatch than they save
+MIN_CHUNK = 1 << 16
 
 # EMBER_FLEX_THREADS_MIN=n: chunk from n elements on (chunks from n/2): for tests that push small arrays through
 # the pool (the conformance kit, say) and for measuring thresholds on other machines
@@ -200,17 +202,6 @@ def _bounds(n: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
     return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
 
 
-def _slicer(arr: Any, axis: int, ndim: int) -> Callable[[int, int], Any]:
-    """lo, hi -> arr's part along the output's ``axis`` (an operand broadcast along it, or a scalar, whole)."""
-    if type(arr) is not ndarray:
-        return lambda lo, hi: arr
-    k = axis - (ndim - arr.ndim)
-    if k < 0 or arr.shape[k] == 1:
-        return lambda lo, hi: arr
-    pre = (slice(None),) * k
-    return lambda lo, hi: arr[pre + (slice(lo, hi),)]
-
-
 def _outer_axis(shape: tuple[int, ...], strides: tuple[int, ...], parts: int, allowed: Sequence[int]) -> int:
     """The axis to split: among ``allowed``, by decreasing |stride| (outermost in memory first), the first at least
     2*parts long, else the longest; -1 when none is at least 4 long (two chunks of 2)."""
@@ -279,22 +270,15 @@ def elementwise(fn: Callable[..., Any], args: tuple[Any, ...]) -> ndarray | None
 def _run_elementwise(fn: Callable[..., Any], args: tuple[Any, ...], shape: tuple[int, ...], axis: int,
                      parts: int, order: str, like: ndarray | None) -> ndarray | None:
     ndim = len(shape)
-    slicers = [_slicer(a, axis, ndim) for a in args]
-    probe = fn(*(s(0, 0) for s in slicers))  # the result dtype (numpy's promotion rules, Python scalars weak)
+    # per operand: the axis of its own that is split, -1 for an operand taken whole (a scalar, or broadcast)
+    ks = tuple(_split_axis(a, axis, ndim) for a in args)
+    probe = fn(*(_part(a, k, 0, 0) for a, k in zip(args, ks)))  # the result dtype (numpy's promotion rules)
     if type(probe) is not ndarray:
         return None
     out = np.empty_like(like, dtype=probe.dtype) if like is not None else np.empty(shape, probe.dtype)
-    pre = (slice(None),) * axis
-    align = 64 if axis == ndim - 1 else 1
-    ufunc = isinstance(fn, np.ufunc)
-    tasks = []
-    for lo, hi in _bounds(shape[axis], parts, align):
-        chunk = tuple(s(lo, hi) for s in slicers)
-        dst = out[pre + (slice(lo, hi),)]
-        if ufunc:
-            tasks.append((_ufunc_into, (fn, chunk, dst)))
-        else:
-            tasks.append((_copy_result, (fn, chunk, dst)))
+    run = _ufunc_chunk if isinstance(fn, np.ufunc) else _copy_chunk
+    tasks = [(run, (fn, args, ks, lo, hi, out, axis))
+             for lo, hi in _bounds(shape[axis], parts, 64 if axis == ndim - 1 else 1)]
     try:
         _pool.run(tasks)
     except _Mismatch:
@@ -302,8 +286,30 @@ def _run_elementwise(fn: Callable[..., Any], args: tuple[Any, ...], shape: tuple
     return out
 
 
-def _ufunc_into(fn: np.ufunc, chunk: tuple[Any, ...], dst: ndarray) -> None:
-    fn(*chunk, out=dst)
+def _split_axis(a: Any, axis: int, ndim: int) -> int:
+    if type(a) is not ndarray:
+        return -1
+    k = axis - (ndim - a.ndim)
+    return -1 if k < 0 or a.shape[k] == 1 else k
+
+
+def _part(a: Any, k: int, lo: int, hi: int) -> Any:
+    """a[lo:hi] along its axis k (k < 0: a itself)."""
+    if k < 0:
+        return a
+    if k == 0:
+        return a[lo:hi]
+    return a[(slice(None),) * k + (slice(lo, hi),)]
+
+
+def _ufunc_chunk(fn: np.ufunc, args: tuple[Any, ...], ks: tuple[int, ...], lo: int, hi: int, out: ndarray,
+                 axis: int) -> None:
+    fn(*[_part(a, k, lo, hi) for a, k in zip(args, ks)], out=_part(out, axis, lo, hi))
+
+
+def _copy_chunk(fn: Callable[..., Any], args: tuple[Any, ...], ks: tuple[int, ...], lo: int, hi: int,
+                out: ndarray, axis: int) -> None:
+    _copy_result(fn, tuple(_part(a, k, lo, hi) for a, k in zip(args, ks)), _part(out, axis, lo, hi))
 
 
 def inplace(fn: np.ufunc, a: ndarray, b: Any) -> bool:
@@ -323,15 +329,15 @@ def inplace(fn: np.ufunc, a: ndarray, b: Any) -> bool:
     if parts < 2 or a.ndim == 0:
         return False
     if type(b) is not ndarray or b.shape == a.shape:
-        fa, fb = a.reshape(-1), (b.reshape(-1) if type(b) is ndarray else b)
-        tasks = [(_ufunc_into, (fn, (fa[lo:hi], fb if type(fb) is not ndarray else fb[lo:hi]), fa[lo:hi]))
-                 for lo, hi in _bounds(a.size, parts, 64)]
+        fa = a.reshape(-1)
+        args, ks = (fa, b.reshape(-1) if type(b) is ndarray else b), (0, 0 if type(b) is ndarray else -1)
+        tasks = [(_ufunc_chunk, (fn, args, ks, lo, hi, fa, 0)) for lo, hi in _bounds(a.size, parts, 64)]
     else:
         axis = _outer_axis(a.shape, tuple(range(a.ndim, 0, -1)), parts, range(a.ndim))
         if axis < 0:
             return False
-        sa, sb = _slicer(a, axis, a.ndim), _slicer(b, axis, a.ndim)
-        tasks = [(_ufunc_into, (fn, (sa(lo, hi), sb(lo, hi)), sa(lo, hi))) for lo, hi in _bounds(a.shape[axis], parts)]
+        ks = (axis, _split_axis(b, axis, a.ndim))
+        tasks = [(_ufunc_chunk, (fn, (a, b), ks, lo, hi, a, axis)) for lo, hi in _bounds(a.shape[axis], parts)]
     _pool.run(tasks)
     return True
 
