@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -337,3 +338,30 @@ def test_stalled_worker_never_blocks_the_caller(pool):
             _identical(T.reduce(np.add, x.reshape(100, 100), (1,), False), np.add.reduce(x.reshape(100, 100), 1))
     finally:
         release.set()
+
+
+BENCH = Path(__file__).resolve().parents[4] / "benchmarks" / "threads.py"
+
+
+@pytest.mark.skipif(not BENCH.is_file(), reason="benchmarks/threads.py is not in this checkout")
+def test_threads_benchmark_smoke(tmp_path, capsys):
+    """``ember bench threads`` runs: every op at every size and thread count asked for, JSON with the timings."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("_bench_threads", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    before = ember.get_num_threads()
+    out = tmp_path / "t.json"
+    assert mod.main(["--quick", "--sizes", "100", "300000", "--threads", "1", "2", "--json", str(out)]) == 0
+    assert ember.get_num_threads() == before  # restored
+    res = json.loads(out.read_text())["seconds_per_call"]
+    assert set(res) == {"1", "2"}
+    for t in res.values():
+        assert set(t) == set(mod.OPS)
+        for per_size in t.values():
+            assert set(per_size) == {"100", "300000"}
+            assert all(cell["flex"]["median"] > 0 for cell in per_size.values())
+    text = capsys.readouterr().out
+    assert "sum(dim=-1) (float32)" in text and "xT1" in text
