@@ -87,18 +87,20 @@ def _fusion_active() -> None:
 def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, int]]]]:
     """Replace the benchmarks' sampling with one realized call per ember case; yields (case, counter delta) pairs."""
     seen: list[tuple[str, dict[str, int]]] = []
+    # the module the scripts will import now (another test may have re-imported the benchmark modules)
+    common = importlib.import_module("_common")
 
     def sample_cases(cases: dict[str, Callable[[], Any]], repeats: int, number: int = 1, warmup: int = 1,
                      realize_results: bool = True, hold: int = 1) -> dict[str, list[float]]:
         for name, fn in cases.items():
             if name.startswith("ember"):  # torch and numpy compute eagerly; they are not what this checks
                 before = _counts()
-                _common.time_loop(fn, 1, realize_results, hold)
+                common.time_loop(fn, 1, realize_results, hold)
                 after = _counts()
                 seen.append((name, {k: after[k] - before[k] for k in COUNTERS}))
         return {name: [1e-3] for name in cases}  # a stand-in time: the rows' ratios stay computable
 
-    monkeypatch.setattr(_common, "sample_cases", sample_cases)
+    monkeypatch.setattr(common, "sample_cases", sample_cases)
     yield seen
 
 
