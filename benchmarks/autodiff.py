@@ -5,11 +5,13 @@ Measures, in one run and side by side with PyTorch (CPU):
 1. **Per-op overhead** of recording a gradient node: ``a * b`` and ``a + b`` on 1,000 float32 elements where
    ``a`` requires grad, forward only. Cases: ember on ``Device.flex()`` (no autodiff), ember on
    ``Device.flex().autodiff()``, torch without and with ``requires_grad``. Timed alternately inside every repeat;
-   per-op time is the median over repeats (min/max and IQR as spread). The overhead is the difference
-   autodiff minus plain, for each framework.
+   results are kept alive and realized (ember's device synced) every 64 calls inside the timed loop; per-op time
+   is the median over repeats (min/max and IQR as spread). The overhead is the difference autodiff minus plain,
+   for each framework.
 2. **Seed-CNN training step** (docs/models.md: forward, cross-entropy, backward, Adam lr 1e-3) on
    flex+autodiff (with and without balanced checkpointing) and on PyTorch, same architecture, same initial weights,
-   same batch; median of the steps after warm-up, alternating frameworks.
+   same batch; median of the steps after warm-up, alternating frameworks; each timed step ends with its device
+   synced while the loss is alive, so nothing it recorded is left uncomputed.
 3. **Peak memory** of one training step with and without ``checkpointing="balanced"``: tracemalloc (which traces
    numpy's buffers) for ember -- the memory held after the forward pass (what the graph saved for backward) and
    the peak over the whole step -- and, in fresh subprocesses, the peak RSS growth of one step for ember and
