@@ -2,9 +2,9 @@
 
 numpy runs a ufunc's inner loop without the GIL, so chunks of one op, each a plain numpy call on a slice, run in
 parallel on a few Python threads. :func:`elementwise`, :func:`cast` and :func:`reduce` are what
-:class:`~ember_flex.backend.FlexBackend` calls for arrays of at least :data:`min_elems` elements (measured
-crossovers: below, one thread wins -- waking a worker costs ~10-30 us); each returns ``None`` where it would not
-give the serial result exactly, and the caller then runs the serial numpy call.
+:class:`~ember_flex.backend.FlexBackend` calls for arrays of at least :data:`min_elems` elements (below, the
+chunking and a worker's wake-up cost more than a second core gains; see :data:`MIN_ELEMS`); each returns ``None``
+where it would not give the serial result exactly, and the caller then runs the serial numpy call.
 
 Results are bit-identical to the one-thread path, layout (strides) included:
 
@@ -22,8 +22,10 @@ Results are bit-identical to the one-thread path, layout (strides) included:
 ``EMBER_FLEX_THREADS_MIN=n`` (environment, read at import) chunks arrays from n elements on instead: for tests that
 push small arrays through the pool and for measuring the threshold on other machines.
 
-Pool: one process-wide pool of ``get_num_threads() - 1`` daemon workers (the calling thread runs a chunk too),
-sized by ``ember.set_num_threads`` (``1``: no pool, everything serial). One op at a time uses the pool: a user
+Pool: one process-wide pool of ``get_num_threads() - 1`` daemon workers, sized by ``ember.set_num_threads``
+(``1``: no pool, everything serial). An op is cut into about two chunks per thread; the calling thread and the
+workers it woke claim them one at a time, so a worker that is late (other processes on the cores) leaves its
+chunks to the caller instead of making it wait. One op at a time uses the pool: a user
 thread that finds it busy runs its op serially instead of queueing, so N user threads never make more than
 ``N + threads - 1`` busy threads, and no chunk ever waits on another op (no deadlock). After ``os.fork`` the
 child starts with no workers and makes new ones on first use.
@@ -186,11 +188,6 @@ if _pool.threads <= 1:
     min_elems = _NEVER
 
 
-def run_tasks(tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
-    """Run ``fn(*args)`` for each task on the pool (for kernels outside this module: one op's independent parts)."""
-    _pool.run(tasks)
-
-
 # -- chunking ---------------------------------------------------------------------------------------------------
 def _bounds(n: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
     """``parts`` (lo, hi) ranges covering range(n): as even as possible (each at least ``n // parts`` long), or
@@ -253,7 +250,7 @@ def elementwise(fn: Callable[..., Any], args: tuple[Any, ...]) -> ndarray | None
         order = "C"
         if len(full) == len(arrays):  # no broadcasting: split the flat arrays
             flat_args = tuple(a.reshape(-1) if type(a) is ndarray else a for a in args)
-            r = _run_elementwise(fn, flat_args, (n,), 0, parts, "C", None)
+            r = _run_elementwise(fn, flat_args, (n,), 0, parts, None)
             return None if r is None else r.reshape(shape)
         axis = _outer_axis(shape, tuple(range(ndim, 0, -1)), parts, range(ndim))
     elif len(arrays) == 1 and full:
@@ -264,11 +261,12 @@ def elementwise(fn: Callable[..., Any], args: tuple[Any, ...]) -> ndarray | None
         return None  # mixed layouts: numpy's choice of result layout is not worth re-deriving
     if axis < 0:
         return None
-    return _run_elementwise(fn, args, shape, axis, parts, order, arrays[0] if order == "K" else None)
+    return _run_elementwise(fn, args, shape, axis, parts, arrays[0] if order == "K" else None)
 
 
 def _run_elementwise(fn: Callable[..., Any], args: tuple[Any, ...], shape: tuple[int, ...], axis: int,
-                     parts: int, order: str, like: ndarray | None) -> ndarray | None:
+                     parts: int, like: ndarray | None) -> ndarray | None:
+    """The chunks along ``axis`` into a new result: C order, or ``like``'s layout (numpy's order K)."""
     ndim = len(shape)
     # per operand: the axis of its own that is split, -1 for an operand taken whole (a scalar, or broadcast)
     ks = tuple(_split_axis(a, axis, ndim) for a in args)
