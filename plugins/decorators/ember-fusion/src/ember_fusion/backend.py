@@ -180,7 +180,11 @@ class FusionBackend(Decorator):
 
         def boundary(*args: Any, **kwargs: Any) -> Any:
             pending.counts.boundaries += 1
-            return inner_method(*values(args), **kwargs)
+            for a in args:  # _values' own first check, inlined: most calls pass inner handles and plain values
+                t = type(a)
+                if t is FArray or t is tuple or t is list:
+                    return inner_method(*values(args), **kwargs)
+            return inner_method(*args, **kwargs)
 
         boundary.__name__ = boundary.__qualname__ = name
         boundary.__doc__ = f"{name}: the inner stack's implementation, run as a boundary."
