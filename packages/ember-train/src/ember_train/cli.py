@@ -5,6 +5,11 @@ ember_train.cli <example>`` runs the same recipes without it. Every recipe train
 ``--device`` (default ``ember.Device.default()``) decorated with ``.autodiff()``, shows the Learner dashboard (or
 a plain log when stdout is not a terminal), writes checkpoints and metric logs to ``--out`` and ends with the
 final validation figures and the time taken.
+
+Recipes beyond the built-in ones come from other packages through the entry-point group ``ember_train.recipes``
+(see :data:`RECIPE_GROUP`): each entry point names a :class:`Recipe`, loaded only when ``ember train <name>`` runs
+it. :data:`OPTIONAL_RECIPES` names the recipes of optional first-party packages, so ``ember train <name>`` without
+the package says which extra installs it.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from ember import nn
 from . import checkpoint as ckpt
 from .checkpoint import RunConflictError
 
-__all__ = ["EXAMPLES", "build_parser", "main", "register_train", "run"]
+__all__ = ["EXAMPLES", "OPTIONAL_RECIPES", "RECIPE_GROUP", "Defaults", "Recipe", "RecipeUnavailableError", "Settings",
+           "build_parser", "main", "plugin_recipes", "recipe", "register_train", "run"]
 
 # `ember train seed-cnn` promises this on the digits (issue 5); the run reports whether it was met
 TARGET_ACCURACY = 0.97
@@ -55,10 +61,88 @@ EXAMPLES: dict[str, Defaults] = {
 
 
 # ----------------------------------------------------------------------------------------------------------
+# recipes from other packages
+# ----------------------------------------------------------------------------------------------------------
+#: entry-point group through which installed packages add recipes to ``ember train``; an entry point
+#: ``<name> = "<module>:<attribute>"`` names a :class:`Recipe` (``recipe.name`` must equal ``<name>``)
+RECIPE_GROUP = "ember_train.recipes"
+
+#: recipes of optional first-party packages: name -> (distribution, extra of ``ember``, one-line help). Listed so
+#: ``ember train <name>`` without the package explains what to install instead of "invalid choice"
+OPTIONAL_RECIPES: dict[str, tuple[str, str, str]] = {
+    "lora": ("ember-lora", "lora",
+             "pre-train the seed transformer on one task, fine-tune on another: full, LoRA and QLoRA side by side"),
+}
+
+
+class RecipeUnavailableError(ember.EmberError):
+    """``ember train <name>`` names a recipe whose package is not installed, or whose entry point fails to load."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A recipe another package contributes to ``ember train`` (entry-point group :data:`RECIPE_GROUP`).
+
+    ``run(settings)`` trains with the resolved :class:`Settings` (device with autodiff, epochs, batch size, lr,
+    ``out``, ``resume``, ``quick``, ``dashboard``, ``seed``) and returns ``(summary line, interrupted)``, like the
+    built-in recipes. ``checkpoints=False`` tells the CLI the recipe writes no checkpoints into ``--out`` (so an
+    ``--out`` holding another run is not refused).
+    """
+
+    name: str
+    defaults: Defaults
+    run: Callable[[Settings], tuple[str, bool]]
+    checkpoints: bool = True
+
+
+def _entry_points() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=RECIPE_GROUP) if ep.name not in EXAMPLES}
+
+
+def plugin_recipes() -> list[str]:
+    """Names of the recipes installed packages register under :data:`RECIPE_GROUP` (nothing is imported)."""
+    return sorted(_entry_points())
+
+
+def recipe(name: str) -> Recipe:
+    """The recipe ``ember train name`` runs: a built-in one or one an installed package registers.
+
+    Raises :class:`RecipeUnavailableError` naming the extra to install for a known optional recipe whose package
+    is absent, the entry point for one that fails to load, and the known names for anything else.
+    """
+    if name in RECIPES:
+        return Recipe(name, EXAMPLES[name], RECIPES[name], checkpoints=name != "seed-cnn-manual")
+    ep = _entry_points().get(name)
+    if ep is None:
+        if name in OPTIONAL_RECIPES:
+            dist, extra, _ = OPTIONAL_RECIPES[name]
+            raise RecipeUnavailableError(f"the {name!r} recipe comes with {dist}, which is not installed; install it "
+                                         f"with: pip install 'ember[{extra}]'")
+        known = sorted([*EXAMPLES, *_entry_points()])
+        raise RecipeUnavailableError(f"no recipe named {name!r} (installed recipes: {', '.join(known)})")
+    try:
+        found = ep.load()
+    except Exception as exc:  # a broken optional package must not look like an ember-train bug
+        raise RecipeUnavailableError(f"the {name!r} recipe ({ep.value}, entry-point group {RECIPE_GROUP}) failed to "
+                                     f"load: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(found, Recipe) or found.name != name:
+        raise RecipeUnavailableError(f"the entry point {name!r} = {ep.value!r} of group {RECIPE_GROUP} must name an "
+                                     f"ember_train.cli.Recipe called {name!r}, got {type(found).__name__}"
+                                     f"{'' if not isinstance(found, Recipe) else f' {found.name!r}'}")
+    return found
+
+
+def _choices() -> list[str]:
+    return [*EXAMPLES, *sorted({*_entry_points(), *OPTIONAL_RECIPES})]
+
+
+# ----------------------------------------------------------------------------------------------------------
 # argument handling
 # ----------------------------------------------------------------------------------------------------------
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("example", nargs="?", default="seed-cnn", choices=list(EXAMPLES),
+    p.add_argument("example", nargs="?", default="seed-cnn", choices=_choices(),
                    help="which recipe to train (default: seed-cnn)")
     p.add_argument("--device", default=None,
                    help="device spec, e.g. flex (default: ember.Device.default(), honouring EMBER_DEVICE); "
@@ -79,13 +163,22 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _examples_help() -> str:
-    return "examples:\n" + "\n".join(f"  {name:<17} {d.help}" for name, d in EXAMPLES.items())
+    lines = [f"  {name:<17} {d.help}" for name, d in EXAMPLES.items()]
+    installed = _entry_points()
+    for name in sorted({*installed, *OPTIONAL_RECIPES}):
+        if name in OPTIONAL_RECIPES:
+            dist, extra, text = OPTIONAL_RECIPES[name]
+            text += "" if name in installed else f" (needs {dist}: pip install 'ember[{extra}]')"
+        else:  # described without importing the package: `ember --help` stays fast and immune to broken plugins
+            text = f"from {installed[name].value.split(':')[0]}"
+        lines.append(f"  {name:<17} {text}")
+    return "examples:\n" + "\n".join(lines)
 
 
 def register_train(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``train`` to core's ``ember`` subcommands (the ``ember.commands`` entry point)."""
     p = subparsers.add_parser(
-        "train", help="train a built-in example (seed-cnn, seed-cnn-manual, regression-csv, text-transformer)",
+        "train", help="train a built-in example (seed-cnn, seed-cnn-manual, regression-csv, text-transformer, ...)",
         description="Train one of the built-in examples on a device, with a live dashboard, checkpoints and logs.",
         epilog=_examples_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -131,7 +224,7 @@ class Settings:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    d = EXAMPLES[args.example]
+    d = recipe(args.example).defaults
     epochs = args.epochs if args.epochs is not None else (d.quick_epochs if args.quick else d.epochs)
     batch = args.batch_size if args.batch_size is not None else (d.quick_batch_size if args.quick else d.batch_size)
     for name, value in (("--epochs", epochs), ("--batch-size", batch)):
@@ -151,6 +244,13 @@ def run(args: argparse.Namespace) -> int:
     # user errors are one or two lines; the traceback only with --debug (core's `ember`) or EMBER_DEBUG=1
     debug = bool(getattr(args, "debug", False)) or os.environ.get("EMBER_DEBUG", "") not in ("", "0", "false", "no")
     try:
+        chosen = recipe(args.example)
+    except RecipeUnavailableError as exc:
+        if debug:
+            raise
+        print(f"ember train {args.example}: {exc}", file=sys.stderr)
+        return 2
+    try:
         s = _settings(args)
     except ember.EmberError as exc:  # a bad --device: a missing plugin, an absent device, a malformed string
         if debug:
@@ -160,11 +260,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"ember train {s.example}: device {s.device}, epochs {s.epochs}, batch {s.batch_size}, lr {s.lr:g}, "
           f"out {s.out}{', resuming' if s.resume else ''}{', quick' if s.quick else ''}", flush=True)
-    recipe = RECIPES[s.example]
     start = time.perf_counter()
     try:
-        _check_out(s)
-        summary, interrupted = recipe(s)
+        if chosen.checkpoints:
+            _check_out(s)
+        summary, interrupted = chosen.run(s)
     except KeyboardInterrupt:
         print(f"ember train {s.example}: interrupted after {time.perf_counter() - start:.1f} s; "
               f"resume with --resume --out {s.out}", file=sys.stderr)
@@ -189,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
 def _check_out(s: Settings) -> None:
     """Refuse, before a recipe writes anything, an --out holding another run's checkpoints (the Learner would too,
     but only after the recipe has written its data files there)."""
-    if s.overwrite or s.example == "seed-cnn-manual":  # the manual loop writes no checkpoints
+    if s.overwrite:
         return
     latest = ckpt.latest_checkpoint(s.out) if s.resume else None
     ckpt.claim_out_dir(s.out, None if latest is None else (ckpt.checkpoint_run_id(latest) or ""), op="ember train")
