@@ -319,7 +319,8 @@ def bench_program(name: str, quick: bool, repeats: int, warmup: int) -> dict[str
 
 def plan(quick: bool) -> dict[str, int]:
     """Repeat counts: >= 5 timed repeats everywhere; quick shrinks the programs, not the statistics."""
-    return {"repeats": 5, "warmup": 1} if quick else {"repeats": 7, "warmup": 2}
+    # 6 warm-up steps: flex tries numpy and numexpr for each fused kernel's first calls (fusion.TRIALS per path)
+    return {"repeats": 5, "warmup": 1} if quick else {"repeats": 7, "warmup": 6}
 
 
 def run(quick: bool, programs: Sequence[str] = ()) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 # Stops at the first failing step.
 #   1. lint (ruff)
 #   2. unit + cross-plugin tests (pytest testpaths from pyproject.toml)
-#   3. the conformance kit against the flex backend: fused (ember-fusion records and fuses) and, through nox, flex
+#   3. the conformance kit against the flex backend: fused (ember-fusion records every op and fuses) and, through nox, flex
 #      alone (`nox -l`, then `nox -s core_flex`: a fresh venv with ember-core and ember-flex only, flex's tests and
 #      the kit on the backend's own ops), which also proves the nox sessions install from a fresh clone
 #   4. the conformance kit against tests/example-backend (toy), which proves the default compositions
@@ -33,8 +33,10 @@ step "tests"
 # two workers (xdist): the suite is CPU-bound and the machines have two cores
 "$PY" -m pytest -n 2 --ignore-glob='*/ember-opencl/tests/*'
 
-step "conformance kit (flex, fused by ember-fusion)"
-"$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing --ember-device=flex -q
+step "conformance kit (flex, fusion recording every op: eager_below=0, so small tensors take the fused path too)"
+# the default flex device runs ops on small tensors at once (below fusion's eager_below); the flex+autodiff run
+# below covers that default, this one the recording, planning and fused kernels
+"$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing "--ember-device=flex+fusion(eager_below=0)" -q
 
 step "nox: sessions listed, and core_flex (ember-core + ember-flex alone: flex's tests, the kit on unfused flex)"
 .venv/bin/nox -l

@@ -83,12 +83,15 @@ def _check_train(figs: list[dict[str, Any]], has_torch: bool) -> None:
         assert fig["fused_case"] == "ember flex+autodiff fused" and fig["unfused_case"] == "ember flex+autodiff unfused"
         c = fig["plan_cache"]
         assert c["steps"] >= 2 and c["measured_steps"] == c["steps"] - 1
-        assert c["hits"] >= 0 and c["misses"] >= 0 and c["hits"] + c["misses"] > 0, c
-        assert c["hit_rate"] == pytest.approx(c["hits"] / (c["hits"] + c["misses"])) and 0 <= c["hit_rate"] <= 1
-        # a repeated step replays what the first one planned: the first step missed at least once, later ones
-        # mostly hit
-        assert c["first_step"]["misses"] > 0 and c["kernels_run_per_step"] > 0 and c["realizations_per_step"] > 0
-        assert c["codegen"]["compiled"] + c["codegen"]["interpreted"] > 0
+        assert c["hits"] >= 0 and c["misses"] >= 0 and c["eager_per_step"] >= 0, c
+        if c["hits"] + c["misses"]:
+            assert c["hit_rate"] == pytest.approx(c["hits"] / (c["hits"] + c["misses"])) and 0 <= c["hit_rate"] <= 1
+            # a repeated step replays what the first one planned: the first step missed at least once, later ones
+            # mostly hit
+            assert c["first_step"]["misses"] > 0 and c["kernels_run_per_step"] > 0 and c["realizations_per_step"] > 0
+            assert c["codegen"]["compiled"] + c["codegen"]["interpreted"] > 0
+        else:  # every tensor below the device's eager_below: each op ran at once, nothing was planned
+            assert c["hit_rate"] is None and c["eager_per_step"] > 0, c
         lf, lu = np.array(fig["losses"]["fused"]), np.array(fig["losses"]["unfused"])
         assert len(lf) == len(lu) == c["steps"] and np.all(np.isfinite(lf)) and np.all(lf > 0)
         assert fig["max_rel_diff"] == pytest.approx(float(np.max(np.abs(lf - lu)) / np.max(np.abs(lu))), abs=1e-12)
@@ -101,9 +104,10 @@ def _check_overhead(figs: list[dict[str, Any]], has_torch: bool, fusion_on: bool
         _check_common(fig, has_torch, fusion_on)
         assert fig["unit"] == "us"
         assert fig["us_per_op"] == pytest.approx({k: v["median"] * 1e6 for k, v in fig["seconds"].items()})
-        recorded_only = "recorded only" in fig["name"]
-        assert ("target_us_per_op" in fig) is recorded_only, fig["name"]
-        if recorded_only:
+        # the per-op rows (recording on handles, Tensor a + b) carry the 5 us target; the kept chains do not
+        per_op = "recorded only" in fig["name"] or fig["name"].startswith("Tensor a + b")
+        assert ("target_us_per_op" in fig) is per_op, fig["name"]
+        if per_op:
             assert fig["target_us_per_op"] == 5.0
             assert fig["target_met"] is (fig["us_per_op"][fig["fused_case"]] <= 5.0)
 
