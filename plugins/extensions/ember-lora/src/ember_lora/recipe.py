@@ -61,7 +61,7 @@ def sizes(quick: bool) -> Sizes:
     vocabulary of 128; ``quick``: 1 layer of width 32 on sequences of 16 (tests and CI, a few seconds)."""
     if quick:
         return Sizes(512, 16, 64, 4, {"d_model": 32, "nhead": 4, "dim_feedforward": 64, "num_layers": 1}, 8)
-    return Sizes(2000, 32, 128, 4, {}, 8)
+    return Sizes(1600, 32, 128, 4, {}, 8)
 
 
 def tasks(size: Sizes, seed: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
@@ -324,6 +324,6 @@ def train_lora(s: Settings) -> tuple[str, bool]:
 
 
 #: the entry point ember-train loads for ``ember train lora`` (group ``ember_train.recipes``)
-RECIPE = Recipe("lora", Defaults(8, 32, 3e-3, quick_epochs=6, quick_batch_size=32,
+RECIPE = Recipe("lora", Defaults(4, 32, 3e-3, quick_epochs=6, quick_batch_size=32,
                                  help="pre-train the seed transformer on one task, fine-tune on another: full, "
                                       "LoRA and QLoRA side by side"), train_lora)
