@@ -365,3 +365,32 @@ def test_threads_benchmark_smoke(tmp_path, capsys):
             assert all(cell["flex"]["median"] > 0 for cell in per_size.values())
     text = capsys.readouterr().out
     assert "sum(dim=-1) (float32)" in text and "xT1" in text
+
+
+def test_numexpr_gets_flex_thread_count(monkeypatch):
+    """Fused kernels (numexpr) use flex's thread count: at the first compile (numexpr would cap itself at 8-16
+    on its own) unless the environment sets numexpr's, and on every ember.set_num_threads."""
+    numexpr = pytest.importorskip("numexpr")
+    from ember_flex import fusion
+
+    before, ne_before = T.get_num_threads(), numexpr.get_num_threads()
+    try:
+        monkeypatch.delenv("NUMEXPR_NUM_THREADS", raising=False)
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        T.set_num_threads(3)  # flex's pool only: numexpr still has its own count
+        numexpr.set_num_threads(1)
+        monkeypatch.setattr(fusion, "_threads_synced", False)
+        fusion._sync_threads(numexpr)
+        assert numexpr.get_num_threads() == 3
+        numexpr.set_num_threads(1)
+        fusion._sync_threads(numexpr)  # once only: a later numexpr setting of the user's stays
+        assert numexpr.get_num_threads() == 1
+        monkeypatch.setattr(fusion, "_threads_synced", False)
+        monkeypatch.setenv("NUMEXPR_NUM_THREADS", "1")
+        fusion._sync_threads(numexpr)
+        assert numexpr.get_num_threads() == 1
+        ember.set_num_threads(2)
+        assert numexpr.get_num_threads() == 2 and T.get_num_threads() == 2
+    finally:
+        ember.set_num_threads(before)
+        numexpr.set_num_threads(ne_before)
