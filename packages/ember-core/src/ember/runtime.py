@@ -135,8 +135,9 @@ def set_num_threads(n: int) -> None:
     Every installed backend that declares a thread pool (``register_backend_traits(set_num_threads=...)``) is
     limited at once, and backends loaded later start limited. Per backend:
 
-    - ember-flex: the BLAS/OpenMP pools of numpy and scipy (through threadpoolctl) and numexpr's pool (fused
-      kernels) get ``n`` threads; everything else in flex is single-threaded numpy.
+    - ember-flex: its own pool for large elementwise ops, casts and reductions (from 2**18 elements on,
+      bit-identical to one thread; ``n=1`` runs them serially), the BLAS/OpenMP pools of numpy and scipy (through
+      threadpoolctl) and numexpr's pool (fused kernels) get ``n`` threads.
     - ember-opencl: declares no pool: kernels run on the OpenCL device's queue, whose parallelism the driver decides
       (a CPU runtime such as PoCL sizes its own worker pool); the setting is recorded and changes nothing there.
     - a backend without a declaration: the same, recorded only; never a wrong result.
