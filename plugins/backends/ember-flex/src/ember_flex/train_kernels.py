@@ -4,8 +4,9 @@ its backward, training-mode batch norm and its backward, and the Adam/AdamW upda
 Each kernel replaces a chain of ten to twenty dispatched ops (and as many autodiff records) with one call that
 makes the fewest numpy passes and arrays it can:
 
-* cross-entropy forward: the row max, one ``exp`` in a scratch array and its row sums give each row's log-sum-exp;
-  the loss reads only the target logits (and, with label smoothing, the rows' weighted sums as one mat-vec).
+* cross-entropy forward: the row max, one ``exp`` in a kept scratch array and its row sums give each row's
+  log-sum-exp; the loss reads only the target logits (and, with label smoothing, the rows' weighted sums as one
+  mat-vec).
   Backward: ``exp(x - lse)`` in the output array, scaled per row in place, the target column adjusted by a scatter.
 * batch norm forward: per-channel sums, then the centred input's squares' sums (two passes as the unfused path, no
   cancellation), then the output, each block's centring, scaling and shift done while it is in cache.
@@ -39,6 +40,29 @@ def _cast(dt: np.dtype, outs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     return tuple(o if o.dtype == dt else o.astype(dt) for o in outs)
 
 
+#: scratch arrays up to this many elements are kept per thread for the next update (a fresh large array costs its
+#: page faults on every step); larger parameters allocate theirs per call, so idle memory stays bounded
+SCRATCH_MAX = 1 << 22
+_scratch = threading.local()
+
+
+def _scratch_arrays(k: int, shape: tuple[int, ...], dtype: np.dtype) -> list[np.ndarray]:
+    """k (at most 3) scratch arrays of ``shape``: views of this thread's kept buffers, or fresh ones for large
+    shapes. A kernel's scratch never outlives its call (the next kernel on this thread reuses it)."""
+    n = 1
+    for d in shape:
+        n *= d
+    if n > SCRATCH_MAX:
+        return [np.empty(shape, dtype) for _ in range(k)]
+    bufs = getattr(_scratch, "bufs", None)
+    if bufs is None:
+        bufs = _scratch.bufs = {}
+    kept = bufs.get(dtype)
+    if kept is None or kept.shape[1] < n:
+        kept = bufs[dtype] = np.empty((3, max(n, 1 << 12)), dtype)
+    return [kept[i, :n].reshape(shape) for i in range(k)]
+
+
 # -- cross-entropy -------------------------------------------------------------------------------------------------
 def _rows(x: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(R, C) logits and (R,) targets: (C,) is one row, (N, C, *) has its class dim moved last."""
@@ -69,7 +93,7 @@ def cross_entropy_index(backend: Any, x: np.ndarray, target: np.ndarray, weight:
     rows, c = xb.shape
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         m = xb.max(axis=1)
-        e = np.subtract(xb, m[:, None])
+        e = np.subtract(xb, m[:, None], out=_scratch_arrays(1, xb.shape, work)[0])
         np.exp(e, out=e)
         lse = np.log(e.sum(axis=1))
         lse += m
@@ -249,28 +273,6 @@ def batch_norm_train_backward(backend: Any, x: np.ndarray, weight: np.ndarray | 
 
 
 # -- Adam ----------------------------------------------------------------------------------------------------------
-#: scratch arrays up to this many elements are kept per thread for the next update (a fresh large array costs its
-#: page faults on every step); larger parameters allocate theirs per call, so idle memory stays bounded
-SCRATCH_MAX = 1 << 22
-_scratch = threading.local()
-
-
-def _scratch_arrays(k: int, shape: tuple[int, ...], dtype: np.dtype) -> list[np.ndarray]:
-    """k scratch arrays of ``shape`` (views of this thread's kept buffers, or fresh ones for large shapes)."""
-    n = 1
-    for d in shape:
-        n *= d
-    if n > SCRATCH_MAX:
-        return [np.empty(shape, dtype) for _ in range(k)]
-    bufs = getattr(_scratch, "bufs", None)
-    if bufs is None:
-        bufs = _scratch.bufs = {}
-    kept = bufs.get(dtype)
-    if kept is None or kept.shape[1] < n:
-        kept = bufs[dtype] = np.empty((3, max(n, 1 << 12)), dtype)
-    return [kept[i, :n].reshape(shape) for i in range(k)]
-
-
 def adam_step(backend: Any, param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray,
               max_exp_avg_sq: np.ndarray | None, *, lr: float, beta1: float, beta2: float, eps: float,
               weight_decay: float = 0.0, decoupled_weight_decay: bool = False, amsgrad: bool = False,
