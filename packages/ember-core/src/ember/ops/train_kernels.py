@@ -4,7 +4,7 @@ Each op's default composition is written in ember ops, so every backend runs it 
 ember code); a backend may register one kernel per op (see docs/extensions.md; ember-flex registers numpy kernels
 in ``ember_flex.train_kernels``). The differentiable ops have a vjp that is itself one op, so a backend with kernels
 for both pays neither per-op dispatch nor per-op autodiff recording -- PyTorch's ``log_softmax``/``nll_loss`` and
-``native_batch_norm`` pairs, and its fused (``foreach``) Adam:
+``native_batch_norm`` pairs, and a one-kernel-per-parameter Adam (torch's ``fused=True``):
 
 * ``nn.cross_entropy_index`` (x, target, weight) -> (loss, lse): log-softmax over the class dim, the gather at
   class-index targets (``ignore_index``, per-class ``weight``, ``label_smoothing``) and the reduction, as
@@ -24,7 +24,8 @@ for both pays neither per-op dispatch nor per-op autodiff recording -- PyTorch's
   ends with the right values.
 
 Callers (``nn.functional.cross_entropy``/``batch_norm``, ``optim.Adam``) route through an op only where the
-device's backend has a kernel for it (:func:`has_kernel`): elsewhere their own compositions run, unchanged.
+device's backend has a kernel for it (:func:`has_kernel`): elsewhere their own compositions run, unchanged. They
+hand the user the loss / normalised output through :func:`own_output`, so in-place ops on it stay legal.
 """
 
 from __future__ import annotations
