@@ -16,7 +16,8 @@ unfused), on flex and on OpenCL (``Device.opencl(0)``, when present), with PyTor
 3. **overhead**: per-op recording cost on tiny tensors (1,000 float32). Backend level: ``stack.binary("add", h,
    h2)`` on handles, results dropped (nothing is executed), one flush per batch of ops; a 32-op add/mul chain kept
    and flushed (recording plus one fused kernel); Tensor level: ``a + b`` per op (results kept and synced every 64
-   calls) and ``(a + b).numpy()`` (run and read back). Fused vs unfused (and torch for the Tensor-level figures); target <= 5 us per recorded op.
+   calls) and ``(a + b).numpy()`` (run and read back). Fused vs unfused (and torch for the Tensor-level
+   figures); target <= 5 us per op.
 
 Every section first runs fused and unfused from the same inputs and records the maximum relative difference of
 their outputs (``max_rel_diff``: max |fused - unfused| / max |unfused|); a difference above the section's tolerance

@@ -323,3 +323,60 @@ def test_ember_info_lists_the_op_and_its_kernels(make: Any) -> None:
     (row,) = [o for o in ember.info()["ops"] if o["name"] == s.name]
     assert row["backends"] == ["flex"] and row["description"] == "tanh(x * alpha) + y"
     assert row["plugin"] == __name__
+
+
+def _two_outputs(outputs: tuple[int, ...] | None) -> Any:
+    """``pair(x) = (exp(x), 2x)`` with a flex kernel and a vjp that reads only the first output."""
+    name = f"ext_test_{next(_counter)}.pair"
+
+    @backend_extension(name, output=lambda x: (TensorSpec(x.shape, x.dtype), TensorSpec(x.shape, x.dtype)))
+    def pair(x: ember.Tensor) -> tuple[ember.Tensor, ember.Tensor]:
+        return ember.exp(x), x * 2
+
+    @pair.kernel("flex")
+    def _(backend: Any, x: Any) -> Any:
+        return np.exp(x), x * 2
+
+    seen: list[tuple[bool, ...]] = []
+
+    def vjp(ctx: Any, ge: ember.Tensor, gd: ember.Tensor) -> tuple[Any, ...]:
+        seen.append(tuple(o is not None for o in ctx.outputs))
+        return (ge * ctx.outputs[0] + gd * 2,)
+
+    if outputs is None:
+        pair.vjp(vjp)
+    else:
+        pair.vjp(outputs=outputs)(vjp)
+    return name, pair, seen
+
+
+@pytest.mark.parametrize("outputs", [(0,), (-2,)])
+def test_a_vjp_that_names_its_outputs_leaves_the_others_free_to_change_in_place(outputs: tuple[int, ...]) -> None:
+    name, pair, seen = _two_outputs(outputs)
+    try:
+        x = ember.tensor([0.5, -1.0], device=Device.parse("flex+autodiff"), requires_grad=True)
+        e, d = pair(x)
+        d += 1  # not read by the vjp: legal, as for a torch Function that saves only what it names
+        (e.sum() + d.sum()).backward()
+        np.testing.assert_allclose(x.grad.numpy(), np.exp([0.5, -1.0]) + 2, rtol=1e-6)
+        assert seen == [(True, False)]
+        e2, _ = pair(x)
+        e2 += 1  # read by the vjp: modifying it is the usual in-place error
+        with pytest.raises(ember.AutodiffError, match="modified by an in-place operation"):
+            e2.sum().backward()
+    finally:
+        unregister(name)
+
+
+def test_by_default_every_output_is_kept_and_checked() -> None:
+    name, pair, seen = _two_outputs(None)
+    try:
+        x = ember.tensor([0.5], device=Device.parse("flex+autodiff"), requires_grad=True)
+        e, d = pair(x)
+        d += 1
+        with pytest.raises(ember.AutodiffError, match="modified by an in-place operation"):
+            (e.sum() + d.sum()).backward()
+    finally:
+        unregister(name)
+    with pytest.raises(ember.PluginError, match="outputs= must be a sequence of ints"):
+        pair.vjp(outputs=("first",))

@@ -108,6 +108,8 @@ class ExtensionOp:
         self.kernels: dict[str, Callable[..., Any]] = {}
         self._vjp: Callable[..., Any] | None = None
         self._save: Callable[..., Any] | None = None
+        #: the outputs the vjp reads (indices; negative ones count from the end), None for all of them
+        self.saved_outputs: tuple[int, ...] | None = None
         self.__name__ = name.rsplit(".", 1)[-1]
         self.__qualname__ = self.__name__
         self.__doc__ = fn.__doc__
@@ -137,11 +139,34 @@ class ExtensionOp:
 
         return register
 
-    def vjp(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def vjp(self, fn: Callable[..., Any] | None = None, *, outputs: Sequence[int] | None = None) -> Any:
         """Register the backward: ``fn(ctx, *grads)`` returns one gradient per positional argument (None where
-        an argument is no tensor or gets no gradient). Without one, autodiff differentiates the composition."""
+        an argument is no tensor or gets no gradient). Without one, autodiff differentiates the composition.
+
+        ``@op.vjp(outputs=(1,))`` names the outputs the vjp reads from ``ctx.outputs`` (negative indices count from
+        the end); the others are not kept for the backward (``ctx.outputs`` holds None there), so modifying them in
+        place (``out += shortcut``, ``loss /= n``) stays legal, as for a PyTorch Function that saves only what it
+        names. By default every output is kept and version-checked."""
+        if outputs is not None:
+            try:
+                kept = tuple(int(i.__index__()) for i in outputs)
+            except (TypeError, AttributeError):
+                raise PluginError(f"{self.name}.vjp: outputs= must be a sequence of ints, got {outputs!r}") from None
+        if fn is None:
+            def register(f: Callable[..., Any]) -> Callable[..., Any]:
+                return self.vjp(f, outputs=outputs)
+
+            return register
+        if not callable(fn):
+            raise PluginError(f"{self.name}.vjp: expected a function, got {fn!r}")
         self._vjp = fn
+        self.saved_outputs = kept if outputs is not None else None
         return fn
+
+    def keeps_output(self, k: int, count: int) -> bool:
+        """Whether output ``k`` of ``count`` is kept for the vjp (see :meth:`vjp`'s ``outputs``)."""
+        kept = self.saved_outputs
+        return kept is None or k in kept or k - count in kept
 
     def save(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register ``fn(ctx, inputs, outputs)``, run before the vjp to compute what it needs (PyTorch's

@@ -106,6 +106,9 @@ class FakeOp:
     def has_vjp(self) -> bool:
         return self.vjp is not None
 
+    def keeps_output(self, k: int, count: int) -> bool:
+        return True  # every output kept for the vjp (ExtensionOp's default)
+
 
 class FakeCall:
     """The part of ember.extension.ExtensionCall that run_extension uses; records what ran."""

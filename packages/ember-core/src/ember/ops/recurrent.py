@@ -303,7 +303,7 @@ def rnn_layer_backward(x: Tensor, h0: Tensor, c0: Tensor | None, w_ih: Tensor, w
     return tuple(out)
 
 
-@rnn_layer.vjp
+@rnn_layer.vjp(outputs=(0, -1))  # reads y and the workspace: h_n and c_n may be modified in place
 def _rnn_layer_vjp(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
     x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr = ctx.inputs
     mode = ctx.kwargs["mode"]

@@ -24,8 +24,10 @@ for both pays neither per-op dispatch nor per-op autodiff recording -- PyTorch's
   ends with the right values.
 
 Callers (``nn.functional.cross_entropy``/``batch_norm``, ``optim.Adam``) route through an op only where the
-device's backend has a kernel for it (:func:`has_kernel`): elsewhere their own compositions run, unchanged. They
-hand the user the loss / normalised output through :func:`own_output`, so in-place ops on it stay legal.
+device's backend has a kernel for it (:func:`has_kernel`): elsewhere their own compositions run, unchanged. The
+vjps name the outputs they read (``vjp(outputs=...)``: lse; mean and invstd), so the loss and the normalised
+output callers get are not saved, and in-place ops on them (ResNet's ``out += shortcut`` after batch norm,
+``loss /= accumulation_steps``) stay legal, as in torch.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from ..extension import ExtensionOp, TensorSpec, backend_extension
 from ..tensor import Tensor
 
 __all__ = ["adam_step", "batch_norm_train", "batch_norm_train_backward", "cross_entropy_index",
-           "cross_entropy_index_backward", "has_kernel", "own_output"]
+           "cross_entropy_index_backward", "has_kernel"]
 
 _REDUCTIONS = ("none", "mean", "sum")
 
@@ -49,15 +51,6 @@ def has_kernel(op: ExtensionOp, x: Tensor) -> bool:
     from ..dispatch import extension_kernel
 
     return extension_kernel(op, x._device.stack) is not None
-
-
-def own_output(t: Tensor) -> Tensor:
-    """``t`` (a fresh, contiguous output of one of these ops) under a handle of its own, through the stack's
-    ``contiguous`` (no copy: the same memory). A differentiable stack saves an extension op's outputs for its vjp
-    and refuses backward once one was modified in place; these ops' vjps never read the outputs callers get (y,
-    loss), so what callers get is a handle of its own and in-place ops on it (ResNet's ``out += shortcut`` after
-    batch norm, ``loss /= accumulation_steps``) stay legal, as in torch."""
-    return Tensor._make(t._device.stack.contiguous(t._h), t._dtype, t._device)
 
 
 def _float(op: str, name: str, spec: Any) -> None:
@@ -169,7 +162,7 @@ def _class_ids(c: int, like: Tensor, extra: tuple[int, ...]) -> Tensor:
     return arange(c, device=like._device).reshape((1, c) + extra)
 
 
-@cross_entropy_index.vjp
+@cross_entropy_index.vjp(outputs=(1,))  # reads lse only: the loss may be modified in place
 def _cross_entropy_vjp(ctx: Any, gloss: Tensor, glse: Tensor) -> tuple[Tensor | None, ...]:
     x, target, weight = ctx.inputs
     # lse is the op's own workspace (no caller differentiates it): its gradient is ignored
@@ -257,7 +250,7 @@ def batch_norm_train_backward(x: Tensor, weight: Tensor | None, mean: Tensor, in
     return dx, dweight, dbias
 
 
-@batch_norm_train.vjp
+@batch_norm_train.vjp(outputs=(1, 2))  # reads mean and invstd: y may be modified in place
 def _batch_norm_vjp(ctx: Any, gy: Tensor, *stat_grads: Tensor) -> tuple[Tensor | None, ...]:
     x, weight, bias = ctx.inputs
     _, mean, invstd, _ = ctx.outputs

@@ -152,14 +152,15 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
             v = t._h.value if stack is self else inner.lift(stack.lower(t._h))
             return v if t.dtype is dtype else inner.cast(v, dtype)
 
-        out_saved: list[Callable[[], Any]] = []
+        out_saved: list[Callable[[], Any] | None] = []
 
         def vjp(g: Any) -> tuple[Any, ...]:
             grads = g.parts if type(g) is _GradParts else {0: g}
             with no_grad():
                 inputs = tuple(to_tensor(in_saved[i][0](), in_saved[i][1]) if i in in_saved else a
                                for i, a in enumerate(args))
-                outputs = tuple(to_tensor(get(), d) for get, d in zip(out_saved, out_dtypes))
+                # an output the vjp does not read was not kept (ExtensionOp.vjp(outputs=...)): None in ctx.outputs
+                outputs = tuple(None if get is None else to_tensor(get(), d) for get, d in zip(out_saved, out_dtypes))
                 gs = tuple(to_tensor(grads[k], out_dtypes[k]) if k in grads
                            else (to_tensor(inner.full(values[k].shape, 0, d), d) if d.is_floating_point else None)
                            for k, d in enumerate(out_dtypes))
@@ -180,7 +181,8 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
                 ADArray(v, Meta(Node(name, (joint,), lambda g, k=k: (_GradParts({k: g}),))))
                 if d.is_floating_point else ADArray(v)
                 for k, (v, d) in enumerate(zip(values, out_dtypes)))
-        out_saved.extend(self.save(w) for w in wrapped)
+        op, n_out = call.op, len(wrapped)
+        out_saved.extend(self.save(w) if op.keeps_output(k, n_out) else None for k, w in enumerate(wrapped))
         return wrapped[0] if single else wrapped
 
     # ------------------------------------------------------------------------------------------------------

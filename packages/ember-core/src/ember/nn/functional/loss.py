@@ -259,8 +259,8 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
             and _tk.has_kernel(_tk.cross_entropy_index, input)):
         # one op (log-softmax, gather, reduction) and one backward op where the backend has kernels for them; a
         # weight that requires grad keeps the composition, which differentiates it
-        return _tk.own_output(_tk.cross_entropy_index(input, target, weight, ignore_index=ignore_index,
-                                                      reduction=reduction, label_smoothing=label_smoothing)[0])
+        return _tk.cross_entropy_index(input, target, weight, ignore_index=ignore_index, reduction=reduction,
+                                       label_smoothing=label_smoothing)[0]
     return _nn.cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
 
 

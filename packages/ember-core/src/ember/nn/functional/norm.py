@@ -110,7 +110,7 @@ def _batch_norm_fused(input: Tensor, running_mean: Tensor | None, running_var: T
             _nn._update_running(s, running_mean, mean._h, momentum)
         if running_var is not None:
             _nn._update_running(s, running_var, s.binary("mul", var._h, count / (count - 1)), momentum)
-    return _tk.own_output(y)
+    return y
 
 
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
