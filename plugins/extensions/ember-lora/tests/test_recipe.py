@@ -63,10 +63,19 @@ def test_quick_run_table(tmp_path, capsys):
     assert qlora["weights_bytes"] < lora["weights_bytes"]
     assert full["step_peak_bytes"] > lora["step_peak_bytes"] > 0
     for r in rows.values():
-        assert r["step_ms"] > 0 and (r["step_rss_bytes"] is None or r["step_rss_bytes"] >= 0)
+        assert r["step_ms"] is not None and r["step_ms"] > 0
+        assert r["step_rss_bytes"] is None or r["step_rss_bytes"] >= 0
         assert r["accuracy_b"] > 1 / 4 + 0.05, r  # above chance (4 classes) on the new task
     # adapters off: LoRA's frozen base is the pre-trained model exactly
     assert lora["accuracy_a_base"] == pytest.approx(results["pretrained"]["accuracy_a"])
     assert full["accuracy_a_base"] is None and qlora["accuracy_a_base"] is not None
     for phase in ("pretrain", "full", "lora", "qlora"):
         assert (out / phase / "metrics.jsonl").is_file()
+    # --resume picks every phase up from its checkpoints: nothing left to train, the same accuracies
+    rc = train_cli.main(["lora", "--quick", "--resume", "--device", "flex", "--out", str(out), "--dashboard", "none"])
+    assert rc == 0
+    again = {r["method"]: r for r in json.loads((out / "lora-results.json").read_text())["methods"]}
+    for method, r in rows.items():
+        assert again[method]["accuracy_b"] == r["accuracy_b"] and again[method]["accuracy_a"] == r["accuracy_a"]
+        assert again[method]["step_ms"] is None  # no step ran
+    assert "n/a" in capsys.readouterr().out

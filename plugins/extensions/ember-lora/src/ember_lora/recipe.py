@@ -88,7 +88,7 @@ class MethodResult:
     step_peak_bytes: int
     step_rss_bytes: int | None
     pool_peak_bytes: int | None
-    step_ms: float
+    step_ms: float | None
     accuracy_b: float
     accuracy_a: float
     accuracy_a_base: float | None
@@ -99,9 +99,10 @@ class MethodResult:
             return "n/a" if v is None else f"{v / _MiB:.2f}"
 
         base = "" if self.accuracy_a_base is None else f" ({self.accuracy_a_base:.1%} off)"
+        step = "n/a" if self.step_ms is None else f"{self.step_ms:.1f}"
         return [self.method, f"{self.trainable:,d}", f"{self.trainable_fraction:.2%}", mib(self.weights_bytes),
-                mib(self.step_peak_bytes), mib(self.step_rss_bytes), mib(self.pool_peak_bytes),
-                f"{self.step_ms:.1f}", f"{self.accuracy_b:.1%}", f"{self.accuracy_a:.1%}{base}"]
+                mib(self.step_peak_bytes), mib(self.step_rss_bytes), mib(self.pool_peak_bytes), step,
+                f"{self.accuracy_b:.1%}", f"{self.accuracy_a:.1%}{base}"]
 
 
 HEADER = ["method", "trainable", "trainable %", "weights MiB", "step peak MiB", "RSS growth MiB", "pool peak MiB",
@@ -119,8 +120,8 @@ def format_table(rows: list[MethodResult], pretrained: tuple[float, float]) -> s
     lines.append("weights: stored parameters and buffers (NF4 packed for QLoRA); step peak: memory allocated during "
                  "the first fine-tuning step (traced host allocations: graph, gradients, optimizer state); RSS growth: "
                  "the process's peak resident-set growth over that step; pool peak: the device allocator's peak "
-                 "(n/a where the backend has no pool); step ms: mean training step; acc A after: the fine-tuned "
-                 "model on task A (in brackets: with the adapters switched off)")
+                 "(n/a where the backend has no pool); step ms: mean training step (n/a when a resumed phase had no "
+                 "step left); acc A after: the fine-tuned model on task A (in brackets: adapters switched off)")
     return "\n".join(lines)
 
 
@@ -202,8 +203,9 @@ class _StepTimer(Callback):
         self._last = None  # validation runs between epochs
 
     @property
-    def mean_ms(self) -> float:
-        return 1000 * float(np.mean(self.times)) if self.times else float("nan")
+    def mean_ms(self) -> float | None:
+        """Mean step time in milliseconds; None when no step ran (a resumed run that had finished)."""
+        return 1000 * float(np.mean(self.times)) if self.times else None
 
 
 # ----------------------------------------------------------------------------------------------------------
