@@ -74,7 +74,12 @@ class TensorSpec:
     @classmethod
     def of(cls, t: Tensor) -> TensorSpec:
         """The spec of an existing tensor."""
-        return cls(t.shape, t.dtype)
+        # a tensor's shape and dtype are valid already: skip __post_init__'s checks (every extension call makes
+        # one spec per tensor argument)
+        spec = object.__new__(cls)
+        object.__setattr__(spec, "shape", tuple(t._h.shape))
+        object.__setattr__(spec, "dtype", t._dtype)
+        return spec
 
 
 Spec = TensorSpec | tuple[TensorSpec, ...]
