@@ -87,7 +87,7 @@ class MethodResult:
     weights_bytes: int
     step_peak_bytes: int
     step_rss_bytes: int | None
-    pool_peak_bytes: int | None
+    pool_kept_bytes: int | None
     step_ms: float | None
     accuracy_b: float
     accuracy_a: float
@@ -101,11 +101,11 @@ class MethodResult:
         base = "" if self.accuracy_a_base is None else f" ({self.accuracy_a_base:.1%} off)"
         step = "n/a" if self.step_ms is None else f"{self.step_ms:.1f}"
         return [self.method, f"{self.trainable:,d}", f"{self.trainable_fraction:.2%}", mib(self.weights_bytes),
-                mib(self.step_peak_bytes), mib(self.step_rss_bytes), mib(self.pool_peak_bytes), step,
+                mib(self.step_peak_bytes), mib(self.step_rss_bytes), mib(self.pool_kept_bytes), step,
                 f"{self.accuracy_b:.1%}", f"{self.accuracy_a:.1%}{base}"]
 
 
-HEADER = ["method", "trainable", "trainable %", "weights MiB", "step peak MiB", "RSS growth MiB", "pool peak MiB",
+HEADER = ["method", "trainable", "trainable %", "weights MiB", "step peak MiB", "RSS growth MiB", "pool kept MiB",
           "step ms", "acc B", "acc A after"]
 
 
@@ -119,9 +119,10 @@ def format_table(rows: list[MethodResult], pretrained: tuple[float, float]) -> s
     lines.append(f"pre-trained on A: acc A {pretrained[0]:.1%}, acc B {pretrained[1]:.1%}")
     lines.append("weights: stored parameters and buffers (NF4 packed for QLoRA); step peak: memory allocated during "
                  "the first fine-tuning step (traced host allocations: graph, gradients, optimizer state); RSS growth: "
-                 "the process's peak resident-set growth over that step; pool peak: the device allocator's peak "
-                 "(n/a where the backend has no pool); step ms: mean training step (n/a when a resumed phase had no "
-                 "step left); acc A after: the fine-tuned model on task A (in brackets: adapters switched off)")
+                 "the process's peak resident-set growth over that step; pool kept: what the step left allocated "
+                 "in the device pool (gradients, optimizer state; n/a without a pool); step ms: mean training step "
+                 "(n/a when a resumed phase had no step left); acc A after: the fine-tuned model on task A (in "
+                 "brackets: adapters switched off)")
     return "\n".join(lines)
 
 
@@ -150,10 +151,12 @@ def _reset_peak_rss() -> bool:
 
 
 @contextmanager
-def _memory_probe() -> Iterator[dict[str, int | None]]:
+def _memory_probe(device: ember.Device) -> Iterator[dict[str, int | None]]:
     """Measure the block: traced peak allocation (tracemalloc sees numpy's buffers), peak RSS growth (Linux) and the
-    device pool's peak where the backend reports one (filled in once the block exits)."""
-    out: dict[str, int | None] = {"traced": 0, "rss": None}
+    growth of the device pool's in-use bytes where the backend reports them (filled in once the block exits). The
+    contract has no way to restart a pool's peak, so the pool figure is what the block leaves allocated."""
+    out: dict[str, int | None] = {"traced": 0, "rss": None, "pool": None}
+    pool_before = _pool_in_use(device)
     rss_ok = _reset_peak_rss()
     before = _status_bytes("VmRSS")
     was_tracing = tracemalloc.is_tracing()
@@ -170,14 +173,18 @@ def _memory_probe() -> Iterator[dict[str, int | None]]:
         peak = _status_bytes("VmHWM")
         if rss_ok and before is not None and peak is not None:
             out["rss"] = max(peak - before, 0)
+        pool_after = _pool_in_use(device)
+        if pool_before is not None and pool_after is not None:
+            out["pool"] = max(pool_after - pool_before, 0)
 
 
-def _pool_peak(device: ember.Device) -> int | None:
+def _pool_in_use(device: ember.Device) -> int | None:
+    """Bytes in use in the device's memory pool (``memory_report()["in_use"]``); None where there is no pool."""
     try:
-        peak = device.memory_report().get("peak")
+        in_use = device.memory_report().get("in_use")
     except ember.EmberError:
         return None
-    return None if peak is None else int(peak)
+    return None if in_use is None else int(in_use)
 
 
 def _weights_bytes(model: nn.Module) -> int:
@@ -266,7 +273,7 @@ def _fine_tune(s: Settings, size: Sizes, method: str, pretrained: dict[str, Any]
     # the first fine-tuning step, measured: forward, backward and the optimizer's step (which allocates its state)
     x, y = next(iter(b_train))
     model.train()
-    with _memory_probe() as mem:
+    with _memory_probe(s.device) as mem:
         optimizer.zero_grad()
         loss_fn(model(x), y).backward()
         optimizer.step()
@@ -277,7 +284,7 @@ def _fine_tune(s: Settings, size: Sizes, method: str, pretrained: dict[str, Any]
         with disable_adapters(model):
             off = _accuracy(model, a_valid)
     result = MethodResult(method, trainable, total, trainable / total, _weights_bytes(model), int(mem["traced"] or 0),
-                          mem["rss"], _pool_peak(s.device), timer.mean_ms, _accuracy(model, b_valid),
+                          mem["rss"], mem["pool"], timer.mean_ms, _accuracy(model, b_valid),
                           _accuracy(model, a_valid), off)
     return result, bool(history.interrupted)
 
