@@ -669,6 +669,26 @@ def _update_running(s: Any, running: Tensor, stat: Handle, momentum: float) -> N
         s.assign(running._h, new)
 
 
+def update_running_stats(running_mean: Tensor | None, running_var: Tensor | None, mean: Tensor, var: Tensor,
+                         momentum: float, count: int) -> None:
+    """Batch norm's running statistics from a batch's mean and biased variance over ``count`` values per channel
+    (the variance stored unbiased, as PyTorch), in place and untracked."""
+    s = _stack(mean)
+    if running_mean is not None:
+        _update_running(s, running_mean, mean._h, momentum)
+    if running_var is not None:
+        _update_running(s, running_var, s.binary("mul", var._h, count / (count - 1)), momentum)
+
+
+def dropout_factors(like: Tensor, shape: Shape, p: float, d: DType) -> Tensor:
+    """Dropout as factors of dtype ``d`` on ``like``'s device: ``1 / (1 - p)`` where a draw from the device's stream
+    keeps the element (``rand < 1 - p``), 0 elsewhere -- the same draw :func:`dropout` and the attention
+    composition make."""
+    s = _stack(like)
+    keep = s.binary("lt", s.rand(shape, d), 1.0 - p)
+    return Tensor._make(s.binary("mul", s.cast(keep, d), 1.0 / (1.0 - p)), d, like._device)
+
+
 def layer_norm(x: Tensor, normalized_shape: Shape, weight: Tensor | None, bias: Tensor | None, eps: float,
                mixed: bool) -> Tensor:
     """(x - mean) / sqrt(var + eps) over the trailing normalized_shape dims, then weight and bias; ``mixed``

@@ -12,7 +12,6 @@ from ...amp.autocast_mode import run as _amp_run
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...ops import attention as _attention
 from ...ops import nn as _nn
-from ...ops.creation import rand as _rand
 from ...shapes import broadcast_shapes
 from ...tensor import Tensor
 from ._util import check_float, check_like, check_tensor
@@ -85,8 +84,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     drop = None
     if dropout_p > 0.0:
         # the same draw from the device's stream as the composition's: keep where rand < 1 - p, scaled by 1/(1-p)
-        keep = _rand(batch + (L, S), dtype=d, device=query._device) < 1.0 - dropout_p
-        drop = keep.to(d) * (1.0 / (1.0 - dropout_p))
+        drop = _nn.dropout_factors(query, batch + (L, S), dropout_p, d)
     # one extension op (a backend's fused kernel where it has one; ember.ops.attention's composition otherwise)
     mask_grad = attn_mask is not None and attn_mask._dtype is not dt.bool_ and attn_mask.requires_grad
     return _attention.sdpa(query, key, value, attn_mask, drop, scale=sc, is_causal=is_causal, repeat_k=rk,

@@ -104,12 +104,8 @@ def _batch_norm_fused(input: Tensor, running_mean: Tensor | None, running_var: T
     """Training-mode batch norm as one op (and one backward op) where the backend has kernels for them; the
     running statistics are updated from the op's batch mean and variance as the unfused path does."""
     y, mean, _, var = _tk.batch_norm_train(input, weight, bias, eps=eps)
-    s = input._device.stack
     with no_grad():  # the statistics only feed the buffers: nothing here joins the gradient graph
-        if running_mean is not None:
-            _nn._update_running(s, running_mean, mean._h, momentum)
-        if running_var is not None:
-            _nn._update_running(s, running_var, s.binary("mul", var._h, count / (count - 1)), momentum)
+        _nn.update_running_stats(running_mean, running_var, mean, var, momentum, count)
     return y
 
 
