@@ -22,17 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from .kernel_dtypes import cast_back as _cast
+from .kernel_dtypes import work_arrays as _work
+
 __all__ = ["register"]
-
-
-def _work(*arrays: Any) -> tuple[np.dtype, list[Any]]:
-    dt = arrays[0].dtype
-    work = dt if dt in (np.float32, np.float64) else np.dtype(np.float32)
-    return work, [a if a is None or a.dtype == work else a.astype(work) for a in arrays]
-
-
-def _cast(dt: np.dtype, outs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-    return tuple(o if o.dtype == dt else o.astype(dt) for o in outs)
 
 
 def expit(a: np.ndarray, out: np.ndarray) -> np.ndarray:
