@@ -247,10 +247,7 @@ class Module:
                 for hook_id, hook in (*_global_forward_hooks.items(), *self._forward_hooks.items()):
                     if hook_id in self._forward_hooks_always_called or hook_id in _global_forward_hooks_always_called:
                         called_always.add(hook_id)
-                    if hook_id in self._forward_hooks_with_kwargs or hook_id in _global_forward_hooks_with_kwargs:
-                        res = hook(self, args, kwargs, result)
-                    else:
-                        res = hook(self, args, result)
+                    res = self._call_forward_hook(hook_id, hook, args, kwargs, result)
                     if res is not None:
                         result = res
                 if bw_hook is not None:
@@ -268,6 +265,13 @@ class Module:
         finally:
             calls.pop()
 
+    def _call_forward_hook(self, hook_id: int, hook: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                           result: Any) -> Any:
+        """One forward hook, called as it was registered (``with_kwargs`` or not); returns what it returned."""
+        if hook_id in self._forward_hooks_with_kwargs or hook_id in _global_forward_hooks_with_kwargs:
+            return hook(self, args, kwargs, result)
+        return hook(self, args, result)
+
     def _run_always_called_hooks(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
                                  called: set[int]) -> None:
         """The ``always_call`` forward hooks that did not run because forward (or a hook) raised."""
@@ -276,10 +280,7 @@ class Module:
                                          or hook_id in _global_forward_hooks_always_called):
                 continue
             try:
-                if hook_id in self._forward_hooks_with_kwargs or hook_id in _global_forward_hooks_with_kwargs:
-                    res = hook(self, args, kwargs, result)
-                else:
-                    res = hook(self, args, result)
+                res = self._call_forward_hook(hook_id, hook, args, kwargs, result)
                 if res is not None:
                     result = res
             except Exception as e:  # noqa: BLE001 - the forward's error is the one to raise, as in PyTorch
