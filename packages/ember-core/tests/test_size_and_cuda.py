@@ -64,3 +64,48 @@ def test_tensor_cuda_without_a_cuda_backend_says_so() -> None:
         x.cuda(1)
     with pytest.raises(DeviceError, match=r"cuda: expected a CUDA device, got flex"):
         x.cuda("flex")
+
+
+@pytest.mark.parametrize("bad,match", [(["a"], "item 0 is str"), ([2, 1.5], "item 1 is float"), (3, "got int")])
+def test_size_refuses_what_torch_size_refuses(bad: object, match: str) -> None:
+    with pytest.raises(TypeError):  # torch's verdict on the same input
+        torch.Size(bad)  # type: ignore[arg-type]
+    with pytest.raises(ember.ShapeError, match=rf"Size: expected an iterable of ints, {match}"):
+        ember.Size(bad)  # type: ignore[arg-type]
+
+
+def test_size_takes_what_torch_size_takes() -> None:
+    for ok in ([True, 2], np.array([2, 3]), (np.int64(4),), []):
+        assert tuple(ember.Size(ok)) == tuple(torch.Size(ok))
+        assert all(type(v) is int for v in ember.Size(ok))
+
+
+def test_cuda_calls_refuse_other_devices_and_bad_arguments() -> None:
+    with pytest.raises(DeviceError, match=r"ember\.cuda\.synchronize: expected a CUDA device, got flex"):
+        ember.cuda.synchronize("flex")
+    with pytest.raises(EmberError):
+        ember.ones(2).cuda(True)  # not an index: a bool is read as a device spec and refused
+
+
+def test_shapes_and_cuda_queries_from_several_threads() -> None:
+    import threading
+
+    x = ember.zeros(3, 4)
+    seen: list[object] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(200):
+                s = x.shape
+                seen.append((type(s), tuple(s), s.numel(), ember.cuda.is_available(), ember.cuda.device_count()))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(seen) == 1200 and set(seen) == {(ember.Size, (3, 4), 12, False, 0)}

@@ -32,7 +32,19 @@ class Size(tuple):
     (``ember.Size([2, 3])``); ``str`` and f-strings give the tuple, ``(2, 3)``, so messages stay short.
     """
 
-    __slots__ = ()  # (tuple's own constructor: Size(shape) stays a C call on the hot path)
+    __slots__ = ()
+
+    def __new__(cls, sizes: Any = ()) -> Size:
+        """``ember.Size(iterable of ints)``; anything else is a ShapeError naming the offending item, as torch
+        refuses it. (Shapes ember makes itself skip the check: :func:`as_size`.)"""
+        try:
+            items = list(sizes)
+        except TypeError:
+            raise ShapeError(f"Size: expected an iterable of ints, got {type(sizes).__name__}") from None
+        for i, v in enumerate(items):
+            if not hasattr(v, "__index__"):  # ints, numpy ints and bools, as torch.Size takes them
+                raise ShapeError(f"Size: expected an iterable of ints, item {i} is {type(v).__name__}: {v!r}")
+        return tuple.__new__(cls, [v.__index__() for v in items])
 
     def numel(self) -> int:
         """The number of elements of a tensor of this shape (1 for ``Size([])``)."""
@@ -40,17 +52,17 @@ class Size(tuple):
 
     def __getitem__(self, index: Any) -> Any:
         got = tuple.__getitem__(self, index)
-        return Size(got) if isinstance(index, slice) else got
+        return _new_size(Size, got) if isinstance(index, slice) else got
 
     def __add__(self, other: Any) -> Size:
         if not isinstance(other, tuple):
             return NotImplemented
-        return Size(tuple.__add__(self, other))
+        return as_size(tuple.__add__(self, other))
 
     def __radd__(self, other: Any) -> Size:
         if not isinstance(other, tuple):
             return NotImplemented
-        return Size(tuple.__add__(other, self))
+        return as_size(tuple.__add__(other, self))
 
     def __repr__(self) -> str:
         return f"ember.Size({list(self)})"
@@ -61,6 +73,15 @@ class Size(tuple):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Size, (tuple(self),))
+
+
+_new_size = tuple.__new__
+
+
+def as_size(shape: Any) -> Size:
+    """``shape`` (a tuple of ints ember already checked, such as a handle's shape) as a :class:`Size`, without
+    re-checking its items: the path ``Tensor.shape`` takes on every call."""
+    return _new_size(Size, shape)
 
 
 # (a, b) -> broadcast shape; ops ask the same pair on every call, so the hot path is one dict lookup. Bounded so

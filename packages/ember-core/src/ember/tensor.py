@@ -14,7 +14,7 @@ import numpy as np
 from .device import Device, is_host
 from .dtypes import DType
 from .errors import DTypeError, ShapeError
-from .shapes import Size
+from .shapes import Size, as_size
 
 
 class Tensor:
@@ -46,7 +46,7 @@ class Tensor:
     # -- metadata -------------------------------------------------------------------------------------------
     @property
     def shape(self) -> Size:
-        return Size(self._h.shape)
+        return as_size(self._h.shape)
 
     @property
     def dtype(self) -> DType:
