@@ -110,3 +110,24 @@ def test_running_average_throughput_lr():
     assert t.value > 0 and t.samples == 100
     p = ember.zeros(2, requires_grad=True)
     assert learning_rate(ember.optim.SGD([p], lr=0.25)) == 0.25
+
+
+def test_evaluate_accuracy_over_a_loader_matches_the_batches() -> None:
+    import ember
+    from ember import nn
+    from ember_train.data import DataLoader, TensorDataset
+    from ember_train.metrics import evaluate_accuracy
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 50)
+    model = nn.Linear(4, 3)
+    model.train()
+    loader = DataLoader(TensorDataset(ember.tensor(x), ember.tensor(y)), batch_size=16)
+    with ember.no_grad():
+        want = float((model(ember.tensor(x)).numpy().argmax(axis=1) == y).mean())
+    assert evaluate_accuracy(model, loader) == pytest.approx(want)
+    assert not model.training  # evaluated in eval mode
+    assert evaluate_accuracy(model, []) == 0.0
+    with pytest.raises(ember.ShapeError, match="evaluate_accuracy"):
+        evaluate_accuracy(model, [(ember.tensor(x), ember.tensor(y[:10]))])

@@ -30,6 +30,7 @@ from ember import nn
 
 from . import checkpoint as ckpt
 from .checkpoint import RunConflictError
+from .metrics import evaluate_accuracy
 
 __all__ = ["EXAMPLES", "OPTIONAL_RECIPES", "RECIPE_GROUP", "Defaults", "Recipe", "RecipeUnavailableError", "Settings",
            "build_parser", "main", "plugin_recipes", "recipe", "register_train", "run"]
@@ -414,22 +415,12 @@ def train_seed_cnn_manual(s: Settings) -> tuple[str, bool]:
                 scheduler.step()
             total += loss.item() * y.shape[0]
             seen += y.shape[0]
-        acc = _evaluate_accuracy(model, valid)
+        acc = evaluate_accuracy(model, valid)
         print(f"epoch {epoch}/{s.epochs}  train_loss {total / seen:.4f}  valid_accuracy {acc:.2%}", flush=True)
     os.makedirs(s.out, exist_ok=True)
     path = os.path.join(s.out, "model.safetensors")
     ember.records.save(model, path)
     return f"final validation accuracy {acc:.2%} (weights saved to {path})", False
-
-
-def _evaluate_accuracy(model: nn.Module, loader: Any) -> float:
-    model.eval()
-    correct = seen = 0
-    with ember.no_grad():
-        for x, y in loader:
-            correct += int((model(x).argmax(dim=1) == y).sum().item())
-            seen += y.shape[0]
-    return correct / max(seen, 1)
 
 
 def regression_mlp(features: int, hidden: int = 64) -> nn.Module:

@@ -19,6 +19,7 @@ from ember.errors import ShapeError, ValueRangeError
 
 __all__ = [
     "accuracy",
+    "evaluate_accuracy",
     "top_k_accuracy",
     "f1_score",
     "learning_rate",
@@ -56,6 +57,21 @@ def accuracy(logits: Any, targets: Any) -> float:
     """Fraction of samples whose arg-max class equals the target."""
     lg, tg = _flat_logits(logits, targets, "accuracy")
     return float((lg.argmax(axis=1) == tg).mean()) if tg.size else float("nan")
+
+
+def evaluate_accuracy(model: Any, loader: Iterable[Any]) -> float:
+    """The fraction of ``(x, y)`` batches' samples whose arg-max class is the target, with the model in eval mode
+    and no gradients recorded (0.0 for an empty loader). The model is left in eval mode."""
+    from ember import no_grad
+
+    model.eval()
+    correct = seen = 0
+    with no_grad():
+        for x, y in loader:
+            lg, tg = _flat_logits(model(x), y, "evaluate_accuracy")
+            correct += int((lg.argmax(axis=1) == tg).sum())
+            seen += tg.size
+    return correct / seen if seen else 0.0
 
 
 def _topk_hits(lg: np.ndarray, tg: np.ndarray, k: int, op: str) -> int:

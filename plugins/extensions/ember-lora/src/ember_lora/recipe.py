@@ -32,6 +32,7 @@ from ember_train.cli import Defaults, Recipe, Settings
 from ember_train.data import DataLoader, TensorDataset
 from ember_train.datasets import synthetic_sequences
 from ember_train.learner import Callback, Learner
+from ember_train.metrics import evaluate_accuracy
 from ember_train.models import TextTransformer, text_transformer
 
 from .config import LoraConfig
@@ -226,16 +227,6 @@ def _loaders(data: tuple[np.ndarray, np.ndarray], s: Settings) -> tuple[DataLoad
     return train, DataLoader(TensorDataset(x[k:], y[k:]), batch_size=256, device=s.device)
 
 
-def _accuracy(model: nn.Module, loader: DataLoader) -> float:
-    model.eval()
-    correct = seen = 0
-    with ember.no_grad():
-        for x, y in loader:
-            correct += int((model(x).argmax(dim=1) == y).sum().item())
-            seen += y.shape[0]
-    return correct / max(seen, 1)
-
-
 def _model(size: Sizes, s: Settings) -> TextTransformer:
     ember.manual_seed(s.seed, s.device)
     return text_transformer("small", num_classes=size.classes, vocab_size=size.vocab, max_len=size.seq_len,
@@ -282,10 +273,10 @@ def _fine_tune(s: Settings, size: Sizes, method: str, pretrained: dict[str, Any]
     off = None
     if method != "full":
         with disable_adapters(model):
-            off = _accuracy(model, a_valid)
+            off = evaluate_accuracy(model, a_valid)
     result = MethodResult(method, trainable, total, trainable / total, _weights_bytes(model), int(mem["traced"] or 0),
-                          mem["rss"], mem["pool"], timer.mean_ms, _accuracy(model, b_valid),
-                          _accuracy(model, a_valid), off)
+                          mem["rss"], mem["pool"], timer.mean_ms, evaluate_accuracy(model, b_valid),
+                          evaluate_accuracy(model, a_valid), off)
     return result, bool(history.interrupted)
 
 
@@ -301,7 +292,7 @@ def run_example(s: Settings) -> tuple[list[MethodResult], tuple[float, float], b
           f"{size.classes} classes)", flush=True)
     history = _fit(s, "pretrain", model, ember.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.01),
                    a_train, a_valid)
-    pre = (_accuracy(model, a_valid), _accuracy(model, b_valid))
+    pre = (evaluate_accuracy(model, a_valid), evaluate_accuracy(model, b_valid))
     if history.interrupted:
         return [], pre, True
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
