@@ -393,7 +393,7 @@ def test_every_hookspec_signature_appears_verbatim_in_the_plugin_author_docs() -
     doc = (ROOT / "docs" / "plugin-authors.md").read_text(encoding="utf-8")
     sigs = _documented_signatures()
     assert {name for name, _ in sigs} == {"register_backends", "register_decorators", "register_ops",
-                                        "register_backend_traits"}
+                                        "register_backend_traits", "register_namespaces"}
     for name, sig in sigs:
         assert f"`{name}(register)`" in doc, f"docs/plugin-authors.md does not document the hook {name}"
         assert f"`{sig}`" in doc, f"docs/plugin-authors.md lacks the {name} signature {sig!r}"

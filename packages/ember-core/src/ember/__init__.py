@@ -104,15 +104,21 @@ def info() -> dict[str, Any]:
     return collect()
 
 
-def __getattr__(name: str) -> Any:
-    # subpackages that cost import time load on first use
-    if name in ("nn", "testing", "linalg", "plugins", "backend", "dispatch", "extension", "records", "optim", "utils",
-                "cuda", "quantization"):
-        from importlib import import_module
+#: subpackages that cost import time load on first use
+LAZY_SUBMODULES = frozenset({"nn", "testing", "linalg", "plugins", "backend", "dispatch", "extension", "records",
+                             "optim", "utils", "cuda", "quantization", "save", "load"})
 
-        return import_module(f".{name}", __name__)
+
+def __getattr__(name: str) -> Any:
     if name in ("save", "load"):  # torch.save/torch.load; safetensors-based, loaded on first use
         from . import serialization
 
         return getattr(serialization, name)
-    raise AttributeError(f"module 'ember' has no attribute {name!r}")
+    if name in LAZY_SUBMODULES:
+        from importlib import import_module
+
+        return import_module(f".{name}", __name__)
+    # what plugins publish (ember.fft, ember.distributed, ...): looked up among the loaded plugins
+    from .plugins.namespaces import resolve_top_level
+
+    return resolve_top_level(name)

@@ -41,6 +41,11 @@ class PluginError(EmberError, RuntimeError):
     """A plugin failed to load, or a device's plugin is not installed."""
 
 
+class MissingPluginError(PluginError, AttributeError):
+    """A name a plugin publishes (``ember.fft``, ``ember.linalg.cholesky``) was asked for, and no installed
+    plugin provides it; the message names the extra that does. An ``AttributeError``, so ``hasattr`` works."""
+
+
 class OutOfMemoryError(EmberError, MemoryError):
     """A device could not allocate memory."""
 
@@ -62,6 +67,7 @@ __all__ = [
     "DeviceError",
     "UnsupportedError",
     "PluginError",
+    "MissingPluginError",
     "OutOfMemoryError",
     "AutodiffError",
     "ValueRangeError",

@@ -1,10 +1,15 @@
-"""``ember.linalg``: PyTorch's ``torch.linalg`` names that core provides.
+"""``ember.linalg``: PyTorch's ``torch.linalg`` names.
 
-Core ships the norms every model needs; matrix decompositions and solvers are left to a plugin (an ember-linalg
-plugin, not released yet), which would register them as extension ops.
+Core ships the products and norms every model needs (``matmul``, ``vector_norm``); decompositions, solvers and
+the other ``torch.linalg`` functions come from a plugin that publishes this namespace (``register_namespaces``
+or ``backend_extension("linalg.<fn>")``). Without one, those names raise
+:class:`ember.errors.MissingPluginError` naming the extra to install.
 """
 
 from .ops.linalg import matmul
 from .ops.reduction import vector_norm
+from .plugins.namespaces import open_namespace
 
 __all__ = ["vector_norm", "matmul"]
+
+__getattr__, __dir__ = open_namespace("linalg")

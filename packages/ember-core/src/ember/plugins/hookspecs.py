@@ -108,5 +108,23 @@ def register_backend_traits(register: Callable[..., None]) -> None:
 
 
 @hookspec
+def register_namespaces(register: Callable[..., None]) -> None:
+    """Publish a module of the plugin as a namespace of ``ember`` (``ember.distributed``, ``ember.fft``).
+
+    Call it once per namespace: ``register(name, module)``
+
+    - ``name``: a Python identifier, the attribute of ``ember`` users write. It must not be one of core's own
+      names, except a core namespace that is open to plugins (``ember.linalg``: core keeps matmul and the
+      norms there, a plugin adds the decompositions); there, the plugin's names are looked up after core's.
+    - ``module``: the dotted import path of the module to publish, or ``"pkg.mod:attr"`` for one object of it
+      (``ember.stft``). It is imported on first use, not while plugins load, so a namespace costs nothing until
+      someone touches it.
+
+    Without the plugin, ``ember.<name>`` raises :class:`ember.errors.MissingPluginError` (an ``AttributeError``)
+    naming the extra that installs it when the installed ember distribution has one.
+    """
+
+
+@hookspec
 def plugin_info() -> dict[str, Any]:
     """Extra facts shown by ``ember info`` (library versions, hardware found, ...)."""

@@ -121,6 +121,15 @@ class OpSpec:
     fusable: bool = False
 
 
+@dataclass(frozen=True)
+class NamespaceSpec:
+    """A module a plugin publishes as ``ember.<name>`` (the ``register_namespaces`` hook)."""
+
+    name: str
+    module: str
+    plugin: str = ""
+
+
 @dataclass
 class PluginRecord:
     name: str
@@ -136,7 +145,7 @@ class PluginRecord:
 class Conflict:
     """Two plugins registered the same name; ``winner`` keeps it."""
 
-    what: str  # "backend", "decorator" or "op"
+    what: str  # "backend", "decorator", "op" or "namespace"
     name: str
     winner: str
     loser: str
@@ -255,6 +264,7 @@ class PluginRegistry:
         self.backends: dict[str, BackendSpec] = {}
         self.decorators: dict[str, DecoratorSpec] = {}
         self.ops: dict[str, OpSpec] = {}
+        self.namespaces: dict[str, NamespaceSpec] = {}
         self.plugins: list[PluginRecord] = []
         self.conflicts: list[Conflict] = []
         self._loaded = False
@@ -287,7 +297,7 @@ class PluginRegistry:
         return self
 
     def _forget(self) -> None:
-        self.backends, self.decorators, self.ops = {}, {}, {}
+        self.backends, self.decorators, self.ops, self.namespaces = {}, {}, {}, {}
         self.plugins, self.conflicts = [], []
         self._fatal, self._pm = None, None
 
@@ -375,6 +385,7 @@ class PluginRegistry:
         new_backends: list[BackendSpec] = []
         new_decorators: list[DecoratorSpec] = []
         new_ops: list[OpSpec] = []
+        new_namespaces: list[NamespaceSpec] = []
 
         def reg_backend(name: str, factory: Callable[..., Any], *, contract: int, **kw: Any) -> None:
             new_backends.append(BackendSpec(name, factory, contract, plugin=record.name, **kw))
@@ -385,11 +396,15 @@ class PluginRegistry:
         def reg_op(name: str, default: Callable[..., Any], *, backends: dict | None = None, **kw: Any) -> None:
             new_ops.append(OpSpec(name, default, dict(backends or {}), plugin=record.name, **kw))
 
+        def reg_namespace(name: str, module: str) -> None:
+            new_namespaces.append(NamespaceSpec(name, module, plugin=record.name))
+
         others = [p for p in pm.get_plugins() if p is not plugin]
         for hook, callback in (
             ("register_backends", reg_backend),
             ("register_decorators", reg_decorator),
             ("register_ops", reg_op),
+            ("register_namespaces", reg_namespace),
         ):
             pm.subset_hook_caller(hook, remove_plugins=others)(register=callback)
         for spec in (*new_backends, *new_decorators):
@@ -410,9 +425,14 @@ class PluginRegistry:
                     or keyword.iskeyword(d.name) or is_device_attribute(d.name):
                 raise PluginError(f"decorator name {d.name!r} must be a public identifier that is not already a "
                                   f"Device attribute (device.{d.name}(...) is how users call it)")
+        from .namespaces import check_namespace
+
+        for ns in new_namespaces:
+            check_namespace(ns.name, ns.module)
         lost: list[Conflict] = []
         for what, table, specs in (("backend", self.backends, new_backends),
-                                   ("decorator", self.decorators, new_decorators), ("op", self.ops, new_ops)):
+                                   ("decorator", self.decorators, new_decorators), ("op", self.ops, new_ops),
+                                   ("namespace", self.namespaces, new_namespaces)):
             for spec in specs:
                 old = table.get(spec.name)
                 if old is None or old.plugin == record.name:
