@@ -106,7 +106,8 @@ def info() -> dict[str, Any]:
 
 #: subpackages that cost import time load on first use
 LAZY_SUBMODULES = frozenset({"nn", "testing", "linalg", "plugins", "backend", "dispatch", "extension", "records",
-                             "optim", "utils", "cuda", "quantization", "save", "load"})
+                             "optim", "utils", "cuda", "quantization", "save", "load",
+                             "capture"})  # capture: a callable module (ember.capture(fn, x))
 
 
 def __getattr__(name: str) -> Any:
