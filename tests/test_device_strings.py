@@ -191,3 +191,30 @@ def test_decorator_names_that_clash_with_device_attributes_are_refused(monkeypat
     fresh.register_plugin(BadBackend(), name="badbackend")
     assert "my+gpu" not in fresh.backends
     assert "cannot appear in a device string" in next(p for p in fresh.plugins if p.name == "badbackend").error
+
+
+def test_a_decorator_may_take_named_options_by_position() -> None:
+    """``positional=("channel",)``: ``dev.tagger("local")`` and ``flex+tagger(local)`` are ``tagger(channel=local)``."""
+    reg = manager.registry.ensure_loaded()
+
+    class Plugin:
+        @hookimpl
+        def register_decorators(self, register: Any) -> None:
+            register("tagger", lambda inner, **options: inner, contract=CONTRACT_VERSION, positional=("channel",))
+
+    plugin = Plugin()
+    reg.register_plugin(plugin, name="tagger-test")
+    try:
+        by_position = Device.flex().tagger("local")
+        assert by_position is Device.flex().tagger(channel="local")
+        assert by_position is Device.parse("flex+tagger(local)") is Device.parse("flex+tagger(channel=local)")
+        assert str(by_position) == "flex+tagger(channel=local)"
+        with pytest.raises(DeviceError, match=r"tagger\(\): option\(s\) \['channel'\] given both by position and "
+                                              r"by keyword"):
+            Device.flex().tagger("local", channel="other")
+        with pytest.raises(DeviceError, match=r"options are keyword arguments after 1 positional \(channel\)"):
+            Device.flex().tagger("local", "extra")
+    finally:
+        reg._manager().unregister(plugin)
+        reg.plugins[:] = [p for p in reg.plugins if p.name != "tagger-test"]
+        reg.decorators.pop("tagger", None)

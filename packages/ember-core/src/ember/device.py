@@ -200,9 +200,6 @@ class Device(metaclass=_DeviceType):
     def remote(cls, address: str, **options: Any) -> Device:
         return cls("remote", 0, _freeze({"address": address, **options}))._checked()
 
-    @classmethod
-    def router(cls, *devices: Device, **options: Any) -> Device:
-        return cls("router", 0, _freeze({"devices": tuple(devices), **options}))._checked()
 
     @classmethod
     def parse(cls, spec: str) -> Device:
@@ -306,8 +303,15 @@ class Device(metaclass=_DeviceType):
     def _decorated(self, name: str, spec: Any, args: tuple[Any, ...], options: dict[str, Any]) -> Device:
         """This device with the registered decorator ``name`` applied (or, for an automatic one, set)."""
         if not spec.automatic:
-            if args:
-                raise DeviceError(f"{self}.{name}(): options are keyword arguments, got {args!r}")
+            if len(args) > len(spec.positional):
+                raise DeviceError(f"{self}.{name}(): options are keyword arguments"
+                                  + (f" after {len(spec.positional)} positional ({', '.join(spec.positional)})"
+                                     if spec.positional else "") + f", got {args!r}")
+            named = dict(zip(spec.positional, args))
+            both = sorted(set(named) & set(options))
+            if both:
+                raise DeviceError(f"{self}.{name}(): option(s) {both} given both by position and by keyword")
+            options = {**named, **options}
             return Device(self.kind, self.index, self.options, self.decorators + ((name, _freeze(options)),))
         # an automatic decorator is on by default: name(False) opts out, name(**options) sets its options
         if len(args) > 1 or (args and not isinstance(args[0], bool)):

@@ -51,7 +51,7 @@ def register_backends(register: Callable[..., None]) -> None:
 def register_decorators(register: Callable[..., None]) -> None:
     """Register backend decorators (autodiff, fusion, router, ...).
 
-    ``register(name, factory, *, contract, description="", automatic=False, enabled=None, differentiable=False)``
+    ``register(name, factory, *, contract, description="", automatic=False, enabled=None, differentiable=False, positional=())``
 
     ``factory(inner: ember.backend.Backend, **options) -> ember.backend.Backend`` wraps an inner backend.
     Once registered, ``device.<name>(**options)`` returns the decorated device (``device.autodiff()``). ``name``
@@ -62,6 +62,9 @@ def register_decorators(register: Callable[..., None]) -> None:
     a device out (the factory is then not called) and ``device.<name>(**options)`` sets its options.
     ``enabled() -> bool`` says whether it is on by default right now (fusion reads ``EMBER_FUSION``); when it
     is off, devices print as opted out (``flex+fusion(enabled=False)``) so labels say what runs.
+
+    ``positional`` names the options that positional arguments fill, in order: ``dev.router("local")`` and the
+    device string ``flex+router(local)`` are ``router(channel="local")``.
 
     ``differentiable=True`` declares that the decorated stack records gradients (it implements
     :class:`ember.decorator.Differentiable`): core names it in hints for the gradient API, and the conformance kit

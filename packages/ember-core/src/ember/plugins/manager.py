@@ -95,6 +95,9 @@ class DecoratorSpec:
     #: the decorated stack records gradients (implements ember.decorator.Differentiable); a capability core and
     #: the conformance kit look for instead of a name
     differentiable: bool = False
+    #: option names that positional arguments fill, in order (``device.router("local")`` is
+    #: ``router(channel="local")``, and the device string ``flex+router(local)`` too)
+    positional: tuple[str, ...] = ()
 
     def on_by_default(self) -> bool:
         """Whether this automatic decorator applies to devices that do not mention it (never raises)."""
