@@ -26,6 +26,10 @@ The graph (:class:`CapturedGraph`) is plain data: ``records`` in execution order
 (:class:`GraphValue`: id, name, spec), ``outputs`` (ids); :meth:`CapturedGraph.replay` runs it on any device and
 :meth:`CapturedGraph.relative_form` gives its cache key. ONNX export and the router's capture channel build on it.
 
+Tensors made inside ``fn`` hold symbolic handles: only the graph's outputs are meant to leave it (as
+:meth:`CapturedGraph.replay` results). One kept after the capture has no data (converting its handle to an array
+raises :class:`CaptureError`).
+
 In-place contract calls (``assign``, ``setitem``, ``inplace_binary``, ``write_back``) are records whose single
 output is the written value's next version (its first input is the value before): replay runs them in place.
 Writing in place into a constant (BatchNorm's running statistics in training mode) or through a view raises
@@ -47,7 +51,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, Backend
-from .decorator import CONTRACT_METHODS, Decorator
+from .decorator import CONTRACT_METHODS, Decorator, Policy
 from .device import Device
 from .dtypes import DType
 from .errors import DeviceError, DTypeError, UnsupportedError
@@ -65,7 +69,7 @@ _SCALARS = (bool, int, float)
 
 class CaptureError(UnsupportedError):
     """What a captured function did cannot be recorded as a graph: it read a value without data, wrote in place
-    into a constant or through a view, or used a capture-only tensor after the capture ended."""
+    into a constant or through a view, or a tensor made inside a capture was used outside it."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -94,6 +98,11 @@ class SymbolicHandle:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        # a host backend reading a symbolic handle (a tensor kept after its capture ended) gets a clear error
+        raise CaptureError("capture: a tensor made inside a captured function has no data outside it (replay the "
+                           "graph to compute it)")
 
     def __repr__(self) -> str:
         return f"SymbolicHandle(%{self.vid}, shape={self.shape}, dtype={self.dtype})"
@@ -350,10 +359,16 @@ def _resolve(a: Any, ins: Sequence[Any]) -> Any:
 
 
 def execute_record(record: OpRecord, stack: Any, device: Device, values: dict[int, Any],
-                   dtypes: dict[int, DType]) -> None:
+                   dtypes: dict[int, DType], *, functional: bool = False) -> None:
     """Run one record on ``stack`` (the stack of ``device``): its inputs are read from ``values`` (id -> handle of
-    that stack) and its outputs stored there. ``dtypes`` gives each id's dtype (extension ops take tensors)."""
+    that stack) and its outputs stored there. ``dtypes`` gives each id's dtype (extension ops take tensors).
+
+    An in-place record writes into its target's handle, as the function did; ``functional=True`` writes into a
+    copy instead, so the value before the write stays intact (a capture's reads must not change example data)."""
     ins = [values[v] for v in record.inputs]
+    if functional and record.op in IN_PLACE:
+        k = record.args[IN_PLACE[record.op]].k
+        ins[k] = stack.copy(ins[k])
     if record.op == "extension":
         from . import extension
 
@@ -433,7 +448,7 @@ class _Session:
         if needed is None:
             raise CaptureError(f"capture: {caller} reads the value of a tensor ({what}), which needs data; the "
                                "example inputs are TensorSpecs (pass tensors to allow data-dependent steps)")
-        stack, values = self.real_stack, dict(self.data)
+        stack, values = self.real_stack, self.data  # every value computed is kept: each record runs once
         for i in needed:
             r = self.records[i]
             if r.op == "extension":
@@ -443,8 +458,7 @@ class _Session:
                 for vid, o in zip(r.outputs, out if isinstance(out, tuple) else (out,)):
                     values[vid] = o
             else:
-                execute_record(r, stack, self.device, values, self.dtypes)
-        self.data[h.vid] = values[h.vid]
+                execute_record(r, stack, self.device, values, self.dtypes, functional=True)
         self.reads.append(caller)
         return values[h.vid]
 
@@ -464,11 +478,7 @@ class _Session:
             if i in needed:
                 continue
             needed.add(i)
-            r = self.records[i]
-            stack.extend(r.inputs)
-            if r.op in IN_PLACE:  # the written value's earlier writes come first
-                stack.extend(self.records[j].outputs[0] for j in range(i) if self.records[j].op in IN_PLACE
-                             and r.inputs and self.records[j].outputs[0] == r.inputs[0])
+            stack.extend(self.records[i].inputs)  # an in-place record's inputs hold the version it writes over
         return sorted(needed)
 
 
@@ -504,11 +514,18 @@ class CaptureStack(Decorator):
     stack unchanged. Installed and removed by :func:`capture`; not a registered decorator."""
 
     decorator_name = "capture"
+    #: other threads may use the device's gradient API (tracking, grad_of, ...) while one thread captures
+    optional_policy = Policy.PASS
 
     def __init__(self, inner: Backend, device: Device) -> None:
         super().__init__(inner)
         self.device = device
         self.users = 0  # captures in progress on this device (the stack is removed when the last one ends)
+
+    @property  # type: ignore[override]
+    def differentiable(self) -> bool:
+        """The device's own stack's, for other threads; False in the capturing thread (forward graphs only)."""
+        return self._session() is None and bool(getattr(self.inner, "differentiable", False))
 
     def _session(self) -> _Session | None:
         s: _Session | None = getattr(_local, "session", None)
@@ -542,7 +559,6 @@ class CaptureStack(Decorator):
         scalar_pos = SCALAR_OPERANDS.get(name, ())
         rec_args = tuple(Scalar(a) if i in scalar_pos and type(a) in _SCALARS else lower(a)
                          for i, a in enumerate(args))
-        specs, as_tuple = self._specs(s, name, args)
         written = IN_PLACE.get(name)
         if written is not None:
             target = args[written]
@@ -559,6 +575,7 @@ class CaptureStack(Decorator):
             s.dtypes[vid] = target.dtype
             target.vid = vid
             return None if name != "write_back" else target
+        specs, as_tuple = self._specs(s, name, args)
         outs = []
         is_view = name in VIEW_OPS
         for shape, dtype in specs:
@@ -720,6 +737,8 @@ class CapturedGraph:
     device: Device
     reads: tuple[str, ...] = ()
     fallbacks: tuple[str, ...] = ()
+    #: constants copied to other devices by replay, by (constant id, device)
+    _moved: dict[tuple[int, Device], Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def dtypes(self) -> dict[int, DType]:
@@ -795,15 +814,11 @@ class CapturedGraph:
         assert c.tensor is not None
         if c.tensor.device is dev:
             return c.tensor
-        cache = _constant_cache.setdefault(id(self), {})
         key = (c.id, dev)
-        t = cache.get(key)
+        t = self._moved.get(key)
         if t is None:
-            t = cache[key] = c.tensor.to(dev)
+            t = self._moved[key] = c.tensor.to(dev)
         return t
-
-
-_constant_cache: dict[int, dict[tuple[int, Device], Tensor]] = {}
 
 
 def _shape_error(v: GraphValue, x: Tensor) -> Exception:
@@ -883,6 +898,7 @@ def _module_names(fn: Any, args: Sequence[Any]) -> dict[int, str]:
 
 
 _install_lock = threading.RLock()
+_stacks: dict[Device, CaptureStack] = {}
 
 
 def capture(fn: Callable[..., Any], *example_inputs: Any, device: Device | str | None = None,
@@ -922,8 +938,10 @@ def capture(fn: Callable[..., Any], *example_inputs: Any, device: Device | str |
         real = real.inner
     session = _Session(dev, real, _module_names(fn, example_inputs), allow_reads)
     with _install_lock:
-        current = dev._stack
-        cstack = current if isinstance(current, CaptureStack) else CaptureStack(real, dev)
+        # one capture stack per device, kept for later captures (dispatch caches extension kernels per stack)
+        cstack = _stacks.get(dev)
+        if cstack is None or cstack.inner is not real:
+            cstack = _stacks[dev] = CaptureStack(real, dev)
         cstack.users += 1
         dev._stack = cstack
     args: list[Any] = []
