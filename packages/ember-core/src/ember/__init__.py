@@ -73,7 +73,7 @@ def _install() -> dict[str, Any]:
 
     names: dict[str, Any] = {}
     for mod_name in ("creation", "pointwise", "reduction", "shape", "indexing", "linalg", "conversion", "random",
-                     "distributions"):
+                     "distributions", "complex"):
         mod = import_module(f".ops.{mod_name}", __name__)
         for n in getattr(mod, "__all__", ()):
             names[n] = getattr(mod, n)

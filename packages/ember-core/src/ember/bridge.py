@@ -46,10 +46,14 @@ def infer_dtype(data: Any, device: Device | None = None) -> DType:
         return dt.int64
     if isinstance(data, float):
         return device.default_dtype if device is not None else dt.get_default_dtype()
+    if isinstance(data, complex):
+        return _default_complex(device)
     try:
         arr = np.asarray(data)
     except ValueError as exc:
         raise ShapeError(f"tensor(): nested data is ragged or not numeric: {exc}") from None
+    if arr.dtype.kind == "c":  # Python complex leaves: the default complex dtype (PyTorch)
+        return _default_complex(device)
     if arr.dtype.kind in "biuf" and isinstance(data, (list, tuple)):
         typed = _infer_from_leaves(data, device)
         if typed is not None:
@@ -69,6 +73,11 @@ def infer_dtype(data: Any, device: Device | None = None) -> DType:
             return dt.int64 if int in kinds else dt.bool_
         raise DTypeError("tensor(): could not infer a dtype from the nested data (mixed tensors/objects?)")
     raise DTypeError(f"tensor(): unsupported data of numpy kind {arr.dtype} ({type(data).__name__})")
+
+
+def _default_complex(device: Device | None) -> DType:
+    """The complex dtype of Python complex data: the (device's) default float dtype's complex counterpart."""
+    return (device.default_dtype if device is not None else dt.get_default_dtype()).to_complex
 
 
 def _leaf_error(v: Any, dtype: DType | None) -> DTypeError:
@@ -105,7 +114,7 @@ def _python_data_array(data: Any, dtype: DType) -> np.ndarray:
     for integer dtypes must be finite and in range; numpy would wrap or parse them silently."""
     arr = np.asarray(data)
     kind = arr.dtype.kind
-    if kind == "c":
+    if kind == "c" and not dtype.is_complex:
         raise _leaf_error(arr.ravel()[0].item(), dtype)
     if kind in "OUS":
         # numpy turned numbers into strings beside a string ([1, "a"] -> ["1", "a"]): look at the data itself
@@ -178,7 +187,7 @@ def host_array(data: Any, dtype: DType) -> np.ndarray:
     try:
         if isinstance(data, np.ndarray):
             arr = data  # numpy data converts as numpy (and PyTorch) cast it: no range checks
-            if arr.dtype.kind not in "biuf" and arr.dtype.name != "bfloat16":
+            if arr.dtype.kind not in "biufc" and arr.dtype.name != "bfloat16":
                 raise DTypeError(f"tensor(): cannot convert a numpy array of dtype {arr.dtype} to {dtype}")
         else:
             arr = _python_data_array(data, dtype)
@@ -195,6 +204,10 @@ def host_array(data: Any, dtype: DType) -> np.ndarray:
 
 def check_dtype_supported(device: Device, dtype: DType, op: str) -> None:
     if dtype not in device.stack.supported_dtypes:
+        if dtype.is_complex:  # a DTypeError (PyTorch: TypeError) naming the dtype and the backend
+            raise DTypeError(f"{op}: dtype {dtype} is not supported by backend {device.stack.base_backend.name!r} "
+                             f"(device {device}); its supported dtypes: "
+                             f"{sorted(d.name for d in device.stack.supported_dtypes)}")
         raise UnsupportedError(f"{op}: device {device} does not support dtype {dtype}")
 
 

@@ -2,6 +2,12 @@
 
 A :class:`DType` is a small immutable value; the module-level instances (``ember.float32`` ...) are the only
 ones. ``bfloat16`` is backed by ``ml_dtypes`` on the host so that numpy arrays of it can be exchanged.
+
+Complex dtypes (``complex64``/``cfloat``, ``complex128``/``cdouble``) rank above the floating ones, as in PyTorch:
+``float32 + complex64 -> complex64``, ``float64 + complex64 -> complex128``, an integer tensor with a Python complex
+gives the default complex dtype (``complex64`` for a ``float32`` default, ``complex128`` for ``float64``). They are
+not in :data:`ALL_DTYPES` (the real dtypes every backend is measured on): a backend that stores them lists them in its
+``supported_dtypes`` (:data:`COMPLEX_DTYPES`); elsewhere creating one raises DTypeError naming dtype and backend.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from .errors import DTypeError, ValueRangeError
 builtins_bool = _builtins.bool
 builtins_int = _builtins.int
 builtins_float = _builtins.float
+builtins_complex = _builtins.complex
 
-# category ranks: bool < integer < floating
-_BOOL, _INT, _FLOAT = 0, 1, 2
+# category ranks: bool < integer < floating < complex
+_BOOL, _INT, _FLOAT, _COMPLEX = 0, 1, 2, 3
 
 
 class DType:
@@ -37,6 +44,26 @@ class DType:
     @property
     def is_floating_point(self) -> bool:
         return self.category == _FLOAT
+
+    @property
+    def is_complex(self) -> bool:
+        """True for complex64 and complex128 (``torch.dtype.is_complex``)."""
+        return self.category == _COMPLEX
+
+    @property
+    def to_real(self) -> DType:
+        """The real dtype of a complex dtype's components (complex64 -> float32); a real dtype itself."""
+        return _TO_REAL.get(self, self)
+
+    @property
+    def to_complex(self) -> DType:
+        """The complex dtype whose components have this floating dtype's precision (PyTorch's ``toComplexType``:
+        float64 -> complex128, the other floats -> complex64, ember having no complex32); a complex dtype itself."""
+        if self.category == _COMPLEX:
+            return self
+        if self.category != _FLOAT:
+            raise DTypeError(f"to_complex: {self} is not a floating dtype")
+        return complex128 if self.itemsize == 8 else complex64
 
     @property
     def is_bool(self) -> bool:
@@ -80,6 +107,9 @@ int32 = DType("int32", 4, _INT, True, "int32")
 int64 = DType("int64", 8, _INT, True, "int64")
 uint8 = DType("uint8", 1, _INT, False, "uint8")
 bool_ = DType("bool", 1, _BOOL, False, "bool")
+complex64 = DType("complex64", 8, _COMPLEX, True, "complex64")
+complex128 = DType("complex128", 16, _COMPLEX, True, "complex128")
+_TO_REAL = {complex64: float32, complex128: float64}
 
 # PyTorch aliases
 half = float16
@@ -88,13 +118,18 @@ double = float64
 short = int16
 int = int32  # noqa: A001 - mirrors torch.int
 long = int64
+cfloat = complex64
+cdouble = complex128
 
 ALL_DTYPES: tuple[DType, ...] = (float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8, bool_)
 FLOAT_DTYPES: tuple[DType, ...] = (float16, bfloat16, float32, float64)
 INT_DTYPES: tuple[DType, ...] = (int8, int16, int32, int64, uint8)
+#: the complex dtypes; not in ALL_DTYPES: a backend that stores them adds them to its ``supported_dtypes``
+COMPLEX_DTYPES: tuple[DType, ...] = (complex64, complex128)
 
-_BY_NAME = {d.name: d for d in ALL_DTYPES}
-_BY_NAME.update({"half": float16, "float": float32, "double": float64, "short": int16, "int": int32, "long": int64})
+_BY_NAME = {d.name: d for d in ALL_DTYPES + COMPLEX_DTYPES}
+_BY_NAME.update({"half": float16, "float": float32, "double": float64, "short": int16, "int": int32, "long": int64,
+                 "cfloat": complex64, "cdouble": complex128})
 
 
 _BY_NUMPY: dict[object, DType] = {}  # numpy dtype -> ember dtype, filled on first use (backends ask per op)
@@ -115,10 +150,11 @@ def _from_numpy_dtype(dt: np.dtype | type) -> DType:
     dt = np.dtype(dt)
     name = dt.name
     d = _BY_NAME.get(name)
-    if d is None or name in ("float", "int", "half", "double", "short", "long"):
+    if d is None or name in ("float", "int", "half", "double", "short", "long", "cfloat", "cdouble"):
         if name == "bfloat16":
             return bfloat16
-        raise DTypeError(f"numpy dtype {dt} has no ember equivalent; supported: {[d.name for d in ALL_DTYPES]}")
+        raise DTypeError(f"numpy dtype {dt} has no ember equivalent; supported: "
+                         f"{[d.name for d in ALL_DTYPES + COMPLEX_DTYPES]}")
     return d
 
 
@@ -132,6 +168,8 @@ def as_dtype(obj: object) -> DType:
         return int64
     if obj is builtins_float:
         return get_default_dtype()
+    if obj is builtins_complex:
+        return get_default_complex_dtype()
     if isinstance(obj, str):
         name = obj.removeprefix("ember.").removeprefix("torch.")
         if name in _BY_NAME:
@@ -155,6 +193,11 @@ def get_default_dtype() -> DType:
     return _default_float
 
 
+def get_default_complex_dtype() -> DType:
+    """The complex dtype of Python complex numbers: the default float dtype's complex counterpart (PyTorch)."""
+    return _default_float.to_complex
+
+
 def set_default_dtype(dtype: DType | str) -> None:
     """Set the global default float dtype (a floating dtype only, as in PyTorch)."""
     global _default_float
@@ -170,7 +213,12 @@ def promote_types(a: DType, b: DType) -> DType:
     if a is b:
         return a
     if a.category != b.category:
-        return a if a.category > b.category else b
+        hi, lo = (a, b) if a.category > b.category else (b, a)
+        if hi.category == _COMPLEX and lo.category == _FLOAT and lo.itemsize > hi.itemsize // 2:
+            return complex128  # float64 with complex64: both halves need float64
+        return hi
+    if a.category == _COMPLEX:
+        return a if a.itemsize > b.itemsize else b
     if a.category == _FLOAT:
         if {a, b} == {float16, bfloat16}:
             return float32
@@ -188,6 +236,8 @@ def _scalar_dtype(v: object) -> DType:
         return bool_
     if isinstance(v, builtins_int):
         return int64
+    if isinstance(v, builtins_complex):
+        return _default_float.to_complex
     return _default_float
 
 
@@ -205,7 +255,8 @@ def result_type(*operands: object) -> DType:
                 dim_r = dt if dim_r is None else promote_types(dim_r, dt)
             else:
                 zero_r = dt if zero_r is None else promote_types(zero_r, dt)
-        elif isinstance(op, (builtins_bool, builtins_int, builtins_float)) or isinstance(op, np.generic):
+        elif isinstance(op, (builtins_bool, builtins_int, builtins_float, builtins_complex)) or isinstance(
+                op, np.generic):
             dt = from_numpy_dtype(op.dtype) if isinstance(op, np.generic) else _scalar_dtype(op)
             if isinstance(op, np.generic):
                 # numpy scalars behave like 0-d tensors
@@ -225,6 +276,11 @@ def _combine(higher: DType | None, lower: DType | None) -> DType | None:
         return lower
     if lower is None:
         return higher
+    if higher.category == _COMPLEX:
+        return higher
+    if lower.category == _COMPLEX:
+        # PyTorch keeps a floating operand's precision (float32 tensor + complex128 scalar -> complex64)
+        return higher.to_complex if higher.category == _FLOAT else lower
     if higher.category == _FLOAT:
         return higher
     if higher is bool_ or lower.category == _FLOAT:
@@ -271,6 +327,11 @@ def convert_scalar(v: object, d: DType, op: str) -> object:
     True for bool."""
     if isinstance(v, np.generic):
         v = v.item()
+    if d.category == _COMPLEX and isinstance(v, (builtins_bool, builtins_int, builtins_float, builtins_complex)):
+        check_scalar_int(v, op)
+        return builtins_complex(v)
+    if isinstance(v, builtins_complex):
+        raise DTypeError(f"{op}: complex value {v!r} cannot be converted to the real dtype {d.name}")
     if not isinstance(v, (builtins_bool, builtins_int, builtins_float)):
         raise DTypeError(f"{op}: value must be a number, got {type(v).__name__} {v!r}")
     check_scalar_int(v, op)
@@ -303,12 +364,16 @@ __all__ = [
     "int64",
     "uint8",
     "bool_",
+    "complex64",
+    "complex128",
     "ALL_DTYPES",
+    "COMPLEX_DTYPES",
     "FLOAT_DTYPES",
     "INT_DTYPES",
     "as_dtype",
     "from_numpy_dtype",
     "get_default_dtype",
+    "get_default_complex_dtype",
     "set_default_dtype",
     "promote_types",
     "result_type",

@@ -105,9 +105,10 @@ class Tensor:
         self.requires_grad_(value)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
-        """Mark a leaf tensor for gradient tracking (floating dtypes only), in place."""
-        if requires_grad and not self._dtype.is_floating_point:
-            raise DTypeError(f"requires_grad_: only floating point tensors can require gradients, got {self._dtype}")
+        """Mark a leaf tensor for gradient tracking (floating and complex dtypes only), in place."""
+        if requires_grad and not (self._dtype.is_floating_point or self._dtype.is_complex):
+            raise DTypeError(f"requires_grad_: only floating point and complex tensors can require gradients, got "
+                             f"{self._dtype}")
         stack = self._device.stack
         if stack.differentiable:
             stack.set_requires_grad(self._h, bool(requires_grad))

@@ -25,7 +25,20 @@ _INT_ONLY = opinfo.INTEGRAL_BINARY_OPS
 _SHIFTS = frozenset({"bitwise_left_shift", "bitwise_right_shift"})
 _NO_BOOL = frozenset({"sub", "remainder", "fmod", "floor_divide"})
 
-_SCALAR_TYPES = (bool, int, float)
+_SCALAR_TYPES = (bool, int, float, complex)
+
+#: the binary ops defined on complex operands (PyTorch: no ordering, rounding, bitwise or modulo ops on complex)
+COMPLEX_BINARY = frozenset({"add", "sub", "mul", "div", "pow", "eq", "ne"})
+#: the unary ops defined on complex inputs; abs (a real result) goes to :func:`ember.ops.complex.abs_complex`
+COMPLEX_UNARY = frozenset(
+    "neg exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan sinh cosh tanh asin acos atan asinh "
+    "acosh atanh isnan isinf isfinite abs".split())
+
+
+def complex_unsupported(op: str, d: DType, what: str = "") -> DTypeError:
+    """The DTypeError for an op PyTorch does not define on complex tensors (ordering, rounding, bitwise...)."""
+    return DTypeError(f"{op}: not supported for complex dtype {d.name}{what} (PyTorch defines no {op} on complex "
+                      "numbers); take .real, .imag or .abs() first")
 
 # (op, dtype_a, dtype_b, a_is_dimensioned, b_is_dimensioned) -> (compute dtype, result dtype)
 _rule_cache: dict[tuple[Any, ...], tuple[DType, DType]] = {}
@@ -58,6 +71,10 @@ def _kind(x: Any) -> DType | None:
 
 def _compute_rule(op: str, a: Any, b: Any) -> tuple[DType, DType]:
     promoted = dt.result_type(a, b)
+    if promoted.is_complex:
+        if op not in COMPLEX_BINARY:
+            raise complex_unsupported(op, promoted, f" ({_operand_desc(a)}, {_operand_desc(b)})")
+        return (promoted, dt.bool_ if op in _BOOL_RESULT else promoted)
     if op in _LOGICAL:
         return (dt.bool_, dt.bool_)
     if op in _BOOL_RESULT:
@@ -99,6 +116,8 @@ _INT_RANGE = {
 
 def _scalar_for(v: Any, dtype: DType) -> Any:
     """Fit a Python scalar to the compute dtype: integers wrap around like PyTorch's, bools stay bools."""
+    if dtype.category == 3:
+        return complex(v)
     if dtype.category == 2 and type(v) is float:
         return v
     if dtype.category == 1 and type(v) is int:
@@ -150,13 +169,14 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
         cdt, rdt = _rule(op, a, b)
         stack = dev._stack or dev.stack
         ha = a._h if a._dtype is cdt else stack.cast(a._h, cdt)
-        hb = _scalar_for(b, cdt)
+        hb = _scalar_for(b, cdt) if cdt.category != 3 else stack.full((), complex(b), cdt)
     else:
         dev = b._device
         a = _check_scalar(op, a, b)
         cdt, rdt = _rule(op, a, b)
         stack = dev._stack or dev.stack
-        ha = _scalar_for(a, cdt)
+        # the contract's scalar operands are bool/int/float: a complex one travels as a 0-d handle
+        ha = _scalar_for(a, cdt) if cdt.category != 3 else stack.full((), complex(a), cdt)
         hb = b._h if b._dtype is cdt else stack.cast(b._h, cdt)
     if cdt.category == 1 and op in _INT_CHECKED:
         _check_int(op, a, b, stack, cdt)
@@ -229,7 +249,8 @@ def inplace_binary(op: str, a: Tensor, b: Any) -> Tensor:
     _bump_version(a)
     stack = a._device.stack
     if cdt is a._dtype and rdt is a._dtype:
-        hb = b._h if isinstance(b, Tensor) else _scalar_for(b, cdt)
+        hb = b._h if isinstance(b, Tensor) else (
+            _scalar_for(b, cdt) if cdt.category != 3 else stack.full((), complex(b), cdt))
         if isinstance(b, Tensor) and b._dtype is not cdt:
             hb = stack.cast(hb, cdt)
         stack.inplace_binary(op, a._h, hb)
@@ -289,6 +310,14 @@ def unary(op: str, x: Tensor) -> Tensor:
     d = x._dtype
     stack = x._device._stack or x._device.stack
     h = x._h
+    if d.category == 3:  # complex: PyTorch's subset; abs has a real result (and its own gradient)
+        if op not in COMPLEX_UNARY:
+            raise complex_unsupported(op, d)
+        if op == "abs":
+            from .complex import abs_complex
+
+            return abs_complex(x)
+        return Tensor._make(stack.unary(op, h), dt.bool_ if op in _PRED_UNARY else d, x._device)
     if op in _FLOAT_UNARY:
         if not d.is_floating_point:
             d = x._device.default_dtype

@@ -166,13 +166,13 @@ def _float_input(x: Tensor, dtype: Any, op: str) -> DType:
     """The result dtype of a float-only reduction (mean, var, ...): dtype= or the input's (must be float)."""
     if dtype is not None:
         d = dt.as_dtype(dtype)
-        if not d.is_floating_point:
+        if not (d.is_floating_point or d.is_complex):
             raise DTypeError(
                 f"{op}(): could not infer output dtype. Optional dtype must be either a floating point or "
                 f"complex dtype. Got: {d.name}"
             )
         return d
-    if not x._dtype.is_floating_point:
+    if not (x._dtype.is_floating_point or x._dtype.is_complex):
         raise DTypeError(
             f"{op}(): could not infer output dtype. Input dtype must be either a floating point or complex "
             f"dtype. Got: {x._dtype.name} (pass dtype=ember.float32 or cast first)"
@@ -278,8 +278,15 @@ def _argreduce(op: str, x: Tensor, d: int, keepdim: bool) -> Any:
     return stack.argreduce(op, h, d, keepdim)
 
 
+def _no_complex(x: Tensor, op: str) -> None:
+    if x._dtype.is_complex:  # PyTorch: complex numbers have no order
+        raise DTypeError(f"{op}(): not supported for complex dtype {x._dtype.name} (complex numbers have no order); "
+                         "reduce .real, .imag or .abs() instead")
+
+
 def _max_min(op: str, input: Any, dim: Any, keepdim: bool) -> Any:
     x = _check(input, op)
+    _no_complex(x, op)
     if isinstance(dim, Tensor):  # max(a, b) is maximum(a, b)
         return binary("maximum" if op == "max" else "minimum", x, dim)
     if dim is None:
@@ -320,6 +327,7 @@ def min(input: Tensor, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: 
 
 def _arg(op: str, input: Any, dim: Any, keepdim: bool) -> Tensor:
     x = _check(input, op)
+    _no_complex(x, op)
     if x._dtype is dt.bool_:
         raise DTypeError(f"{op}(): does not support bool input (cast to an integer dtype first)")
     if dim is None:

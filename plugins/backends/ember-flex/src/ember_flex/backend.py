@@ -233,11 +233,24 @@ def _alloc_guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     return method
 
 
+def _register_complex_kernels() -> None:
+    """numpy kernels for core's complex ops (ember.ops.complex: real, imag, abs, angle, conj, view_as_real...)."""
+    from ember.ops.complex import HOST_KERNELS
+
+    for op, fn in HOST_KERNELS.items():
+        op.kernel("flex")(fn)
+
+
+_register_complex_kernels()
+
+
 class FlexBackend(Backend):
     """numpy on the host CPU."""
 
     name = "flex"
     contract_version = 1
+    #: the real dtypes and complex64/complex128 (numpy's complex arrays)
+    supported_dtypes = frozenset(dt.ALL_DTYPES + dt.COMPLEX_DTYPES)
 
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)
