@@ -141,15 +141,21 @@ def _same(h: Any, *_: Any) -> list[Spec]:
     return [(tuple(h.shape), h.dtype)]
 
 
+def _tensorlike(x: Any) -> bool:
+    """A handle as shape rules see it: anything with a shape and an ember dtype (SymbolicHandle, a router's
+    handle), not a Python scalar."""
+    return type(x) not in _SCALARS and isinstance(getattr(x, "dtype", None), DType) and hasattr(x, "shape")
+
+
 def _dtype_of_operands(*xs: Any) -> DType:
     for x in xs:
-        if isinstance(x, SymbolicHandle):
+        if _tensorlike(x):
             return x.dtype
     raise DTypeError("capture: an elementwise op without a tensor operand")
 
 
 def _shape_of(x: Any) -> Shape:
-    return tuple(x.shape) if isinstance(x, SymbolicHandle) else ()
+    return tuple(x.shape) if _tensorlike(x) else ()
 
 
 def _r_binary(op: str, a: Any, b: Any) -> list[Spec]:
@@ -249,7 +255,7 @@ def _r_getitem(h: Any, key: tuple[Any, ...]) -> list[Spec]:
     # shape; a bool mask's result shape depends on its values, so it has no rule (a read decides it)
     np_key = []
     for k in key:
-        if isinstance(k, SymbolicHandle):
+        if _tensorlike(k):
             if k.dtype is dt.bool_:
                 raise _NoRule
             np_key.append(np.zeros(k.shape, dtype=np.int64))
@@ -285,7 +291,8 @@ class _NoRule(Exception):
     """Raised by a rule that cannot decide from specs alone."""
 
 
-#: contract method -> its shape rule (positional arguments as the method gets them, symbolic handles included)
+#: contract method -> its shape rule: gets the method's positional arguments, handles as objects with ``.shape`` and
+#: ``.dtype`` (an ember DType); returns one (shape, dtype) per output; raises ``_NoRule`` when specs cannot decide
 SHAPE_RULES: dict[str, Callable[..., list[Spec]]] = {
     "full": lambda shape, value, dtype: [(tuple(shape), dtype)],
     "arange": _r_arange,
@@ -294,6 +301,7 @@ SHAPE_RULES: dict[str, Callable[..., list[Spec]]] = {
     "cumulative": lambda op, h, dim: _same(h), "clamp": _same, "hardtanh": _same, "masked_fill": _same,
     "scatter": _same, "select_ties": lambda h, value: _same(value), "keep_graph": lambda out, inputs: _same(out),
     "select_at": lambda h, dim, index, values: _same(values),
+    "write_back": lambda dst, src, op: _same(dst),
     "unary": lambda op, h: [(tuple(h.shape), dt.bool_ if op in PREDICATE_UNARY_OPS else h.dtype)],
     "binary": _r_binary,
     "where": _r_where,
@@ -384,8 +392,9 @@ def execute_record(record: OpRecord, stack: Any, device: Device, values: dict[in
         return
     result = getattr(stack, record.op)(*_resolve(record.args, ins))
     if record.op in IN_PLACE:
-        written = ins[record.args[IN_PLACE[record.op]].k]
-        values[record.outputs[0]] = written if result is None else result
+        if record.outputs:  # a record without outputs (the router's form) leaves the written value's id as is
+            written = ins[record.args[IN_PLACE[record.op]].k]
+            values[record.outputs[0]] = written if result is None else result
         return
     if len(record.outputs) == 1 and not isinstance(result, tuple):
         values[record.outputs[0]] = result
