@@ -13,7 +13,9 @@ express:
 * a ``__local T* name`` kernel parameter (work-group memory sized by the launch) becomes a pointer into the block's
   dynamic shared memory: the first such parameter starts at byte 0, each later one at a byte offset passed in its
   place as ``long name_smem`` (the launcher passes the offsets and the total as the shared-memory size);
-* ``__attribute__((reqd_work_group_size(x, y, z)))`` becomes ``__launch_bounds__(x*y*z)``.
+* ``__attribute__((reqd_work_group_size(x, y, z)))`` becomes ``__launch_bounds__(x*y*z)``;
+* vector literals ``(uint4)(a, b, c, d)`` become ``make_uint4(a, b, c, d)`` and lanes ``.s0``-``.s3`` become
+  ``.x``-``.w`` (the small vectors Philox uses; arithmetic on vectors is not translated).
 
 Vector types (``float4``, ``vload4``, ``.s0``, ``convert_float4``) have no CUDA/HIP spelling with OpenCL's
 arithmetic; generators ask :attr:`Dialect.vectors` and emit scalar code (vector width 1) when it is false.
@@ -190,6 +192,8 @@ static __device__ __forceinline__ void vstore_half_rte(double v, size_t i, half*
 """
 
 _PRAGMA = re.compile(r"^#pragma OPENCL EXTENSION[^\n]*\n", re.M)
+_VECTOR_LITERAL = re.compile(r"\((u?(?:char|short|int|long)|float|double)([234])\)\(")
+_LANE = re.compile(r"\.s([0-3])\b")
 _STATIC_INLINE = re.compile(r"\bstatic\s+inline\b")
 _REQD = re.compile(r"__attribute__\(\(reqd_work_group_size\((\d+),\s*(\d+),\s*(\d+)\)\)\)")
 # a kernel's signature: `__kernel [launch bounds] void NAME(params) {`
@@ -213,6 +217,9 @@ class Dialect:
         source = _STATIC_INLINE.sub("static __device__ __forceinline__", source)
         source = _REQD.sub(lambda m: f"__launch_bounds__({int(m[1]) * int(m[2]) * int(m[3])})", source)
         source = _SIGNATURE.sub(_shared_params, source)
+        # OpenCL vector literals and lane names on CUDA/HIP's vector structs (uint4: .x .y .z .w)
+        source = _VECTOR_LITERAL.sub(lambda m: f"make_{m[1]}{m[2]}(", source)
+        source = _LANE.sub(lambda m: "." + "xyzw"[int(m[1])], source)
         half = _HALF_CUDA if self.name == "cuda" else _HALF_HIP
         return f"/* ember: {self.name} dialect prelude */\n{_COMMON}{half}/* ember: kernels */\n{source}"
 
