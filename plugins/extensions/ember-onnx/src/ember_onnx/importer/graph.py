@@ -191,13 +191,15 @@ class Executor:
         while inputs and inputs[-1] is None:
             inputs = inputs[:-1]
         # ONNX builds the body from the input types; only plain tensors are safe to describe to it
-        if not all(isinstance(t, Tensor) for t in inputs):
+        if not all(t is None or isinstance(t, Tensor) for t in inputs):
             raise UnsupportedOnnxOpError([f"{domain or 'ai.onnx'}::{node.op_type} (non-tensor inputs)"],
                                          "ember_onnx run")
-        types = [helper.make_tensor_type_proto(to_onnx_dtype(t.dtype), list(t.shape)) for t in inputs]
+        # an absent optional input in the middle keeps its empty name and an empty type
+        types = [helper.make_tensor_type_proto(to_onnx_dtype(t.dtype), list(t.shape)) if t is not None
+                 else onnx.TypeProto() for t in inputs]
         # the body sees the node with its attributes resolved (a function body's refs already substituted)
-        resolved = helper.make_node(node.op_type, list(node.input)[:len(inputs)], list(node.output),
-                                    domain=node.domain)
+        names = [n if t is not None else "" for n, t in zip(node.input, inputs)]
+        resolved = helper.make_node(node.op_type, names, list(node.output), domain=node.domain)
         for name, value in attrs.items():
             resolved.attribute.append(_make_attribute(name, value))
         key = (resolved.SerializeToString(), tuple(t.SerializeToString() for t in types), opset)
