@@ -168,8 +168,9 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: ProcessGroup | None =
     _check_tensor(tensor, where)
     g = resolve(group, where)
     if not isinstance(tensor_list, (list, tuple)) or len(tensor_list) != g.size():
+        length = len(tensor_list) if hasattr(tensor_list, "__len__") else "?"
         raise ValueRangeError(f"all_gather: tensor_list must be a list of {g.size()} tensors (the group size), got "
-                              f"{type(tensor_list).__name__} of length {len(tensor_list) if hasattr(tensor_list, '__len__') else '?'}")
+                              f"{type(tensor_list).__name__} of length {length}")
     _check_like(where, tensor, tensor_list, "tensor_list")
     s = stage(g, tensor, where)
     recv = _empty_like_buf(g, s.buf, g.size() * s.buf.size)

@@ -82,7 +82,7 @@ def allreduce_hook(group: ProcessGroup, bucket: GradBucket) -> Work:
     n = group.size()
 
     def finish() -> None:
-        buf /= n
+        buf[...] /= n
 
     return Work(f"DataParallel all_reduce of bucket {bucket.index()}", group,
                 group.engine.all_reduce(buf, ReduceOp.SUM), finish, [])
