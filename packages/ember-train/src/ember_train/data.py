@@ -262,11 +262,16 @@ class DataLoader:
       batches in host memory, and no backend exposes page-locked buffers.
     * ``collate_fn(list_of_items)`` may return arrays / Tensors (nested in tuples, lists, dicts); they are moved
       to ``device``.
+    * ``sampler``: an iterable of dataset indices with a length (torch's ``sampler=``, e.g. ember-distributed's
+      ``DistributedSampler`` for one rank's shard) replaces the loader's own order; it excludes ``shuffle``. The
+      loader calls ``sampler.set_epoch(e)`` (when it has one) before reading epoch ``e``'s order, so the order
+      stays a function of the epoch and resume stays exact.
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, seed: int | None = None,
                  drop_last: bool = False, collate_fn: Callable[[list[Any]], Any] | None = None,
-                 num_workers: int = 0, prefetch: int = 2, pin_memory: bool = False, device: Any = None) -> None:
+                 num_workers: int = 0, prefetch: int = 2, pin_memory: bool = False, device: Any = None,
+                 sampler: Any = None) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueRangeError(f"DataLoader: batch_size must be a positive int, got {batch_size!r}")
         if not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
@@ -285,6 +290,17 @@ class DataLoader:
             raise ValueRangeError(
                 f"DataLoader: {type(dataset).__name__} is neither map-style (__len__ + __getitem__) nor iterable"
             )
+        if sampler is not None:
+            if shuffle:
+                raise ValueRangeError("DataLoader: sampler option is mutually exclusive with shuffle (the sampler "
+                                      "decides the order; shuffle inside it)")
+            if self.iterable:
+                raise ValueRangeError(f"DataLoader: sampler= needs a map-style dataset; {type(dataset).__name__} is "
+                                      "iterable")
+            if not (hasattr(sampler, "__iter__") and hasattr(sampler, "__len__")):
+                raise ValueRangeError(f"DataLoader: sampler must be an iterable of indices with a length, got "
+                                      f"{type(sampler).__name__}")
+        self.sampler = sampler
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
@@ -323,7 +339,7 @@ class DataLoader:
     def __len__(self) -> int:
         if self.iterable and not hasattr(self.dataset, "__len__"):
             raise TypeError(f"DataLoader: the length of iterable dataset {type(self.dataset).__name__} is unknown")
-        n = len(self.dataset)
+        n = len(self.dataset) if self.sampler is None else len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     # -- order and state --
@@ -336,6 +352,10 @@ class DataLoader:
     def order(self, epoch: int | None = None) -> np.ndarray:
         """The dataset indices of an epoch, in the order they are served (map-style datasets)."""
         e = self.epoch if epoch is None else int(epoch)
+        if self.sampler is not None:
+            if hasattr(self.sampler, "set_epoch"):
+                self.sampler.set_epoch(e)
+            return np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
         n = len(self.dataset)
         if self.shuffle:
             return np.random.default_rng(self.seed + e).permutation(n)
@@ -501,8 +521,10 @@ class DataLoader:
 
     def __repr__(self) -> str:
         seed = "<drawn on first use>" if self._seed is None else self._seed  # repr must not draw it
+        sampler = "" if self.sampler is None else f", sampler={type(self.sampler).__name__}"
         return (f"DataLoader({type(self.dataset).__name__}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-                f"seed={seed}, drop_last={self.drop_last}, num_workers={self.num_workers}, epoch={self.epoch})")
+                f"seed={seed}, drop_last={self.drop_last}, num_workers={self.num_workers}, epoch={self.epoch}"
+                f"{sampler})")
 
 
 __all__ = [
