@@ -82,8 +82,8 @@ def _kernel_of(fn: Callable[..., Any], op_name: str) -> Callable[..., Any]:
         arrays = [np.asarray(backend.to_numpy(h)) for h in handles]
         out = fn(*arrays, **kwargs)
         if isinstance(out, tuple):
-            return tuple(backend.from_numpy(np.ascontiguousarray(o)) for o in out)
-        return backend.from_numpy(np.ascontiguousarray(out))
+            return tuple(backend.from_numpy(np.asarray(o, order="C")) for o in out)
+        return backend.from_numpy(np.asarray(out, order="C"))
 
     kernel.__name__ = f"{op_name.replace('.', '_')}_lapack"
     kernel.__doc__ = f"{op_name}: LAPACK on the host (in place on flex's numpy arrays, copied elsewhere)"
@@ -129,8 +129,8 @@ def host_op(name: str, output: Callable[..., Any], *, differentiable: bool = Tru
                 dev = next(a for a in args if isinstance(a, ember.Tensor)).device
                 out = fn(*(a.detach().numpy() for a in args), **kwargs)
                 if isinstance(out, tuple):
-                    return tuple(ember.tensor(np.ascontiguousarray(o), device=dev) for o in out)
-                return ember.tensor(np.ascontiguousarray(out), device=dev)
+                    return tuple(ember.tensor(np.asarray(o, order="C"), device=dev) for o in out)
+                return ember.tensor(np.asarray(out, order="C"), device=dev)
 
         composition.__doc__ = doc or fn.__doc__
         composition.__name__ = name

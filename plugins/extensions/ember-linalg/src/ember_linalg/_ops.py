@@ -682,13 +682,20 @@ def lstsq(a: np.ndarray, b: np.ndarray, *, rcond: float | None = None,
     return x, _same(res, a), rank_out, sv_out
 
 
-@lstsq.vjp(outputs=(0,))
-def _lstsq_vjp(ctx: Any, gX: Tensor, *_rest: Any) -> tuple[Tensor, Tensor]:
-    # torch's linalg_lstsq_backward: X = pinv(A) B (only the solution is differentiable)
+@lstsq.vjp(outputs=(0, 1))
+def _lstsq_vjp(ctx: Any, gX: Tensor, gres: Tensor, *_rest: Any) -> tuple[Tensor, Tensor]:
+    # torch's linalg_lstsq_backward: X = pinv(A) B; the residuals ||A X - B||^2 (per column) are differentiable too:
+    # X is their minimiser, so only their explicit dependence on A and B counts
     A, B = ctx.inputs
+    X = ctx.outputs[0]
     pinvA = call(pinv, A)
     gA = pinv_backward(gX @ _t(B), pinvA, A)
-    return gA, _t(pinvA) @ gX
+    gB = _t(pinvA) @ gX
+    if not is_zero(gres) and gres.ndim > 0 and gres.shape[-1] == B.shape[-1]:
+        R = (A @ X - B) * (2 * gres.unsqueeze(-2))
+        gA = gA + R @ _t(X)
+        gB = gB - R
+    return gA, gB
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -462,6 +462,9 @@ def matrix_exp(A: Tensor) -> Tensor:
 def cross(input: Tensor, other: Tensor, *, dim: int = -1) -> Tensor:  # noqa: A002 - torch's parameter name
     """The cross product of 3-vectors along ``dim`` (inputs broadcast)."""
     a, b = _tensor("cross", input, "input"), _tensor("cross", other, "other")
+    if a.ndim != b.ndim:
+        raise ShapeError(f"linalg.cross: inputs must have the same number of dimensions, got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
     shape = tuple(np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
     a, b = a.expand(*shape), b.expand(*shape)
     if not -len(shape) <= dim < len(shape) or shape[dim] != 3:
