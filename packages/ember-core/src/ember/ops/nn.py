@@ -173,6 +173,16 @@ def _gelu(s: Any, x: Tensor, approximate: str) -> Handle:
     return s.binary("mul", h, cdf)
 
 
+def gelu_composition(x: Tensor, approximate: str) -> Tensor:
+    """GELU of x in contract ops (the default composition of ``train_kernels.gelu``, what runs where the backend
+    has no kernel for it)."""
+    return Tensor._make(_gelu(_stack(x), x, approximate), x._dtype, x._device)
+
+
+#: dtypes the one-op GELU and layer norm (``ember.ops.train_kernels``) take where the backend has kernels for them
+_KERNEL_DTYPES = (dt.float32, dt.float64)
+
+
 def _elu(s: Any, x: Tensor, alpha: float, scale: float = 1.0, input_scale: float = 1.0) -> Handle:
     h = x._h
     neg = s.binary("mul", s.unary("expm1", s.binary("mul", h, input_scale) if input_scale != 1.0 else h),
@@ -236,7 +246,13 @@ def activation(name: str, x: Tensor, *params: Any, inplace: bool = False) -> Ten
     """The elementwise activation ``name`` (a key of the table above) of a validated x with its parameters
     (hardtanh: lo, hi in x's dtype; gelu: 'none' or 'tanh'; elu: alpha, scale, input_scale; leaky_relu: slope;
     softplus: beta, threshold; hardshrink/softshrink: lambd; threshold: threshold, value). ``inplace`` writes the
-    result into x (``Backend.write_back``) and returns x."""
+    result into x (``Backend.write_back``) and returns x. GELU is one op (and one backward op) where the backend has
+    kernels for them (``train_kernels.gelu``)."""
+    if name == "gelu" and not inplace and x._dtype in _KERNEL_DTYPES:
+        from . import train_kernels as _tk
+
+        if _tk.has_kernel(_tk.gelu, x):
+            return _tk.gelu(x, approximate=params[0])
     h = _ACTIVATIONS[name](_stack(x), x, *params)
     if inplace:
         return write_result(x, h, "inplace activation")
@@ -692,10 +708,16 @@ def dropout_factors(like: Tensor, shape: Shape, p: float, d: DType) -> Tensor:
 def layer_norm(x: Tensor, normalized_shape: Shape, weight: Tensor | None, bias: Tensor | None, eps: float,
                mixed: bool) -> Tensor:
     """(x - mean) / sqrt(var + eps) over the trailing normalized_shape dims, then weight and bias; ``mixed``
-    (float16/bfloat16 x with float32 parameters) computes in float32."""
+    (float16/bfloat16 x with float32 parameters) computes in float32. One op (and one backward op) where the
+    backend has kernels for them (``train_kernels.layer_norm``)."""
     s = _stack(x)
     if x.numel() == 0:
         return _like(x, keep_graph(s, s.copy(x._h), weight, bias))
+    if not mixed and x._dtype in _KERNEL_DTYPES:
+        from . import train_kernels as _tk
+
+        if _tk.has_kernel(_tk.layer_norm, x):
+            return _tk.layer_norm(x, weight, bias, normalized_shape=tuple(normalized_shape), eps=float(eps))[0]
     dims = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     h = s.cast(x._h, dt.float32) if mixed else x._h
     m, v = _var(s, h, dims)

@@ -1,4 +1,5 @@
-"""Training hot spots as single extension ops: softmax + cross-entropy, training-mode batch norm, and the Adam update.
+"""Training hot spots as single extension ops: softmax + cross-entropy, training-mode batch norm, the Adam update,
+GELU and layer norm.
 
 Each op's default composition is written in ember ops, so every backend runs it (fused and differentiated like any
 ember code); a backend may register one kernel per op (see docs/extensions.md; ember-flex registers numpy kernels
@@ -23,7 +24,14 @@ for both pays neither per-op dispatch nor per-op autodiff recording -- PyTorch's
   counters and every decorator see an ordinary in-place update, and a stack that hands the kernel copies still
   ends with the right values.
 
-Callers (``nn.functional.cross_entropy``/``batch_norm``, ``optim.Adam``) route through an op only where the
+* ``nn.gelu`` (x) -> y and ``nn.gelu_backward`` (x, grad) -> dx: exact (erf) or tanh GELU, torch's ``gelu`` and
+  ``gelu_backward``; the vjp reads x only. Used by inference as much as by training.
+* ``nn.layer_norm`` (x, weight, bias) -> (y, mean, rstd): torch's ``native_layer_norm`` over the trailing
+  ``normalized_shape`` dims (statistics of shape ``x.shape[:-k] + (1,) * k``); ``nn.layer_norm_backward`` gives
+  dx, dweight and dbias in one op.
+
+Callers (``nn.functional.cross_entropy``/``batch_norm``, ``optim.Adam``; ``ops.nn``'s GELU and float32/float64
+layer norm) route through an op only where the
 device's backend has a kernel for it (:func:`has_kernel`): elsewhere their own compositions run, unchanged. The
 vjps name the outputs they read (``vjp(outputs=...)``: lse; mean and invstd), so the loss and the normalised
 output callers get are not saved, and in-place ops on them (ResNet's ``out += shortcut`` after batch norm,
@@ -32,6 +40,7 @@ output callers get are not saved, and in-place ops on them (ResNet's ``out += sh
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .. import dtypes as dt
@@ -40,7 +49,7 @@ from ..extension import ExtensionOp, TensorSpec, backend_extension
 from ..tensor import Tensor
 
 __all__ = ["adam_step", "batch_norm_train", "batch_norm_train_backward", "cross_entropy_index",
-           "cross_entropy_index_backward", "has_kernel"]
+           "cross_entropy_index_backward", "gelu", "gelu_backward", "has_kernel", "layer_norm", "layer_norm_backward"]
 
 _REDUCTIONS = ("none", "mean", "sum")
 
@@ -314,3 +323,147 @@ def adam_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, 
         denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
     addcdiv_(param, exp_avg, denom, -step_size)
     return tuple(out)
+
+
+# -- GELU ----------------------------------------------------------------------------------------------------------
+_GELU_MODES = ("none", "tanh")
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_KAPPA = 0.044715
+
+
+def _gelu_check(op: str, x: TensorSpec, approximate: str) -> None:
+    _float(op, "input", x)
+    if approximate not in _GELU_MODES:
+        raise ValueRangeError(f"{op}: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def _gelu_spec(x: TensorSpec, *, approximate: str = "none") -> TensorSpec:
+    _gelu_check("gelu", x, approximate)
+    return TensorSpec(x.shape, x.dtype)
+
+
+@backend_extension("nn.gelu", output=_gelu_spec, publish=False,
+                   description="GELU x * Phi(x) (exact, with erf) or its tanh approximation, in one op")
+def gelu(x: Tensor, *, approximate: str = "none") -> Tensor:
+    """``torch.nn.functional.gelu``: x * Phi(x), Phi the standard normal CDF (``approximate='none'``, through erf)
+    or ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`` (``'tanh'``)."""
+    from . import nn as _nn
+
+    return _nn.gelu_composition(x, approximate)
+
+
+def _gelu_bwd_spec(x: TensorSpec, grad: TensorSpec, *, approximate: str = "none") -> TensorSpec:
+    op = "gelu_backward"
+    _gelu_check(op, x, approximate)
+    _like(op, "grad", grad, x.shape, x.dtype)
+    return TensorSpec(x.shape, x.dtype)
+
+
+@backend_extension("nn.gelu_backward", output=_gelu_bwd_spec, publish=False,
+                   description="gradient of GELU (exact or tanh) times the output's gradient, in one op")
+def gelu_backward(x: Tensor, grad: Tensor, *, approximate: str = "none") -> Tensor:
+    """dgelu/dx * grad, torch's ``gelu_backward`` formulas: exact ``Phi(x) + x * phi(x)``; tanh
+    ``0.5 * (1 + t) + 0.5 * x * (1 - t**2) * sqrt(2 / pi) * (1 + 3 * 0.044715 * x**2)`` with t the forward's tanh."""
+    if approximate == "tanh":
+        x_sq = x * x
+        t = ((x + x_sq * x * _GELU_KAPPA) * _SQRT_2_OVER_PI).tanh()
+        left = x * 0.5
+        right = t + 1.0
+        left_derivative = right * 0.5
+        right_derivative = left * (1.0 - t * t) * ((x_sq * (3.0 * _GELU_KAPPA) + 1.0) * _SQRT_2_OVER_PI)
+        return grad * (left_derivative + right_derivative)
+    cdf = ((x * (1.0 / math.sqrt(2.0))).erf() + 1.0) * 0.5
+    pdf = (x * x * -0.5).exp() * (1.0 / math.sqrt(2.0 * math.pi))
+    return grad * (cdf + x * pdf)
+
+
+@gelu.vjp(outputs=())  # reads the input only: the output may be modified in place
+def _gelu_vjp(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    (x,) = ctx.inputs
+    return (gelu_backward(x, grad, **ctx.kwargs),)
+
+
+# -- layer norm ----------------------------------------------------------------------------------------------------
+def _ln_check(op: str, x: TensorSpec, weight: Any, bias: Any, normalized_shape: tuple[int, ...]) -> int:
+    """Check the arguments; returns the number of normalised dims."""
+    _float(op, "input", x)
+    k = len(normalized_shape)
+    if k == 0 or x.ndim < k or tuple(x.shape[x.ndim - k:]) != tuple(normalized_shape):
+        raise ShapeError(f"{op}: normalized_shape {tuple(normalized_shape)} must be the trailing dims of the "
+                         f"input's shape {x.shape}")
+    for name, spec in (("weight", weight), ("bias", bias)):
+        if spec is not None:
+            _like(op, name, spec, tuple(normalized_shape), x.dtype)
+    return k
+
+
+def _stat_shape(shape: tuple[int, ...], k: int) -> tuple[int, ...]:
+    """torch's native_layer_norm statistics: the input's leading dims, then 1 per normalised dim."""
+    return tuple(shape[:len(shape) - k]) + (1,) * k
+
+
+def _ln_spec(x: TensorSpec, weight: Any, bias: Any, *, normalized_shape: tuple[int, ...],
+             eps: float = 1e-5) -> tuple[TensorSpec, ...]:
+    k = _ln_check("layer_norm", x, weight, bias, normalized_shape)
+    stat = TensorSpec(_stat_shape(x.shape, k), x.dtype)
+    return TensorSpec(x.shape, x.dtype), stat, stat
+
+
+@backend_extension("nn.layer_norm", output=_ln_spec, publish=False,
+                   description="layer norm: statistics over the trailing dims, normalisation and affine, in one op")
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, *, normalized_shape: tuple[int, ...],
+               eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
+    """Normalise x over its trailing ``normalized_shape`` dims, then ``weight``/``bias`` (of that shape); returns
+    (y, mean, rstd) as torch's ``native_layer_norm``: the statistics have x's leading dims and 1 per normalised
+    dim, rstd = 1 / sqrt(var + eps) with the biased variance."""
+    dims = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mean = x.mean(dims, keepdim=True)
+    xc = x - mean
+    var = (xc * xc).mean(dims, keepdim=True)  # two passes, as the composition of nn.functional: no cancellation
+    rstd = (var + eps).rsqrt()
+    y = xc * rstd
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y, mean, rstd
+
+
+def _ln_bwd_spec(x: TensorSpec, weight: Any, mean: TensorSpec, rstd: TensorSpec, dy: TensorSpec, *,
+                 normalized_shape: tuple[int, ...]) -> tuple[TensorSpec, ...]:
+    op = "layer_norm_backward"
+    k = _ln_check(op, x, weight, None, normalized_shape)
+    stat = _stat_shape(x.shape, k)
+    _like(op, "mean", mean, stat, x.dtype)
+    _like(op, "rstd", rstd, stat, x.dtype)
+    _like(op, "dy", dy, x.shape, x.dtype)
+    param = TensorSpec(tuple(normalized_shape), x.dtype)
+    return TensorSpec(x.shape, x.dtype), param, param
+
+
+@backend_extension("nn.layer_norm_backward", output=_ln_bwd_spec, publish=False,
+                   description="layer norm backward: dx, dweight, dbias in one op")
+def layer_norm_backward(x: Tensor, weight: Tensor | None, mean: Tensor, rstd: Tensor, dy: Tensor, *,
+                        normalized_shape: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`layer_norm`'s y: (dx, dweight, dbias) with g = dy * weight and xhat = (x - mean) * rstd,
+    ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` over the normalised dims; dweight = sum(dy * xhat) and
+    dbias = sum(dy) over the leading dims (returned even when the forward had no weight or bias)."""
+    k = len(normalized_shape)
+    dims = tuple(range(x.ndim - k, x.ndim))
+    lead = tuple(range(x.ndim - k))
+    xhat = (x - mean) * rstd
+    g = dy if weight is None else dy * weight
+    dx = rstd * (g - g.mean(dims, keepdim=True) - xhat * (g * xhat).mean(dims, keepdim=True))
+    dweight = (dy * xhat).sum(lead) if lead else dy * xhat
+    dbias = dy.sum(lead) if lead else dy * 1.0
+    return dx, dweight, dbias
+
+
+@layer_norm.vjp(outputs=(1, 2))  # reads mean and rstd: y may be modified in place
+def _layer_norm_vjp(ctx: Any, gy: Tensor, *stat_grads: Tensor) -> tuple[Tensor | None, ...]:
+    x, weight, bias = ctx.inputs
+    _, mean, rstd = ctx.outputs
+    # the statistics are the op's workspace (no caller differentiates them): their gradients are ignored
+    dx, dweight, dbias = layer_norm_backward(x, weight, mean, rstd, gy,
+                                             normalized_shape=ctx.kwargs["normalized_shape"])
+    return dx, (dweight if weight is not None else None), (dbias if bias is not None else None)

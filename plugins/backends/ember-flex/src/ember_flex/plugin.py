@@ -9,6 +9,7 @@ from ember.plugins import hookimpl
 
 from . import CONTRACT, __version__
 from .attention_kernels import register as _register_attention_kernels
+from .norm_kernels import register as _register_norm_kernels
 from .quant_kernels import register as _register_quant_kernels
 from .rnn_kernels import register as _register_rnn_kernels
 from .train_kernels import register as _register_train_kernels
@@ -19,6 +20,8 @@ _register_rnn_kernels()
 _register_attention_kernels()
 # ... and for core's training ops (ember.ops.train_kernels): cross-entropy, batch norm (training), Adam's update
 _register_train_kernels()
+# ... and for core's one-op GELU and layer norm (ember.ops.train_kernels), forward and backward
+_register_norm_kernels()
 # ... and for core's 4-bit quantization ops (ember.quantization.ops): NF4/FP4 quantize, dequantize, on-the-fly matmul
 _register_quant_kernels()
 
