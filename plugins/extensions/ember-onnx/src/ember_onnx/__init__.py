@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 CONTRACT = 1
 
 from .errors import ExportError, OnnxAttributeError, OnnxDTypeError, UnsupportedOnnxOpError  # noqa: E402
+from .exporter import export  # noqa: E402
 from .importer import OnnxModule, load, unsupported_ops  # noqa: E402
 
 
@@ -24,5 +25,5 @@ def supported_import_ops() -> list[str]:
     return sorted(f"{d or 'ai.onnx'}::{op}" for d, op in OPS)
 
 
-__all__ = ["load", "OnnxModule", "unsupported_ops", "supported_import_ops", "UnsupportedOnnxOpError",
+__all__ = ["load", "export", "OnnxModule", "unsupported_ops", "supported_import_ops", "UnsupportedOnnxOpError",
            "OnnxDTypeError", "OnnxAttributeError", "ExportError"]
