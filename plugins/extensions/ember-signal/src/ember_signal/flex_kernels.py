@@ -1,0 +1,33 @@
+"""ember-flex kernels for ember-signal's transforms: scipy.fft (pocketfft) on flex's numpy handles.
+
+Registered under the backend name ``"flex"`` when :mod:`ember_signal` loads (the plugin names no other plugin: a
+kernel is keyed by the backend's name, and without ember-flex it is simply never looked up).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._ops import c2c, c2r, host_c2c, host_c2r, host_r2c, r2c
+
+
+def _c2c(backend: Any, h: np.ndarray, *, s: tuple[int, ...], dims: tuple[int, ...], norm: str,
+         forward: bool) -> np.ndarray:
+    return host_c2c(h, s, dims, norm, forward)
+
+
+def _r2c(backend: Any, h: np.ndarray, *, s: tuple[int, ...], dims: tuple[int, ...], norm: str) -> np.ndarray:
+    return host_r2c(h, s, dims, norm)
+
+
+def _c2r(backend: Any, h: np.ndarray, *, s: tuple[int, ...], dims: tuple[int, ...], norm: str) -> np.ndarray:
+    return host_c2r(h, s, dims, norm)
+
+
+def register() -> None:
+    """Register the flex kernels of signal.c2c, signal.r2c and signal.c2r."""
+    c2c.kernel("flex")(_c2c)
+    r2c.kernel("flex")(_r2c)
+    c2r.kernel("flex")(_c2r)
