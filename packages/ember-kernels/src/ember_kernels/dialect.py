@@ -198,6 +198,7 @@ _STATIC_INLINE = re.compile(r"\bstatic\s+inline\b")
 _REQD = re.compile(r"__attribute__\(\(reqd_work_group_size\((\d+),\s*(\d+),\s*(\d+)\)\)\)")
 # a kernel's signature: `__kernel [launch bounds] void NAME(params) {`
 _SIGNATURE = re.compile(r"__kernel\s+((?:__launch_bounds__\(\d+\)\s+)?)void\s+(\w+)\s*\(([^)]*)\)\s*\{")
+_LOCAL_POINTER = re.compile(r"__local\s+([\w ]+?)\s*\*")
 _LOCAL_PARAM = re.compile(r"^\s*__local\s+([\w ]+?)\s*\*\s*(\w+)\s*$")
 
 
@@ -217,6 +218,8 @@ class Dialect:
         source = _STATIC_INLINE.sub("static __device__ __forceinline__", source)
         source = _REQD.sub(lambda m: f"__launch_bounds__({int(m[1]) * int(m[2]) * int(m[3])})", source)
         source = _SIGNATURE.sub(_shared_params, source)
+        # other __local pointers (helper parameters, casts) are generic pointers; __local arrays stay __shared__
+        source = _LOCAL_POINTER.sub(lambda m: m[1] + "*", source)
         # OpenCL vector literals and lane names on CUDA/HIP's vector structs (uint4: .x .y .z .w)
         source = _VECTOR_LITERAL.sub(lambda m: f"make_{m[1]}{m[2]}(", source)
         source = _LANE.sub(lambda m: "." + "xyzw"[int(m[1])], source)

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
 from ember_kernels.conv import (  # noqa: F401 (moved to ember-kernels; re-exported)
     _RAW,
     _advance,

@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from ember import dtypes as dt
+from ember.dtypes import DType
 from ember_kernels.elementwise import (  # noqa: F401 (moved to ember-kernels; re-exported)
     _ERFINV,
     _FLOAT_ONLY,
@@ -33,9 +36,6 @@ from ember_kernels.elementwise import (  # noqa: F401 (moved to ember-kernels; r
     collapse,
     map_kernel,
 )
-
-from ember import dtypes as dt
-from ember.dtypes import DType
 
 from .array import CLArray, empty
 from .ctypes_ import CType, ctype

@@ -24,6 +24,10 @@ import math
 from typing import Any
 
 import numpy as np
+
+from ember import dtypes as dt
+from ember.dtypes import DType
+from ember.errors import ShapeError, UnsupportedError, ValueRangeError
 from ember_kernels.indexing import (  # noqa: F401 (moved to ember-kernels; re-exported)
     _COUNT_SRC,
     _HALF_HELPERS,
@@ -38,10 +42,6 @@ from ember_kernels.indexing import (  # noqa: F401 (moved to ember-kernels; re-e
     _loop_source,
     _pad_source,
 )
-
-from ember import dtypes as dt
-from ember.dtypes import DType
-from ember.errors import ShapeError, UnsupportedError, ValueRangeError
 
 from . import elementwise as ew
 from .array import CLArray, basic_index, download, empty, upload

@@ -47,6 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ember.dtypes import DType
+from ember.errors import DTypeError, ShapeError, ValueRangeError
 from ember_kernels.matmul import (  # noqa: F401 (moved to ember-kernels; re-exported)
     _ACC,
     _ARGS,
@@ -72,9 +75,6 @@ from ember_kernels.matmul import (  # noqa: F401 (moved to ember-kernels; re-exp
     simple_source,
     tiled_source,
 )
-
-from ember.dtypes import DType
-from ember.errors import DTypeError, ShapeError, ValueRangeError
 
 from . import elementwise as ew
 from .array import CLArray, contiguous_strides, empty

@@ -25,6 +25,10 @@ import math
 from typing import Any
 
 import numpy as np
+
+from ember import dtypes as dt
+from ember.errors import ShapeError, UnsupportedError
+from ember.shapes import pool_output_size
 from ember_kernels.pooling import (  # noqa: F401 (moved to ember-kernels; re-exported)
     _COMMON_ARGS,
     _CPU_LOOP,
@@ -38,10 +42,6 @@ from ember_kernels.pooling import (  # noqa: F401 (moved to ember-kernels; re-ex
     _program,
     _programs,
 )
-
-from ember import dtypes as dt
-from ember.errors import ShapeError, UnsupportedError
-from ember.shapes import pool_output_size
 
 from . import elementwise as ew
 from .array import CLArray, empty

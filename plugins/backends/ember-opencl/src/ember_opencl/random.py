@@ -18,16 +18,16 @@ import threading
 from typing import Any
 
 import numpy as np
+
+from ember import dtypes as dt
+from ember.dtypes import DType
+from ember.errors import DTypeError, ValueRangeError
 from ember_kernels.random import (  # noqa: F401 (moved to ember-kernels; re-exported)
     _PHILOX,
     _body,
     _source,
     _sources,
 )
-
-from ember import dtypes as dt
-from ember.dtypes import DType
-from ember.errors import DTypeError, ValueRangeError
 
 from .array import CLArray, empty
 

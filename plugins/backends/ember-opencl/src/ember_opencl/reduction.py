@@ -24,6 +24,9 @@ import math
 from typing import Any
 
 import numpy as np
+
+from ember import dtypes as dt
+from ember.dtypes import DType
 from ember_kernels.reduction import (  # noqa: F401 (moved to ember-kernels; re-exported)
     _BOOL_OP,
     _HALF,
@@ -56,9 +59,6 @@ from ember_kernels.reduction import (  # noqa: F401 (moved to ember-kernels; re-
     _softmax_sources,
     _tile_kernel,
 )
-
-from ember import dtypes as dt
-from ember.dtypes import DType
 
 from . import elementwise as ew
 from .array import CLArray, contiguous_strides, empty, permute
