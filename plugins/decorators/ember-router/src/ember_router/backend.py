@@ -43,7 +43,7 @@ from ember.errors import DeviceError, UnsupportedError
 from ember.ir import OpRecord, Ref, Scalar, relative_form
 
 from .channel import Channel
-from .protocol import Call, Download, Out, Register, Release, Replay, Seed, Sync, Upload
+from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Sync, Upload
 
 #: records accumulated before a flush (bounds the graph size and the memory its temporaries hold)
 DEFAULT_MAX_PENDING = 1024
@@ -75,9 +75,14 @@ class RouterHandle:
         self.router = router
 
     @property
-    def strides(self) -> None:
-        """None: the data lives on the channel's side."""
-        return None
+    def strides(self) -> Any:
+        """The strides of the data on a local channel's side (core checks them before in-place writes: a
+        broadcast view is refused); None on other channels, where the layout is unknown."""
+        router = self.router
+        if not router.channel.local:
+            return None
+        with router._lock:
+            return getattr(router._local_handle(self), "strides", None)
 
     def __del__(self) -> None:
         try:
@@ -154,6 +159,8 @@ class RouterBackend(Decorator):
     def _lower_rec(self, a: Any, inputs: list[int], pos: dict[int, int]) -> Any:
         if type(a) is list or (isinstance(a, tuple) and not hasattr(a, "_fields")):
             return tuple(self._lower_rec(x, inputs, pos) for x in a)
+        if type(a) is slice:
+            return SliceArg(a.start, a.stop, a.step)
         return self._ref_of(a, inputs, pos) if _is_handle(a) else a
 
     def _grad_mode(self) -> bool | None:
@@ -289,7 +296,8 @@ class RouterBackend(Decorator):
         with self._lock:
             h = self._new(tuple(array.shape), dt.from_numpy_dtype(array.dtype))
             self.counts["uploads"] += 1
-            self._send(Upload(h.vid, array))
+            # the array is copied, as a wire would: the tensor must not change when the caller's array does
+            self._send(Upload(h.vid, np.array(array, copy=True)))
             return h
 
     def dtype_of(self, h: Any) -> DType:

@@ -25,7 +25,7 @@ from ember.errors import DeviceError
 from ember.extension import TensorSpec
 from ember.ir import Bindings, OpRecord, Placeholder, Ref
 
-from .protocol import Call, Download, Out, Register, Release, Replay, Seed, Sync, Upload
+from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Sync, Upload
 
 _SCALARS = (bool, int, float)
 
@@ -212,6 +212,18 @@ def _resolve(a: Any, ins: Sequence[Any], scalars: Sequence[Any]) -> Any:
         return scalars[a.k]
     if t is tuple:
         return tuple(_resolve(x, ins, scalars) for x in a)
+    if t is SliceArg:
+        return a.to_slice()
+    return a
+
+
+def _unslice(a: Any) -> Any:
+    """Recorded arguments with SliceArg turned back into slices (ember.capture's record form)."""
+    t = type(a)
+    if t is SliceArg:
+        return a.to_slice()
+    if t is tuple:
+        return tuple(_unslice(x) for x in a)
     return a
 
 
@@ -313,7 +325,7 @@ class CaptureChannel(LocalChannel):
                 n += 1
             from ember.ir import Scalar
 
-            rec_args = tuple(Scalar(b.scalars[a.k]) if type(a) is Placeholder else a for a in args)
+            rec_args = tuple(Scalar(b.scalars[a.k]) if type(a) is Placeholder else _unslice(a) for a in args)
             records.append(OpRecord(op, tuple(ids[p] for p in positions), tuple(outputs),
                                     tuple(tuple(bind(s)) for s in shapes), tuple(dtypes), rec_args))
         inputs = tuple(GraphValue(v, f"%{v}", TensorSpec(*specs[v]), "input") for v in replay.inputs)

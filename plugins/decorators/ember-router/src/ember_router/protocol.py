@@ -12,11 +12,24 @@ tensor ids of the external inputs, the ids to give the wanted outputs, and the b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ember.ir import Bindings
+
+
+class SliceArg(NamedTuple):
+    """A ``slice`` inside recorded arguments (getitem keys): slices are unhashable before Python 3.12, and a
+    graph's relative form is a dict key."""
+
+    start: Any
+    stop: Any
+    step: Any
+    tag: str = "slice"
+
+    def to_slice(self) -> slice:
+        return slice(self.start, self.stop, self.step)
 
 
 @dataclass(frozen=True)
