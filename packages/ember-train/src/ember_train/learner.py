@@ -37,7 +37,7 @@ from .dashboard import Dashboard, make_dashboard
 from .data import DataLoader
 from .metrics import EpochMetrics, Throughput, learning_rate, metric_names, parse_metric
 
-__all__ = ["Learner", "History", "OutputDirError", "Callback"]
+__all__ = ["Learner", "History", "OutputDirError", "Callback", "Strategy", "STRATEGY_GROUP", "resolve_strategy"]
 
 _TIMING_KEYS = ("samples_per_sec", "epoch_time")
 
@@ -137,6 +137,72 @@ def _is_tensor(x: Any) -> bool:
     return isinstance(x, Tensor)
 
 
+# -- strategies: how a fit spreads over processes ---------------------------------------------------------------------
+
+#: entry-point group of training strategies: ``Learner(strategy="ddp")`` loads the entry point named ``ddp`` (a
+#: class whose instances follow :class:`Strategy`, made with no arguments). ember-train never imports the packages
+#: that provide them; ember-distributed provides ``ddp``.
+STRATEGY_GROUP = "ember_train.strategies"
+
+#: strategies of optional first-party packages, named in the error when the package is missing: name -> (dist, extra)
+OPTIONAL_STRATEGIES = {"ddp": ("ember-distributed", "distributed")}
+
+
+class Strategy:
+    """A single process (the default). A strategy decides what the Learner's forward/backward run through, which
+    process writes logs, checkpoints and the dashboard, and how per-process epoch metrics combine.
+
+    * ``setup(learner)`` returns the module the training step calls (a data-parallel wrapper of
+      ``learner.model``); it may also adjust ``learner.train_loader`` (a per-rank shard). ``learner.model`` stays
+      the plain model: checkpoints hold its state, so they load in any strategy.
+    * ``is_main``: this process logs, checkpoints and shows the dashboard.
+    * ``reduce_metrics(record)``: the epoch record combined over processes (the same on every one).
+    * ``broadcast_object(obj)``: the main process's ``obj`` on every process (run ids, resume paths).
+    * ``barrier()``: wait for every process (before others read a checkpoint the main one wrote).
+    """
+
+    name = "single"
+    is_main = True
+
+    def setup(self, learner: Learner) -> Any:
+        """The module the training step runs (the plain model here)."""
+        return learner.model
+
+    def reduce_metrics(self, record: dict[str, Any]) -> dict[str, Any]:
+        """One process: the record as it is."""
+        return record
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """One process: ``obj`` itself."""
+        return obj
+
+    def barrier(self) -> None:
+        """One process: nothing to wait for."""
+
+
+def resolve_strategy(strategy: str | Strategy | None) -> Strategy:
+    """A Strategy instance: None is the single-process one, a name is looked up in :data:`STRATEGY_GROUP`."""
+    if strategy is None or strategy == "single":
+        return Strategy()
+    if not isinstance(strategy, str):
+        if all(hasattr(strategy, a) for a in ("setup", "is_main", "reduce_metrics", "broadcast_object", "barrier")):
+            return strategy
+        raise DTypeError(f"Learner: strategy must be a name, a Strategy or None, got {type(strategy).__name__}")
+    from importlib import metadata
+
+    from ember.errors import MissingPluginError
+
+    eps = [ep for ep in metadata.entry_points(group=STRATEGY_GROUP) if ep.name == strategy]
+    if not eps:
+        known = sorted({ep.name for ep in metadata.entry_points(group=STRATEGY_GROUP)} | {"single"})
+        if strategy in OPTIONAL_STRATEGIES:
+            dist, extra = OPTIONAL_STRATEGIES[strategy]
+            raise MissingPluginError(f"Learner: strategy {strategy!r} comes from {dist}, which is not installed; "
+                                     f"pip install 'ember[{extra}]' (installed strategies: {', '.join(known)})")
+        raise ValueRangeError(f"Learner: unknown strategy {strategy!r}; installed strategies: {', '.join(known)}")
+    return eps[0].load()()
+
+
 class Learner:
     """Fit ``model`` on ``train_loader`` (batches ``(x, y)`` of ember tensors), validating on ``valid_loader``.
 
@@ -146,6 +212,9 @@ class Learner:
     ``metrics`` names: ``loss``, ``accuracy``, ``top{k}`` / ``top{k}_accuracy``, ``f1`` (macro); the learning
     rate at the start of the epoch (``lr``), training ``samples_per_sec`` and ``epoch_time`` (train + validation)
     are always recorded, and ``grad_norm`` (mean norm before clipping) when ``clip_grad_norm`` is set.
+    ``strategy``: None (one process) or a :class:`Strategy` / the name of one from :data:`STRATEGY_GROUP`:
+    ``"ddp"`` (ember-distributed) trains data-parallel under ``mpiexec``/``ember launch``, each rank on its shard
+    of the training set, logs and checkpoints on rank 0 only, and records metrics averaged over ranks.
     """
 
     def __init__(self, model: Any, train_loader: Iterable[Any], valid_loader: Iterable[Any] | None = None, *,
@@ -155,7 +224,8 @@ class Learner:
                  mixed_precision: bool = False, out_dir: str | os.PathLike[str] | None = None,
                  keep_last: int | None = 2, best_metric: str = "valid_accuracy", best_mode: str = "max",
                  early_stopping_patience: int | None = None, dashboard: str | Dashboard = "auto", seed: int = 0,
-                 log_every: int | None = None, callbacks: Sequence[Callback] = (), console: Any = None) -> None:
+                 log_every: int | None = None, callbacks: Sequence[Callback] = (), console: Any = None,
+                 strategy: str | Strategy | None = None) -> None:
         if not callable(loss_fn):
             raise DTypeError(f"Learner: loss_fn must be callable, got {type(loss_fn).__name__}")
         if scheduler_interval not in ("step", "epoch"):
@@ -200,7 +270,11 @@ class Learner:
         self.early_stopping_patience = early_stopping_patience
         self.seed = seed
         self.callbacks = list(callbacks)
-        self.dashboard = make_dashboard(dashboard, log_every=log_every, console=console)
+        self.strategy = resolve_strategy(strategy)
+        # other ranks stay quiet: one dashboard, one set of logs and checkpoints per run
+        self.dashboard = make_dashboard(dashboard if self.strategy.is_main else "none", log_every=log_every,
+                                        console=console)
+        self._train_module = self.strategy.setup(self)
         self.global_step = 0
         self.history = History(self.best_metric, best_mode)
         self.run_id: str | None = None  # set by fit: new for a fresh run, the checkpoint's for a resumed one
@@ -314,7 +388,7 @@ class Learner:
         }
 
     def _save(self, epoch: int, is_best: bool) -> None:
-        if self.out_dir is None:
+        if self.out_dir is None or not self.strategy.is_main:
             return
         state = self._state(epoch)
         ckpt.save_checkpoint(ckpt.checkpoint_path(self.out_dir, epoch), state, self.run_id)
@@ -399,7 +473,7 @@ class Learner:
 
     # -- logs --------------------------------------------------------------------------------------------------
     def _write_logs(self) -> None:
-        if self.out_dir is None:
+        if self.out_dir is None or not self.strategy.is_main:
             return
         rows = self.history.epochs
         with open(os.path.join(self.out_dir, "metrics.jsonl"), "w") as f:
@@ -414,7 +488,7 @@ class Learner:
 
     def _plot(self) -> str | None:
         """``curves.png`` of the loss (and accuracy) curves when matplotlib is installed."""
-        if self.out_dir is None or not self.history.epochs:
+        if self.out_dir is None or not self.history.epochs or not self.strategy.is_main:
             return None
         try:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -479,7 +553,7 @@ class Learner:
             for x, y in group:
                 n = _batch_size(y)
                 with self._autocast():
-                    out = self.model(x)
+                    out = self._train_module(x)
                     loss = self.loss_fn(out, y)
                 # weight by the micro-batch's share so the summed gradient is the big batch's mean-loss gradient
                 (loss * (n / total)).backward()
@@ -530,18 +604,19 @@ class Learner:
         if not isinstance(overwrite, bool):
             raise DTypeError(f"Learner.fit: overwrite must be a bool, got {type(overwrite).__name__}")
         self._check_out_dir()
-        path = self._resume_path(resume) if resume is not None else None
+        # every rank resumes from the file rank 0 chose (a newer checkpoint may appear while others look)
+        path = self.strategy.broadcast_object(self._resume_path(resume) if resume is not None else None)
         run_id, apply = self._prepare_resume(path) if path is not None else (None, None)
-        if self.out_dir is not None:  # a conflict is refused before anything changes ...
+        if self.out_dir is not None and self.strategy.is_main:  # a conflict is refused before anything changes ...
             ckpt.claim_out_dir(self.out_dir, run_id, overwrite=overwrite, dry_run=True)
         if apply is None:
             self._since_best, start = 0, 0
             self.history = History(self.best_metric, self.best_mode)
         else:
             start = apply()  # sets history and counters itself
-        if self.out_dir is not None and overwrite:  # ... and files move aside only once the resume has applied
+        if self.out_dir is not None and overwrite and self.strategy.is_main:  # ... files move aside once resumed
             ckpt.claim_out_dir(self.out_dir, run_id, overwrite=True)
-        self.run_id = run_id if run_id is not None else ckpt.new_run_id()
+        self.run_id = self.strategy.broadcast_object(run_id if run_id is not None else ckpt.new_run_id())
         self._check_batch(self.train_loader, "train")
         if self.valid_loader is not None:
             self._check_batch(self.valid_loader, "valid")
@@ -583,6 +658,7 @@ class Learner:
             record["grad_norm"] = float(np.mean(norms))
         record["samples_per_sec"] = meter.samples / train_time if train_time > 0 else 0.0
         record["epoch_time"] = meter.elapsed
+        record = self.strategy.reduce_metrics(record)
         if self.scheduler_interval == "epoch":
             self._scheduler_step()
         h = self.history
