@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -217,6 +218,40 @@ def killed(outdir: str) -> None:
         raise
 
 
+def fit_learner(out_dir: str, epochs: int, batch: int, strategy: str | None, resume: str | None = None) -> Any:
+    """A Learner on the 48-sample MLP task (shuffled loader, seed 3); returns (model, history)."""
+    from ember_train.data import DataLoader, TensorDataset
+    from ember_train.learner import Learner
+
+    ember.manual_seed(0)
+    dev = ember.Device.parse("flex").autodiff()
+    model = mlp().to(dev)
+    x, y = data("mlp", 48)
+    train_loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True, seed=3, device=dev)
+    valid_loader = DataLoader(TensorDataset(x[:12], y[:12]), batch_size=12, device=dev)
+    opt = ember.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    learner = Learner(model, train_loader, valid_loader, loss_fn=nn.CrossEntropyLoss(), optimizer=opt,
+                      out_dir=out_dir, dashboard="none", strategy=strategy)
+    history = learner.fit(epochs, resume=resume)
+    return model, history
+
+
+def learner(outdir: str) -> None:
+    """Learner(strategy="ddp"): 2 epochs, then a new Learner resumes to 3; batch 6 per rank (12 in all)."""
+    dist = ember.distributed
+    dist.init("mpi", timeout=120)
+    r = dist.rank()
+    run = os.path.join(outdir, "run")
+    _, h2 = fit_learner(run, 2, 6, "ddp")
+    files_after_2 = sorted(os.listdir(run))
+    model, h3 = fit_learner(run, 3, 6, "ddp", resume="latest")
+    res = {k: v.numpy() for k, v in model.state_dict().items()}
+    res["__train_loss"] = np.array(h3["train_loss"])
+    res["__valid_accuracy"] = np.array(h3["valid_accuracy"])
+    res["__files_after_2"] = np.array(files_after_2)
+    np.savez(os.path.join(outdir, f"learner-rank{r}.npz"), **res)
+
+
 if __name__ == "__main__":
     scenario, args = sys.argv[1], sys.argv[2:]
-    {"collectives": collectives, "ddp": ddp, "unused": unused, "killed": killed}[scenario](*args)
+    {"collectives": collectives, "ddp": ddp, "unused": unused, "killed": killed, "learner": learner}[scenario](*args)

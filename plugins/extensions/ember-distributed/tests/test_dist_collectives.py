@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import ember
+from ember.errors import DTypeError, ValueRangeError
+
 # the shared helpers load by path: the tests run under --import-mode=importlib (no sys.path entry)
 _spec = importlib.util.spec_from_file_location("ember_distributed_test_helpers",
                                                Path(__file__).with_name("dist_helpers.py"))
@@ -86,9 +89,7 @@ def test_groups_and_objects(results: list[dict[str, np.ndarray]]) -> None:
 # --- one process ------------------------------------------------------------------------------------------------
 
 def test_errors_without_init() -> None:
-    import ember_distributed as dist
-
-    import ember
+    dist = ember.distributed
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
@@ -99,10 +100,7 @@ def test_errors_without_init() -> None:
 
 
 def test_bad_arguments() -> None:
-    import ember_distributed as dist
-
-    import ember
-    from ember.errors import DTypeError, ValueRangeError
+    dist = ember.distributed
 
     with pytest.raises(ValueRangeError, match="backend"):
         dist.init("gloo")
@@ -112,14 +110,14 @@ def test_bad_arguments() -> None:
         dist.init("mpi", timeout=-1)
     with pytest.raises(DTypeError, match="all_reduce: tensor must be an ember Tensor"):
         dist.all_reduce(np.ones(2))
-    assert ember.distributed.ReduceOp is dist.ReduceOp
+    assert isinstance(dist.ReduceOp.of("max", "x"), dist.ReduceOp)
 
 
 def test_sampler_matches_torch() -> None:
     torch = pytest.importorskip("torch")
-    from ember_distributed import DistributedSampler
     from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
+    DistributedSampler = ember.distributed.DistributedSampler
     for n, reps, drop in [(10, 3, False), (10, 3, True), (2, 5, False), (12, 4, False), (7, 2, True)]:
         data = list(range(n))
         for r in range(reps):
@@ -130,10 +128,7 @@ def test_sampler_matches_torch() -> None:
 
 
 def test_sampler_shards_and_epochs() -> None:
-    from ember_distributed import DistributedSampler
-
-    from ember.errors import ValueRangeError
-
+    DistributedSampler = ember.distributed.DistributedSampler
     data = list(range(11))
     shards = [DistributedSampler(data, num_replicas=3, rank=r, seed=4) for r in range(3)]
     e0 = [list(s) for s in shards]

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ember.errors import ValueRangeError
+
 # the shared helpers load by path: the tests run under --import-mode=importlib (no sys.path entry)
 _spec = importlib.util.spec_from_file_location("ember_distributed_test_helpers",
                                                Path(__file__).with_name("dist_helpers.py"))
@@ -75,8 +77,6 @@ def test_killed_rank_raises_typed_error_within_timeout(tmp_path) -> None:
 def test_launch_command_line() -> None:
     from ember_distributed.launch import build_command
 
-    from ember.errors import ValueRangeError
-
     exe = mpiexec()
     assert build_command(4, ["--", "python", "t.py"], exe, "mpich") == [exe, "-n", "4", "-disable-auto-cleanup",
                                                                        "python", "t.py"]
@@ -94,3 +94,21 @@ def test_ember_launch_subcommand(capsys) -> None:
     assert main(["launch", "-n", "3", "--dry-run", "--", "python", "train.py"]) == 0
     out = capsys.readouterr().out
     assert " -n 3 " in out and out.strip().endswith("python train.py")
+
+
+def test_learner_ddp_with_resume_matches_one_process(tmp_path) -> None:
+    # 2 ranks x batch 6, 2 epochs, then a new Learner resumes to epoch 3 == one process, batch 12, 3 epochs
+    check(run_ranks(2, "learner", str(tmp_path), timeout=150))
+    w = worker_module()
+    model, history = w.fit_learner(str(tmp_path / "single"), 3, 12, None)
+    ref = {k: v.numpy() for k, v in model.state_dict().items()}
+    for r in range(2):
+        got = np.load(tmp_path / f"learner-rank{r}.npz")
+        for k, v in ref.items():
+            np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-6, err_msg=f"rank {r} {k}")
+        np.testing.assert_allclose(got["__train_loss"], history["train_loss"], rtol=1e-5)
+        np.testing.assert_allclose(got["__valid_accuracy"], history["valid_accuracy"])
+    run = tmp_path / "run"
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3  # rank 0's log, written once per epoch
+    assert (run / "checkpoint-epoch3.safetensors").exists()
+    assert "checkpoint-epoch2.safetensors" in np.load(tmp_path / "learner-rank0.npz")["__files_after_2"].tolist()
