@@ -50,13 +50,15 @@ def _compare(case: Any, got: tuple[Any, ...], want: tuple[Any, ...], tol: dict[s
 TOL = {np.float32: {"rtol": 2e-4, "atol": 2e-4}, np.float64: {"rtol": 1e-9, "atol": 1e-9}}
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("device", C.DEVICES)
-@pytest.mark.parametrize("case", C.CASES, ids=C.CASE_IDS)
+# float64 on every device, float32 once per backend (flex, toy, OpenCL)
+VALUE_PARAMS = [pytest.param(c, d, t, id=f"{c.id}-{d}-{np.dtype(t).name}")
+                for c in C.CASES for d in C.DEVICES for t in (np.float32, np.float64)
+                if t is np.float64 or d in ("flex", "toy", "opencl")]
+
+
+@pytest.mark.parametrize("case, device, dtype", VALUE_PARAMS)
 def test_values_match_torch(case: Any, device: str, dtype: Any) -> None:
     dev = C.device(device)
-    if dtype is np.float32 and device not in ("flex", "toy", "opencl"):  # float32 once per backend is enough
-        pytest.skip("float32 is checked on flex, toy and opencl")
     arrays = _inputs(case, dtype)
     want = C.outputs(case.fn(torch.linalg, *(torch.from_numpy(a) for a in arrays)))
     got = C.outputs(case.fn(ember.linalg, *(ember.tensor(a, device=dev) for a in arrays)))
@@ -80,16 +82,15 @@ def _loss(case: Any, outs: tuple[Any, ...], weights: list[np.ndarray | None], ma
     return total
 
 
-TORCH_GRAD_CASES = [c for c in GRAD_CASES if c.torch_grad]
+#: every case on flex+autodiff; a representative subset on the fused, toy and OpenCL stacks
+SUBSET = ("solve", "inv", "cholesky", "eigh", "svd_reduced_tall", "lu", "qr_reduced_tall", "det", "matrix_exp", "lstsq")
+GRAD_PARAMS = [pytest.param(c, d, id=f"{c.id}-{d}") for c in GRAD_CASES if c.torch_grad for d in C.GRAD_DEVICES
+               if d == "flex+autodiff" or c.id in SUBSET]
 
 
-@pytest.mark.parametrize("device", C.GRAD_DEVICES)
-@pytest.mark.parametrize("case", TORCH_GRAD_CASES, ids=[c.id for c in TORCH_GRAD_CASES])
+@pytest.mark.parametrize("case, device", GRAD_PARAMS)
 def test_gradients_match_torch_autograd(case: Any, device: str) -> None:
     dev = C.device(device)
-    if device != "flex+autodiff" and case.id not in ("solve", "inv", "cholesky", "eigh", "svd_reduced_tall", "lu",
-                                                      "qr_reduced_tall", "det", "matrix_exp", "lstsq"):
-        pytest.skip("every case runs on flex+autodiff; the others run a representative subset")
     arrays = _inputs(case, np.float64)
     tx = [torch.tensor(a, requires_grad=True) for a in arrays]
     touts = C.outputs(case.fn(torch.linalg, *tx))

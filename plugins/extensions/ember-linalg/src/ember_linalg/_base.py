@@ -40,24 +40,24 @@ def check_float(fn: str, *specs: TensorSpec, names: Sequence[str] = ()) -> None:
     for i, s in enumerate(specs):
         if s.dtype not in FLOATS:
             what = names[i] if i < len(names) else "input"
-            raise DTypeError(f"linalg.{fn}: Expected a floating point tensor (float32 or float64) as {what}. Got "
+            raise DTypeError(f"Expected a floating point tensor (float32 or float64) as {what}. Got "
                              f"{s.dtype.name} (shape {s.shape})")
     if len({s.dtype for s in specs}) > 1:
         shown = " and ".join(f"{names[i] if i < len(names) else 'input'} of dtype {s.dtype.name}"
                              for i, s in enumerate(specs))
-        raise DTypeError(f"linalg.{fn}: Expected all inputs to have the same dtype, but found {shown}")
+        raise DTypeError(f"Expected all inputs to have the same dtype, but found {shown}")
 
 
 def check_matrix(fn: str, s: TensorSpec, name: str = "A") -> None:
     if s.ndim < 2:
-        raise ShapeError(f"linalg.{fn}: The input tensor {name} must have at least 2 dimensions, got shape {s.shape}")
+        raise ShapeError(f"The input tensor {name} must have at least 2 dimensions, got shape {s.shape}")
 
 
 def check_square(fn: str, s: TensorSpec, name: str = "A") -> None:
     """Refuse anything but (batches of) square matrices, in torch's words."""
     check_matrix(fn, s, name)
     if s.shape[-1] != s.shape[-2]:
-        raise ShapeError(f"linalg.{fn}: {name} must be batches of square matrices, but they are {s.shape[-2]} by "
+        raise ShapeError(f"{name} must be batches of square matrices, but they are {s.shape[-2]} by "
                          f"{s.shape[-1]} matrices (shape {s.shape})")
 
 
@@ -67,7 +67,7 @@ def batch_shape(fn: str, *shapes: tuple[int, ...], names: Sequence[str] = ("A", 
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
         shown = ", ".join(f"{n} {s}" for n, s in zip(names, shapes))
-        raise ShapeError(f"linalg.{fn}: the batch dimensions of the inputs do not broadcast: {shown}") from None
+        raise ShapeError(f"the batch dimensions of the inputs do not broadcast: {shown}") from None
 
 
 def eps(dtype: dt.DType) -> float:

@@ -101,7 +101,7 @@ def _solve_spec(A: TensorSpec, B: TensorSpec) -> TensorSpec:
     check_square("solve", A)
     check_matrix("solve", B, "B")
     if B.shape[-2] != A.shape[-1]:
-        raise ShapeError(f"linalg.solve: Incompatible shapes of A and B for the equation AX = B ({A.shape[-2]}x"
+        raise ShapeError(f"Incompatible shapes of A and B for the equation AX = B ({A.shape[-2]}x"
                          f"{A.shape[-1]} and {B.shape[-2]}x{B.shape[-1]}; A {A.shape}, B {B.shape})")
     return _spec((*batch_shape("solve", A.shape[:-2], B.shape[:-2]), *B.shape[-2:]), A.dtype)
 
@@ -285,7 +285,7 @@ def _tri_spec(A: TensorSpec, B: TensorSpec, *, upper: bool, left: bool = True,
     n = B.shape[-2] if left else B.shape[-1]
     if n != A.shape[-1]:
         eq = "AX = B" if left else "XA = B"
-        raise ShapeError(f"linalg.solve_triangular: Incompatible shapes of A and B for the equation {eq} "
+        raise ShapeError(f"Incompatible shapes of A and B for the equation {eq} "
                          f"(A {A.shape}, B {B.shape})")
     return _spec((*batch_shape("solve_triangular", A.shape[:-2], B.shape[:-2]), *B.shape[-2:]), A.dtype)
 
@@ -343,7 +343,7 @@ def _solve_triangular_vjp(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor]:
 # ---------------------------------------------------------------------------------------------------------------------
 def _check_uplo(fn: str, UPLO: str) -> None:
     if UPLO not in ("L", "U"):
-        raise ShapeError(f"linalg.{fn}: UPLO must be 'L' or 'U', got {UPLO!r}")
+        raise ShapeError(f"UPLO must be 'L' or 'U', got {UPLO!r}")
 
 
 def _eigh_spec(A: TensorSpec, *, UPLO: str = "L") -> tuple[TensorSpec, TensorSpec]:
@@ -382,7 +382,10 @@ def _eigh_vjp(ctx: Any, gL: Tensor, gV: Tensor) -> Tensor:
 
 
 def _eigvalsh_spec(A: TensorSpec, *, UPLO: str = "L") -> TensorSpec:
-    return _eigh_spec(A, UPLO=UPLO)[0]
+    check_float("eigvalsh", A, names=("A",))
+    check_square("eigvalsh", A)
+    _check_uplo("eigvalsh", UPLO)
+    return _spec(A.shape[:-1], A.dtype)
 
 
 @host_op("eigvalsh", _eigvalsh_spec)
@@ -495,7 +498,7 @@ def _qr_spec(A: TensorSpec, *, mode: str = "reduced") -> tuple[TensorSpec, Tenso
     check_float("qr", A, names=("A",))
     check_matrix("qr", A)
     if mode not in ("reduced", "complete", "r"):
-        raise ShapeError(f"linalg.qr: qr received unrecognized mode {mode!r} but expected one of 'reduced' "
+        raise ShapeError(f"qr received unrecognized mode {mode!r} but expected one of 'reduced' "
                          "(default), 'r', or 'complete'")
     *b, m, n = A.shape
     k = min(m, n)
@@ -638,10 +641,10 @@ def _lstsq_spec(A: TensorSpec, B: TensorSpec, *, rcond: float | None = None,
     check_matrix("lstsq", B, "B")
     drv = driver or "gelsy"
     if drv not in _DRIVERS:
-        raise ShapeError(f"linalg.lstsq: parameter `driver` should be one of {_DRIVERS}, got {driver!r}")
+        raise ShapeError(f"parameter `driver` should be one of {_DRIVERS}, got {driver!r}")
     *_, m, n = A.shape
     if B.shape[-2] != m:
-        raise ShapeError(f"linalg.lstsq: A and B must have the same number of rows (A {A.shape}, B {B.shape})")
+        raise ShapeError(f"A and B must have the same number of rows (A {A.shape}, B {B.shape})")
     batch = batch_shape("lstsq", A.shape[:-2], B.shape[:-2])
     k = B.shape[-1]
     res = (*batch, k) if m > n and drv != "gelsy" else (0,)
@@ -705,7 +708,7 @@ def _lu_factor_spec(A: TensorSpec, *, pivot: bool = True) -> tuple[TensorSpec, T
     check_float("lu_factor", A, names=("A",))
     check_matrix("lu_factor", A)
     if not pivot:
-        raise UnsupportedError("linalg.lu_factor: LU without pivoting is not implemented on the CPU (LAPACK's "
+        raise UnsupportedError("LU without pivoting is not implemented on the CPU (LAPACK's "
                                "getrf always pivots), as in torch; use pivot=True")
     *b, m, n = A.shape
     return A, _spec((*b, min(m, n)), dt.int32), _spec(tuple(b), dt.int32)
@@ -799,11 +802,11 @@ def _lu_solve_spec(LU: TensorSpec, pivots: TensorSpec, B: TensorSpec, *, left: b
     check_square("lu_solve", LU, "LU")
     check_matrix("lu_solve", B, "B")
     if pivots.dtype is not dt.int32 or pivots.shape != LU.shape[:-1]:
-        raise ShapeError(f"linalg.lu_solve: pivots must be int32 of shape LU.shape[:-1] = {LU.shape[:-1]}, got "
+        raise ShapeError(f"pivots must be int32 of shape LU.shape[:-1] = {LU.shape[:-1]}, got "
                          f"{pivots.shape} {pivots.dtype.name}")
     n = B.shape[-2] if left else B.shape[-1]
     if n != LU.shape[-1]:
-        raise ShapeError(f"linalg.lu_solve: Incompatible shapes of A and B for the equation "
+        raise ShapeError(f"Incompatible shapes of A and B for the equation "
                          f"{'AX = B' if left else 'XA = B'} (LU {LU.shape}, B {B.shape})")
     return _spec((*batch_shape("lu_solve", LU.shape[:-2], B.shape[:-2], names=("LU", "B")), *B.shape[-2:]),
                  LU.dtype)
@@ -873,10 +876,10 @@ def _householder_spec(A: TensorSpec, tau: TensorSpec) -> TensorSpec:
     check_matrix("householder_product", A)
     m, n = A.shape[-2:]
     if n > m:
-        raise ShapeError(f"linalg.householder_product: A.size(-2) must be greater than or equal to A.size(-1) "
+        raise ShapeError(f"A.size(-2) must be greater than or equal to A.size(-1) "
                          f"(A {A.shape})")
     if tau.ndim < 1 or tau.shape[-1] > n or tau.shape[:-1] != A.shape[:-2]:
-        raise ShapeError(f"linalg.householder_product: tau must have shape (*A.shape[:-2], k) with k <= "
+        raise ShapeError(f"tau must have shape (*A.shape[:-2], k) with k <= "
                          f"A.shape[-1] (A {A.shape}, tau {tau.shape})")
     return A
 
@@ -901,7 +904,7 @@ def _eig_spec(A: TensorSpec) -> tuple[TensorSpec, TensorSpec]:
     check_square("eig", A)
     complex_dtype = getattr(ember, "complex64" if A.dtype is dt.float32 else "complex128", None)
     if complex_dtype is None:
-        raise UnsupportedError(f"linalg.eig: the eigenvalues and eigenvectors of a real matrix are complex in general "
+        raise UnsupportedError(f"the eigenvalues and eigenvectors of a real matrix are complex in general "
                                f"and this ember has no complex dtypes (complex64/complex128 come with "
                                f"ember-signal's complex support); A {A.shape} {A.dtype.name}. For symmetric matrices "
                                "use linalg.eigh / linalg.eigvalsh.")
