@@ -4,6 +4,7 @@
     nox -s lint                 ruff
     nox -s core                 ember-core's own tests (with flex + autodiff, which they run on)
     nox -s core_flex            core + one plugin alone: the plugin's tests and (backends) the conformance kit
+    nox -s router_kit           the conformance kit on flex+router(local) and flex+autodiff+router(local)
     nox -s all                  every package together, the cross-plugin tests in tests/
     nox -s docs                 the docs examples and the Sphinx build (warnings are errors, no network)
     nox -s bench_smoke          benchmarks/{overhead,autodiff,suite}.py --quick
@@ -36,6 +37,8 @@ CORE = "packages/ember-core"
 META = "packages/ember"  # requires ember-train, so it is always installed together with TRAIN
 TRAIN = "packages/ember-train[plot]"  # `plot`: the Learner's PNG curves are tested too
 EXAMPLE_BACKEND = "tests/example-backend"  # a third-party-style plugin used by the cross-plugin tests
+KERNELS = "packages/ember-kernels"  # the kernel generators OpenCL, CUDA and HIP share (a library, not a plugin)
+CUPY = "packages/ember-cupy"  # the CuPy backend implementation ember-cuda and ember-rocm share
 DEV_DOCS = ["sphinx", "pydata-sphinx-theme", "myst-parser"]
 
 # CI semantics: a plugin that fails to load is an error, not a logged warning.
@@ -49,6 +52,9 @@ class Plugin:
     device: str | None = None  # device to run the conformance kit on (backends); None: no kit run
     needs: tuple[str, ...] = ()  # other plugins its tests need installed (e.g. a decorator needs a backend)
     workers: int = 0  # pytest-xdist workers for its tests and kit run (0: none)
+    libraries: tuple[str, ...] = ()  # first-party library packages it depends on (installed from the checkout)
+    extras: str = ""  # its own extras to install, e.g. "[test]"
+    commands: tuple[tuple[str, ...], ...] = ()  # extra commands its session runs after the tests
 
 
 # core's own tests train small models: they need a backend and gradients
@@ -62,12 +68,30 @@ PLUGINS: list[Plugin] = [
     # needs an OpenCL platform: scripts/setup.sh installs PoCL (CPU OpenCL) when none is present; its tests check
     # that a CPU OpenCL runtime is never preferred over flex, so flex is installed beside it
     # two workers, as in scripts/test.sh: a cold start (empty kernel caches) is bound by single-threaded compiles
-    Plugin("opencl", "plugins/backends/ember-opencl", device="opencl", needs=("flex",), workers=2),
+    Plugin("opencl", "plugins/backends/ember-opencl", device="opencl", needs=("flex",), workers=2,
+           libraries=(KERNELS,)),
     # an automatic decorator: with it installed, flex is fused, so the kit on "flex" runs through it; its tests
     # also check fused training steps and device strings under autodiff
     Plugin("fusion", "plugins/decorators/ember-fusion", device="flex", needs=("flex", "autodiff")),
     # an extension on nn modules: no device of its own (no kit run); its tests train on flex+autodiff
     Plugin("lora", "plugins/extensions/ember-lora", needs=("flex", "autodiff")),
+    # WebGPU; on machines without a GPU, Mesa's lavapipe (CPU Vulkan, installed by scripts/setup.sh as root)
+    Plugin("wgpu", "plugins/backends/ember-wgpu", device="wgpu", needs=("flex",), workers=2),
+    # no GPU here: the kernels are compiled with NVRTC (hiprtc where it loads) and the CuPy calls checked by name
+    Plugin("cuda", "plugins/backends/ember-cuda", needs=("flex",), libraries=(KERNELS, CUPY), extras="[nvrtc]",
+           commands=(("ember", "kernels", "check", "--target", "cuda"),)),
+    Plugin("rocm", "plugins/backends/ember-rocm", needs=("flex",), libraries=(KERNELS, CUPY),
+           commands=(("ember", "kernels", "check", "--target", "hip"),)),
+    # a decorator; the kit on flex+router(local) is the router_kit session (minutes: not in every run)
+    Plugin("router", "plugins/decorators/ember-router", needs=("flex", "autodiff")),
+    # extensions publishing ember.linalg.*, ember.fft/ember.stft/ember.signal, ember_onnx, ember.distributed: no
+    # device of their own; their tests run on flex, flex+autodiff, fused flex (and toy/OpenCL where installed)
+    Plugin("linalg", "plugins/extensions/ember-linalg", needs=("flex", "autodiff", "fusion")),
+    Plugin("signal", "plugins/extensions/ember-signal", needs=("flex", "autodiff", "fusion")),
+    Plugin("onnx", "plugins/extensions/ember-onnx", needs=("flex", "autodiff"), extras="[test]"),
+    # MPI from the MPICH wheel: its tests run real `mpiexec -n 2` jobs on localhost; some train with ember-train
+    Plugin("distributed", "plugins/extensions/ember-distributed", needs=("flex", "autodiff"), extras="[mpich]",
+           libraries=(TRAIN,)),
 ]
 
 _BY_NAME = {p.name: p for p in PLUGINS}
@@ -115,12 +139,15 @@ def core(session: nox.Session) -> None:
 
 def _make_plugin_session(plugin: Plugin) -> None:
     def run(session: nox.Session) -> None:
-        needed = [_BY_NAME[n].path for n in plugin.needs]
-        session.install(*_editable(f"{CORE}[test]", plugin.path, *needed))
+        needed = [path for n in plugin.needs for path in (*_BY_NAME[n].libraries, _BY_NAME[n].path)]
+        session.install(*_editable(f"{CORE}[test]", *plugin.libraries, plugin.path + plugin.extras, *needed))
         session.run(
-            "python", "-m", "pytest", *_workers(plugin.workers), *_tests_dir(plugin.path), *session.posargs,
+            "python", "-m", "pytest", *_workers(plugin.workers), *_tests_dir(plugin.path),
+            *(t for lib in plugin.libraries if lib != TRAIN for t in _tests_dir(lib)), *session.posargs,
             env=STRICT_ENV,
         )  # fmt: skip
+        for command in plugin.commands:
+            session.run(*command, env=STRICT_ENV)
         if plugin.device:
             _conformance(session, plugin.device, plugin.workers)
 
@@ -136,7 +163,7 @@ for _plugin in PLUGINS:
 
 def _install_everything(session: nox.Session) -> None:
     # every first-party package from the checkout: pip must never look for an ember-* distribution on an index
-    paths = [f"{CORE}[test]", *(p.path for p in PLUGINS), TRAIN, META]
+    paths = [f"{CORE}[test]", KERNELS, CUPY, *(p.path + p.extras for p in PLUGINS), TRAIN, META]
     if (ROOT / EXAMPLE_BACKEND / "pyproject.toml").is_file():
         paths.append(EXAMPLE_BACKEND)
     session.install(*_editable(*paths))
@@ -156,6 +183,14 @@ def all_packages(session: nox.Session) -> None:
     for plugin in PLUGINS:
         if plugin.device:
             _conformance(session, plugin.device, plugin.workers)
+
+
+@nox.session(python=PYTHON)
+def router_kit(session: nox.Session) -> None:
+    """The conformance kit through the router decorator: flex+router(local) and flex+autodiff+router(local)."""
+    session.install(*_editable(f"{CORE}[test]", *(_BY_NAME[n].path for n in ("flex", "autodiff", "router"))))
+    for device in ("flex+router(local)", "flex+autodiff+router(local)"):
+        _conformance(session, device, workers=2)
 
 
 @nox.session(python=PYTHON)

@@ -4,7 +4,9 @@
 #   scripts/setup.sh demo     what `./scripts/demo.sh` needs: the packages and their runtime dependencies only
 #   scripts/setup.sh [test]   everything for `./scripts/test.sh` and development: the above, plus the test extras
 #                             (pytest, hypothesis, torch as the oracle), the example plugin tests/example-backend,
-#                             the dev tools (ruff, nox, Sphinx) and, as root on a machine without OpenCL, PoCL
+#                             the plugins with heavy dependencies (wgpu, cuda, rocm, onnx, distributed), the dev
+#                             tools (ruff, nox, Sphinx) and, as root, PoCL and lavapipe where no OpenCL or Vulkan
+#                             driver is present
 #   --force                   reinstall even when the environment is up to date
 #
 # Up to date means: a stamp in .venv records a hash of this script and of every package's pyproject.toml, per level;
@@ -81,17 +83,30 @@ RUNTIME=(
     -e "$CORE"
     -e "plugins/backends/ember-flex"
     -e "plugins/decorators/ember-autodiff"
+    -e "packages/ember-kernels"
     -e "plugins/backends/ember-opencl"
     -e "plugins/decorators/ember-fusion"
+    -e "plugins/decorators/ember-router"
     -e "plugins/extensions/ember-lora"
+    -e "plugins/extensions/ember-linalg"
+    -e "plugins/extensions/ember-signal"
     -e "packages/ember-train[plot]"
     -e "packages/ember"
 )
 
 # Tests and development: the third-party example plugin used by the cross-plugin tests and the docs, and the dev
 # tools.
+# The plugins with large or system-bound dependencies join here, so the demo's setup stays small: wgpu (wgpu-native),
+# the CuPy backends (cupy-cuda12x, and NVRTC for `ember kernels check --target cuda` without a GPU), ONNX (onnx, with
+# onnxruntime as the tests' oracle) and MPI (mpi4py with the MPICH wheel, whose mpiexec the distributed tests run).
 TESTING=(
     -e "tests/example-backend"
+    -e "plugins/backends/ember-wgpu"
+    -e "packages/ember-cupy"
+    -e "plugins/backends/ember-cuda[nvrtc]"
+    -e "plugins/backends/ember-rocm"
+    -e "plugins/extensions/ember-onnx[test]"
+    -e "plugins/extensions/ember-distributed[mpich]"
     ruff nox sphinx pydata-sphinx-theme myst-parser
 )
 
@@ -105,6 +120,17 @@ if [[ "$LEVEL" == test ]]; then
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocl-opencl-icd ocl-icd-libopencl1 >/dev/null
         else
             echo "setup: no OpenCL platform found and cannot install PoCL (not root or no apt-get); OpenCL tests skip"
+        fi
+    fi
+    # A Vulkan driver for ember-wgpu's tests and kit run: Mesa's lavapipe (a CPU Vulkan implementation) when the
+    # machine has no Vulkan ICD registered (as root, from the system's Debian packages; else those tests skip).
+    if [[ -z "$(ls -A /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>/dev/null)" ]]; then
+        if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+            echo "setup: no Vulkan driver found; installing Mesa lavapipe (mesa-vulkan-drivers)"
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+        else
+            echo "setup: no Vulkan driver found and cannot install lavapipe (not root or no apt-get); wgpu tests skip"
         fi
     fi
     echo "setup (test): installing the packages, test extras and dev tools"

@@ -2,7 +2,7 @@
 # Set everything up (scripts/setup.sh test; skipped while .venv is up to date), then run the whole test suite.
 # Stops at the first failing step.
 #   1. lint (ruff)
-#   2. unit + cross-plugin tests (pytest testpaths from pyproject.toml)
+#   2. unit + cross-plugin tests (pytest testpaths from pyproject.toml), then the CUDA/HIP kernel compile checks
 #   3. the conformance kit against the flex backend: fused (ember-fusion records every op and fuses) and, through nox, flex
 #      alone (`nox -l`, then `nox -s core_flex`: a fresh venv with ember-core and ember-flex only, flex's tests and
 #      the kit on the backend's own ops), which also proves the nox sessions install from a fresh clone
@@ -10,8 +10,9 @@
 #   5. the conformance kit through the autodiff decorator (flex+autodiff, over fusion): gradients checked
 #   6. the OpenCL plugin's tests and the conformance kit on (fused) OpenCL (PoCL, the CPU OpenCL runtime setup.sh
 #      installs when there is no GPU driver)
-#   7. the code examples in the docs
-#   8. the docs build (warnings are errors)
+#   7. the wgpu plugin's tests and the conformance kit on wgpu (lavapipe, the CPU Vulkan driver setup.sh installs)
+#   8. the code examples in the docs
+#   9. the docs build (warnings are errors)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,9 +30,13 @@ step "lint"
 .venv/bin/ruff check .
 
 step "tests"
-# the OpenCL plugin's own tests run with the OpenCL kit below, on two workers
 # two workers (xdist): the suite is CPU-bound and the machines have two cores
-"$PY" -m pytest -n 2 --ignore-glob='*/ember-opencl/tests/*'
+# the OpenCL and wgpu plugins' own tests run with their kits below, on two workers
+"$PY" -m pytest -n 2 --ignore-glob='*/ember-opencl/tests/*' --ignore-glob='*/ember-wgpu/tests/*'
+
+step "GPU kernels compiled without a GPU: every CUDA kernel source through NVRTC, HIP through hiprtc where it loads"
+.venv/bin/ember kernels check --target cuda
+.venv/bin/ember kernels check --target hip
 
 step "conformance kit (flex, fusion recording every op: eager_below=0, so small tensors take the fused path too)"
 # the default flex device runs ops on small tensors at once (below fusion's eager_below); the flex+autodiff run
@@ -55,6 +60,14 @@ if "$PY" -c "import sys, ember_opencl.runtime as r; sys.exit(0 if r.list_devices
     "$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing --ember-device=opencl -q
 else
     echo "no OpenCL platform on this machine (scripts/setup.sh installs PoCL when run as root): skipped"
+fi
+
+step "wgpu: plugin tests and conformance kit (WGSL kernels on Vulkan: Mesa lavapipe where there is no GPU)"
+if "$PY" -c "import sys, ember_wgpu.runtime as r; sys.exit(0 if r.device_count() else 1)"; then
+    "$PY" -m pytest -p no:cacheprovider -n 2 plugins/backends/ember-wgpu/tests -q
+    "$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing --ember-device=wgpu -q
+else
+    echo "no Vulkan/Metal/DX12 adapter on this machine (scripts/setup.sh installs lavapipe when run as root): skipped"
 fi
 
 step "docs examples"
