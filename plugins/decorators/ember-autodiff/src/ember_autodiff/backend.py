@@ -37,6 +37,11 @@ def unwrap(x: Any) -> Any:
     return x.value if type(x) is ADArray else x
 
 
+def _differentiable(dtype: DType) -> bool:
+    """Outputs of these dtypes carry gradients (torch: floating point and complex)."""
+    return dtype.is_floating_point or dtype.is_complex
+
+
 def _any_tracked(args: tuple[Any, ...]) -> bool:
     """True when gradient mode is on and an AD handle among args (or inside a tuple/list arg) requires grad."""
     if not GRAD_MODE.enabled:
@@ -162,7 +167,7 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
                 # an output the vjp does not read was not kept (ExtensionOp.vjp(outputs=...)): None in ctx.outputs
                 outputs = tuple(None if get is None else to_tensor(get(), d) for get, d in zip(out_saved, out_dtypes))
                 gs = tuple(to_tensor(grads[k], out_dtypes[k]) if k in grads
-                           else (to_tensor(inner.full(values[k].shape, 0, d), d) if d.is_floating_point else None)
+                           else (to_tensor(inner.full(values[k].shape, 0, d), d) if _differentiable(d) else None)
                            for k, d in enumerate(out_dtypes))
                 res = call.backward(inputs, outputs, gs)
                 if len(res) != len(args):
@@ -173,13 +178,13 @@ class AutodiffBackend(ElementwiseRules, ReductionRules, MovementRules, NNRules, 
 
         name = call.op.name
         if single:
-            wrapped: tuple[ADArray, ...] = (self.record(name, out, args, vjp) if out_dtypes[0].is_floating_point
+            wrapped: tuple[ADArray, ...] = (self.record(name, out, args, vjp) if _differentiable(out_dtypes[0])
                                             else ADArray(out),)
         else:
             joint = Meta(Node(name, tuple(a.meta if type(a) is ADArray else None for a in args), vjp))
             wrapped = tuple(
                 ADArray(v, Meta(Node(name, (joint,), lambda g, k=k: (_GradParts({k: g}),))))
-                if d.is_floating_point else ADArray(v)
+                if _differentiable(d) else ADArray(v)
                 for k, (v, d) in enumerate(zip(values, out_dtypes)))
         op, n_out = call.op, len(wrapped)
         out_saved.extend(self.save(w) if op.keeps_output(k, n_out) else None for k, w in enumerate(wrapped))
