@@ -142,8 +142,12 @@ class _null:
 
 
 def ddp(outdir: str, kind: str, steps: str, batch: str, accumulate: str = "1", cap: str = "25") -> None:
+    ember.distributed.init("mpi", timeout=120)
+    _ddp_run(outdir, kind, steps, batch, accumulate, cap)
+
+
+def _ddp_run(outdir: str, kind: str, steps: str, batch: str, accumulate: str = "1", cap: str = "25") -> None:
     dist = ember.distributed
-    dist.init("mpi", timeout=120)
     r, n = dist.rank(), dist.world_size()
     t0 = time.perf_counter()
     model = train(kind, int(steps), int(batch), n, r, True, float(cap), int(accumulate))
@@ -155,8 +159,12 @@ def ddp(outdir: str, kind: str, steps: str, batch: str, accumulate: str = "1", c
 
 def unused(outdir: str) -> None:
     """A model with a branch the loss never uses: without find_unused_parameters the next forward raises."""
+    ember.distributed.init("mpi", timeout=60)
+    _unused_run(outdir)
+
+
+def _unused_run(outdir: str) -> None:
     dist = ember.distributed
-    dist.init("mpi", timeout=60)
     r = dist.rank()
     dev = ember.Device.parse("flex").autodiff()
     res = {}
@@ -198,6 +206,15 @@ def unused(outdir: str) -> None:
         net(ember.zeros((2, 3), device=dev))  # broadcast 7 from rank 0, then momentum 0.1 towards batch mean 0
     res["bn_mean_train"] = bn.running_mean.numpy().copy()
     np.savez(os.path.join(outdir, f"unused-rank{r}.npz"), **{k: np.array(v) for k, v in res.items()})
+
+
+def training(outdir: str) -> None:
+    """The DDP scenarios in one launch (each launch pays two interpreter and ember start-ups): the MLP in small
+    buckets, the CNN with an uneven batch and no_sync accumulation, unused parameters and buffers."""
+    ember.distributed.init("mpi", timeout=120)
+    _ddp_run(outdir, "mlp", "4", "10", "1", "0.001")
+    _ddp_run(outdir, "cnn", "3", "9", "2")
+    _unused_run(outdir)
 
 
 def killed(outdir: str) -> None:
@@ -254,4 +271,5 @@ def learner(outdir: str) -> None:
 
 if __name__ == "__main__":
     scenario, args = sys.argv[1], sys.argv[2:]
-    {"collectives": collectives, "ddp": ddp, "unused": unused, "killed": killed, "learner": learner}[scenario](*args)
+    {"collectives": collectives, "ddp": ddp, "unused": unused, "killed": killed, "learner": learner,
+     "training": training}[scenario](*args)
