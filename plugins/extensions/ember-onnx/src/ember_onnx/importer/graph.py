@@ -228,7 +228,7 @@ def _make_attribute(name: str, value: Any) -> AttributeProto:
 def tensor_from_proto(proto: onnx.TensorProto, device: ember.Device) -> Tensor:
     """An ONNX TensorProto (initializer, Constant value) as an ember tensor on ``device``."""
     to_ember_dtype(proto.data_type, f"initializer {proto.name!r}")
-    return ember.tensor(np.ascontiguousarray(numpy_helper.to_array(proto)), device=device)
+    return ember.tensor(np.array(numpy_helper.to_array(proto), order="C"), device=device)
 
 
 def to_tensor(value: Any, device: ember.Device) -> Any:
@@ -240,7 +240,7 @@ def to_tensor(value: Any, device: ember.Device) -> Any:
     arr = np.asarray(value)
     if arr.dtype.kind in "USO":
         raise to_ember_dtype_error(arr)
-    return ember.tensor(np.ascontiguousarray(arr), device=device)
+    return ember.tensor(np.array(arr, order="C"), device=device)
 
 
 def to_ember_dtype_error(arr: np.ndarray) -> Exception:

@@ -239,7 +239,7 @@ def constant(node: Node) -> Tensor:
         if v is not None:
             arr = np.asarray(v, dtype=kind) if kind is not None else v
             to_ember_dtype_of(arr, node)
-            return node.const(np.ascontiguousarray(arr))
+            return node.const(np.array(arr, order="C"))
     raise node.fail("sparse or string constants have no ember equivalent")
 
 
