@@ -35,12 +35,20 @@ def test_there_are_plugins_and_packages() -> None:
 
 
 @pytest.mark.parametrize("path", [p for p in PACKAGES if p not in (CORE, META)], ids=lambda p: p.name)
-def test_other_packages_pin_core_and_are_default_dependencies_of_the_meta_package(path: Path) -> None:
+def test_other_packages_pin_core_and_are_the_default_install_or_a_library_of_plugins(path: Path) -> None:
+    """ember-train is in the default install; a library package (the kernel generators, the CuPy backend) is no
+    plugin and has no extra: the plugins that use it require it, with the same lock-step range."""
     data = _project(path)
+    name = data["project"]["name"]
     core = _reqs(data["project"]["dependencies"])["ember-core"]
     assert core.specifier.contains(VERSION)
+    assert "ember" not in data["project"].get("entry-points", {}), f"{name} is under packages/ but is a plugin"
     meta = _reqs(_project(META)["project"]["dependencies"])
-    assert data["project"]["name"] in meta
+    users = [p.name for p in ALL if name in _reqs(_project(p)["project"].get("dependencies", []))]
+    assert name in meta or users, f"{name} is neither in the default install nor required by a plugin"
+    for user in users:
+        assert _reqs(_project(ROOT / next(str(p.relative_to(ROOT)) for p in ALL if p.name == user))
+                     ["project"]["dependencies"])[name].specifier.contains(VERSION)
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
