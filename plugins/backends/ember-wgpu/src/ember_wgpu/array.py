@@ -6,7 +6,7 @@ through its offset and strides, so views never need a copy before an op.
 
 Storage per dtype (WGSL has no 8-bit storage and no float64): float32 ``f32``, int32 ``i32``, float16 ``f16``
 (adapter feature ``shader-f16``), int64 ``i64`` (feature ``shader-int64``: the little-endian pair of 32-bit words
-numpy uses, so transfers copy bytes unchanged) and bool as one ``u32`` word per element (0 or 1).
+numpy uses, so transfers copy bytes unchanged) bool as one ``u32`` word per element (0 or 1), and int8, uint8 and int16 as one ``i32`` word per element.
 """
 
 from __future__ import annotations
@@ -30,14 +30,16 @@ STORAGE: dict[DType, tuple[str, int, str | None]] = {
     dt.bool_: ("u32", 4, None),
     dt.float16: ("f16", 2, "shader-f16"),
     dt.int64: ("i64", 8, "shader-int64"),
+    # WGSL storage holds 32-bit words: 8- and 16-bit integers take one i32 word each and wrap on store
+    dt.int8: ("i32", 4, None),
+    dt.uint8: ("i32", 4, None),
+    dt.int16: ("i32", 4, None),
 }
+_WIDENED = {dt.bool_: np.uint32, dt.int8: np.int32, dt.uint8: np.int32, dt.int16: np.int32}
 
 _WHY = {
     dt.float64: "WGSL has no 64-bit float type (WebGPU does not expose shader-f64)",
     dt.bfloat16: "WGSL has no bfloat16 type",
-    dt.int8: "WGSL storage buffers hold 32-bit words (no 8-bit integer type)",
-    dt.uint8: "WGSL storage buffers hold 32-bit words (no 8-bit integer type)",
-    dt.int16: "WGSL storage buffers hold 32-bit words (no 16-bit integer type)",
 }
 
 
@@ -121,8 +123,9 @@ def empty(rt: Any, shape: tuple[int, ...], dtype: DType) -> WArray:
 
 def _host_words(host: np.ndarray, dtype: DType) -> np.ndarray:
     """The bytes to store for ``host`` (bool widened to one u32 word per element), C-contiguous."""
-    if dtype is dt.bool_:
-        return np.ascontiguousarray(host, dtype=np.uint32)
+    wide = _WIDENED.get(dtype)
+    if wide is not None:
+        return np.ascontiguousarray(host, dtype=wide)
     return np.ascontiguousarray(host, dtype=dtype.numpy)
 
 
@@ -142,7 +145,7 @@ def upload(rt: Any, host: np.ndarray, dtype: DType) -> WArray:
 def download(h: WArray) -> np.ndarray:
     """A contiguous array's data on the host (waits for the queue; the read goes through a mapped staging buffer)."""
     itemsize = STORAGE[h.dtype][1]
-    storage = np.uint32 if h.dtype is dt.bool_ else h.dtype.numpy
+    storage = _WIDENED.get(h.dtype, h.dtype.numpy)
     n = h.size
     if n == 0:
         return np.empty(h.shape, dtype=h.dtype.numpy)
@@ -152,7 +155,7 @@ def download(h: WArray) -> np.ndarray:
     data = raw[start - lo:start - lo + n * itemsize].view(storage).reshape(h.shape)
     if h.dtype is dt.bool_:
         return data != 0
-    return data.copy()
+    return data.astype(h.dtype.numpy)  # a copy: the read-back buffer is not ours to keep
 
 
 # -- views ------------------------------------------------------------------------------------------------------

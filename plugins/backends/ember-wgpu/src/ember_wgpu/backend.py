@@ -183,6 +183,8 @@ class WGPUBackend(Backend):
         if op in _LOGICAL:
             expr, out_dtype = wgsl.LOGICAL[op].format(a=wgsl.truth(xc, ct), b=wgsl.truth(yc, ct)), dt.bool_
         elif op in COMPARISON_OPS:
+            if ct == "bool":  # WGSL orders numbers, not bools
+                xc, yc = "u32({x0})", "u32({x1})"
             expr, out_dtype = wgsl.COMPARE[op].format(a=xc, b=yc), dt.bool_
             if ct == "f32" and op == "ne":
                 expr = f"({xc} != {yc} || is_nan({xc}) || is_nan({yc}))"

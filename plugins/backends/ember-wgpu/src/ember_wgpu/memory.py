@@ -103,6 +103,10 @@ class MemoryPool:
         self._recording: dict[int, list[int]] | None = None  # dry run: class -> [live now, most live at once]
         self._plan: dict[int, int] = {}
         self._plan_allocs = 0
+        # every buffer the pool created, live or cached: a Block that dies inside a garbage cycle would otherwise
+        # take its buffer into the cycle's unreachable set, and wgpu-py would release the buffer (its __del__)
+        # even though Block.__del__ just returned it to the pool
+        self._buffers: dict[int, Any] = {}
 
     # -- allocation ----------------------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Block:
@@ -159,6 +163,7 @@ class MemoryPool:
                     f"ember-wgpu: out of memory on {self.label}: the driver refused a buffer of "
                     f"{human_bytes(cap)} ({human_bytes(self._in_use)} in use, {human_bytes(self._reserved)} "
                     f"reserved): {first}") from first
+        self._buffers[id(buf)] = buf
         self._raw_allocs += 1
         self._reserved += cap
         self._peak_reserved = max(self._peak_reserved, self._reserved)
@@ -182,6 +187,7 @@ class MemoryPool:
     def _release(self, buf: Any, cap: int) -> None:
         self._reserved -= cap
         self._raw_releases += 1
+        self._buffers.pop(id(buf), None)
         destroy = getattr(buf, "destroy", None)
         if destroy is not None:
             destroy()
@@ -196,9 +202,9 @@ class MemoryPool:
             rec = self._recording
             if rec is not None and cap in rec:
                 rec[cap][0] -= 1
-            free = self._free_lists.pop(cap, None) or []
-            free.append(buf)
-            self._free_lists[cap] = free  # most recently freed class last
+            # append in place (a nested free from the garbage collector must not replace the list under us)
+            self._free_lists.setdefault(cap, []).append(buf)
+            self._free_lists.move_to_end(cap)  # most recently freed class last
 
     def trim(self) -> int:
         """Release every cached (free) buffer; returns the bytes released."""

@@ -120,6 +120,7 @@ class Runtime:
         self.i64 = "shader-int64" in self.features
         self.lock = threading.RLock()
         self._modules: dict[str, Any] = {}
+        self._fence: Any = None
         self._pipelines: dict[str, Any] = {}
         self.stats = {"modules": 0, "pipelines": 0, "pipeline_hits": 0, "compile_seconds": 0.0, "launches": 0}
         from .memory import MemoryPool
@@ -194,12 +195,13 @@ class Runtime:
 
     def sync(self) -> None:
         """Wait until every submitted command has finished."""
-        # wgpu-py has no queue.finish(); on_submitted_work_done waits for the queue (older versions: a tiny read)
-        done = getattr(self.queue, "on_submitted_work_done_sync", None)
-        if done is not None:
-            done()
-        else:  # pragma: no cover - older wgpu-py
-            self.device._poll_wait()  # type: ignore[attr-defined]
+        # WebGPU has no queue.finish(): reading a word back maps a staging buffer, which the queue fills only after
+        # every command submitted before it (on_submitted_work_done is broken in some wgpu-py releases)
+        with self.lock:
+            if self._fence is None:
+                self._fence = self.device.create_buffer(
+                    size=4, usage=self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC)
+            self.queue.read_buffer(self._fence, 0, 4)
 
 
 _runtimes: dict[tuple[int, str], Runtime] = {}

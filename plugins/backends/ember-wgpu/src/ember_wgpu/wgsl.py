@@ -16,6 +16,10 @@ from ember.opinfo import PREDICATE_UNARY_OPS as PREDICATES  # noqa: F401 - the u
 from .array import STORAGE
 
 
+#: 8- and 16-bit integers live in one i32 word per element and wrap to their width on every store
+_WRAP = {dt.int8: "(({v}) << 24u) >> 24u", dt.int16: "(({v}) << 16u) >> 16u", dt.uint8: "(({v}) & 255)"}
+
+
 def ctype(dtype: DType) -> str:
     """The WGSL type ``dtype`` computes in."""
     if dtype.is_floating_point:
@@ -47,7 +51,8 @@ def store(dtype: DType, value: str) -> str:
         return f"f16(clamp_f16({value}))"
     if s == "u32":
         return f"select(0u, 1u, {value})"
-    return value
+    wrap = _WRAP.get(dtype)
+    return wrap.format(v=value) if wrap else value
 
 
 def convert(value: str, src: str, dst: str) -> str:
@@ -55,7 +60,7 @@ def convert(value: str, src: str, dst: str) -> str:
     if src == dst:
         return value
     if dst == "bool":
-        return f"({value} != {src}(0))"
+        return truth(value, src)
     if src == "bool":
         return f"select({dst}(0), {dst}(1), {value})"
     if src == "f32":
@@ -95,10 +100,60 @@ fn f_expm1(x: f32) -> f32 {
   return um1 * x / log(u);  // Kahan's correction: the rounding of u cancels out
 }
 fn f_log1p(x: f32) -> f32 {
-  let u = 1.0 + x;
-  if (u == 1.0) { return x; }
-  if (is_inf(u)) { return u; }
-  return log(u) * x / (u - 1.0);
+  if (abs(x) < 0.25) {
+    // 2 atanh(s), s = x / (2 + x): a relative-accurate series where log(1 + x) would lose digits
+    let s = x / (2.0 + x);
+    let z = s * s;
+    return 2.0 * s * (1.0 + z * (0.33333333333 + z * (0.2 + z * (0.14285714286 + z * (0.11111111111 +
+           z * 0.09090909091)))));
+  }
+  if (is_inf(x) && x > 0.0) { return x; }
+  return log(1.0 + x);
+}
+fn f_atan(x: f32) -> f32 {
+  // Cephes atanf (range reduction to |z| <= tan(pi/8), then a degree-9 odd polynomial): within 2 ulp
+  let a = abs(x);
+  var y0 = 0.0;
+  var z = a;
+  if (a > 2.414213562373095) { y0 = 1.5707963267948966; z = -1.0 / a; }
+  else if (a > 0.41421356237309503) { y0 = 0.7853981633974483; z = (a - 1.0) / (a + 1.0); }
+  let zz = z * z;
+  let y = y0 + ((((8.05374449538e-2 * zz - 1.38776856032e-1) * zz + 1.99777106478e-1) * zz
+          - 3.33329491539e-1) * zz * z + z);
+  return f_copysign(y, x);
+}
+fn f_asin(x: f32) -> f32 {
+  // Cephes asinf
+  let a = abs(x);
+  if (a > 1.0 || is_nan(x)) { return f_nan(); }
+  var z: f32;
+  var s: f32;
+  let big = a > 0.5;
+  if (big) { z = 0.5 * (1.0 - a); s = sqrt(z); } else { z = a * a; s = a; }
+  var y = ((((4.2163199048e-2 * z + 2.4181311049e-2) * z + 4.5470025998e-2) * z + 7.4953002686e-2) * z
+          + 1.6666752422e-1) * z * s + s;
+  if (big) { y = 1.5707963267948966 - 2.0 * y; }
+  return f_copysign(y, x);
+}
+fn f_acos(x: f32) -> f32 {
+  if (abs(x) > 1.0 || is_nan(x)) { return f_nan(); }
+  if (x < -0.5) { return 3.141592653589793 - 2.0 * f_asin(sqrt(0.5 * (1.0 + x))); }
+  if (x > 0.5) { return 2.0 * f_asin(sqrt(0.5 * (1.0 - x))); }
+  return 1.5707963267948966 - f_asin(x);
+}
+fn f_atan2(y: f32, x: f32) -> f32 {
+  if (is_nan(x) || is_nan(y)) { return f_nan(); }
+  if (is_inf(y)) {
+    if (is_inf(x)) { return f_copysign(select(0.7853981633974483, 2.356194490192345, x < 0.0), y); }
+    return f_copysign(1.5707963267948966, y);
+  }
+  if (x == 0.0) {
+    if (y == 0.0) { return f_copysign(select(0.0, 3.141592653589793, f_signbit(x)), y); }
+    return f_copysign(1.5707963267948966, y);
+  }
+  let r = f_atan(y / x);
+  if (x > 0.0) { return r; }
+  return r + f_copysign(3.141592653589793, y);
 }
 fn f_sigmoid(x: f32) -> f32 {
   let e = exp(-abs(x));
@@ -205,16 +260,27 @@ fn f_hypot(a: f32, b: f32) -> f32 {
   let v = y / m;
   return m * sqrt(u * u + v * v);
 }
-fn f_fmod(a: f32, b: f32) -> f32 { return a % b; }
+fn f_fmod(a: f32, b: f32) -> f32 {
+  // C's fmod, exact for quotients below 2**24: one fused a - b*q, then a correction of q's rounding
+  if (b == 0.0 || is_inf(a) || is_nan(a) || is_nan(b)) { return f_nan(); }
+  let ab = abs(b);
+  if (is_inf(b) || abs(a) < ab) { return a; }
+  let q = trunc(a / b);
+  var r = fma(-b, q, a);
+  if (a >= 0.0 && r < 0.0) { r = r + ab; }
+  if (a < 0.0 && r > 0.0) { r = r - ab; }
+  if (abs(r) >= ab) { r = r - f_copysign(ab, r); }
+  return f_copysign(r, a);
+}
 fn f_remainder(a: f32, b: f32) -> f32 {
-  var m = a % b;
+  var m = f_fmod(a, b);
   if (m != 0.0 && ((b < 0.0) != (m < 0.0))) { m = m + b; }
   return m;
 }
 fn f_floor_divide(a: f32, b: f32) -> f32 {
   // PyTorch's div_floor: exact quotient of the representable remainder, then a correction step
   if (b == 0.0) { return a / b; }
-  let m = a % b;
+  let m = f_fmod(a, b);
   var d = (a - m) / b;
   if (m != 0.0 && ((b < 0.0) != (m < 0.0))) { d = d - 1.0; }
   if (d == 0.0) { return f_copysign(0.0, a / b); }
@@ -322,14 +388,14 @@ FLOAT_UNARY: dict[str, str] = {
     "neg": "-{a}", "abs": "abs({a})", "sign": "f_sign({a})", "exp": "exp({a})", "exp2": "exp2({a})",
     "expm1": "f_expm1({a})", "log": "log({a})", "log2": "log2({a})", "log10": "f_log10({a})",
     "log1p": "f_log1p({a})", "sqrt": "sqrt({a})", "rsqrt": "(1.0 / sqrt({a}))", "reciprocal": "(1.0 / {a})",
-    "sin": "sin({a})", "cos": "cos({a})", "tan": "tan({a})", "asin": "asin({a})", "acos": "acos({a})",
-    "atan": "atan({a})", "sinh": "f_sinh({a})", "cosh": "f_cosh({a})", "tanh": "f_tanh({a})",
+    "sin": "sin({a})", "cos": "cos({a})", "tan": "tan({a})", "asin": "f_asin({a})", "acos": "f_acos({a})",
+    "atan": "f_atan({a})", "sinh": "f_sinh({a})", "cosh": "f_cosh({a})", "tanh": "f_tanh({a})",
     "asinh": "f_asinh({a})", "acosh": "f_acosh({a})", "atanh": "f_atanh({a})", "erf": "f_erf({a})",
     "erfc": "f_erfc({a})", "erfinv": "f_erfinv({a})", "floor": "floor({a})", "ceil": "ceil({a})",
     "round": "round({a})", "trunc": "trunc({a})", "sigmoid": "f_sigmoid({a})", "sinc": "f_sinc({a})",
     "isnan": "is_nan({a})", "isinf": "is_inf({a})", "isfinite": "!(is_nan({a}) || is_inf({a}))",
     "isposinf": "(is_inf({a}) && {a} > 0.0)", "isneginf": "(is_inf({a}) && {a} < 0.0)",
-    "logical_not": "({a} == 0.0)", "signbit": "f_signbit({a})",
+    "logical_not": "((bitcast<u32>({a}) & 0x7fffffffu) == 0u)", "signbit": "f_signbit({a})",
 }
 
 INT_UNARY: dict[str, str] = {
@@ -348,7 +414,7 @@ FLOAT_BINARY: dict[str, str] = {
     "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
     "floor_divide": "f_floor_divide({a}, {b})", "remainder": "f_remainder({a}, {b})", "fmod": "f_fmod({a}, {b})",
     "pow": "f_pow({a}, {b})", "maximum": "f_maximum({a}, {b})", "minimum": "f_minimum({a}, {b})",
-    "fmax": "f_fmax({a}, {b})", "fmin": "f_fmin({a}, {b})", "atan2": "atan2({a}, {b})",
+    "fmax": "f_fmax({a}, {b})", "fmin": "f_fmin({a}, {b})", "atan2": "f_atan2({a}, {b})",
     "copysign": "f_copysign({a}, {b})", "hypot": "f_hypot({a}, {b})",
 }
 
@@ -375,5 +441,8 @@ LOGICAL: dict[str, str] = {"logical_and": "({a} && {b})", "logical_or": "({a} ||
 
 
 def truth(value: str, ct: str) -> str:
-    """``value`` (compute type ``ct``) as a bool: nonzero is true (NaN too, as in PyTorch)."""
+    """``value`` (compute type ``ct``) as a bool: nonzero is true (NaN too, as in PyTorch; tested on the bits, which
+    no fast-math rewrite can fold)."""
+    if ct == "f32":
+        return f"((bitcast<u32>({value}) & 0x7fffffffu) != 0u)"
     return value if ct == "bool" else f"({value} != {ct}(0))"
