@@ -99,7 +99,7 @@ def to_numpy(x: Any) -> np.ndarray:
     if isinstance(x, Tensor):
         return np.array(x.numpy(), copy=True, order="C")
     if type(x).__module__.startswith("torch"):
-        t = x.detach().cpu()
+        t = x.detach().cpu().resolve_conj()  # torch's lazy conjugates have no numpy view
         if str(t.dtype) == "torch.bfloat16":
             return t.float().numpy().astype(dt.bfloat16.numpy)
         return t.numpy().copy()
@@ -149,6 +149,12 @@ def assert_close(actual: Any, expected: Any, rtol: float | None = None, atol: fl
         raise AssertionError(f"dtype mismatch: got {actual.dtype.name}, expected {want_dtype.name}{where}")
     if got.dtype != actual.dtype.numpy:
         raise AssertionError(f"backend returned numpy dtype {got.dtype} for an {actual.dtype.name} tensor{where}")
+    if actual.dtype.is_complex:  # the component dtype's tolerances, on real and imaginary parts together
+        r0, a0 = TOLERANCES[actual.dtype.to_real]
+        np.testing.assert_allclose(got.astype(np.complex128), exp.astype(np.complex128),
+                                   rtol=r0 if rtol is None else rtol, atol=a0 if atol is None else atol,
+                                   equal_nan=equal_nan, err_msg=f"values differ{where}")
+        return
     if not actual.dtype.is_floating_point:
         np.testing.assert_array_equal(got, exp.astype(got.dtype) if exp.dtype.kind != "f" else exp,
                                       err_msg=f"values differ{where}")
