@@ -1701,10 +1701,20 @@ assert len(BY_NAME) == len(OPS), "op names must be unique"
 
 # -- coverage of core's Tensor-method registry ----------------------------------------------------------------------
 #: registry names deliberately not fuzzed, with the reason
+_COMPLEX_TESTED = ("complex tensors (the fuzz table draws real dtypes); tested against torch in "
+                   "packages/ember-core/tests/test_complex.py and the kit's test_complex_dtypes")
 NOT_FUZZED: dict[str, str] = {
     "cuda": "moves to a CUDA device, which these machines lack; its errors are tested in test_size_and_cuda.py",
     "bernoulli": "random samples (torch's cannot match); tested in packages/ember-core/tests/test_distributions.py",
     "multinomial": "random samples (torch's cannot match); tested in packages/ember-core/tests/test_distributions.py",
+    "real": _COMPLEX_TESTED,
+    "imag": _COMPLEX_TESTED,
+    "is_complex": _COMPLEX_TESTED,
+    "angle": _COMPLEX_TESTED,
+    "conj": _COMPLEX_TESTED,
+    "conj_physical": _COMPLEX_TESTED,
+    "resolve_conj": _COMPLEX_TESTED,
+    "is_conj": _COMPLEX_TESTED,
 }
 
 
@@ -1713,7 +1723,7 @@ def registry_names() -> set[str]:
     from importlib import import_module
 
     names: set[str] = set()
-    for mod in ("creation", "pointwise", "reduction", "shape", "indexing", "linalg", "conversion"):
+    for mod in ("creation", "pointwise", "reduction", "shape", "indexing", "linalg", "conversion", "complex"):
         names |= set(getattr(import_module(f"ember.ops.{mod}"), "TENSOR_METHODS", {}))
     return names
 
