@@ -136,6 +136,9 @@ CASES: list[Case] = [
     Case("vander", lambda L, x: L.vander(x, N=4), _r((gauss, (2, 3)),)),
     Case("multi_dot", lambda L, a, b, c, d: L.multi_dot([a, b, c, d]),
          _r((gauss, (4,)), (gauss, (4, 6)), (gauss, (6, 2)), (gauss, (2,)))),
+    Case("vecdot", lambda L, x, y: L.vecdot(x, y, dim=0), _r((gauss, (3, 4)), (gauss, (3, 1)))),
+    Case("tensorinv", lambda L, A: L.tensorinv(A.reshape(2, 3, 6), ind=2), _r((sq, (6, 6)),)),
+    Case("tensorsolve", lambda L, A, B: L.tensorsolve(A.reshape(6, 2, 3), B), _r((sq, (6, 6)), (gauss, (6,)))),
     Case("householder_product", lambda L, A, tau: L.householder_product(A, tau),
          _r((gauss, (2, 4, 3)), (gauss, (2, 2))), grad=False),
 ]

@@ -28,7 +28,7 @@ __all__ = [
     "LinAlgError", "cholesky", "cholesky_ex", "cond", "cross", "det", "diagonal", "eig", "eigh", "eigvals",
     "eigvalsh", "householder_product", "inv", "inv_ex", "lstsq", "lu", "lu_factor", "lu_factor_ex", "lu_solve",
     "matrix_exp", "matrix_norm", "matrix_power", "matrix_rank", "multi_dot", "norm", "pinv", "qr", "slogdet",
-    "solve", "solve_ex", "solve_triangular", "svd", "svdvals", "vander",
+    "solve", "solve_ex", "solve_triangular", "svd", "svdvals", "tensorinv", "tensorsolve", "vander", "vecdot",
 ]
 
 
@@ -546,3 +546,43 @@ def multi_dot(tensors: Sequence[Tensor]) -> Tensor:
     if last_vec:
         out = out.squeeze(-1)
     return out
+
+
+def vecdot(x: Tensor, y: Tensor, *, dim: int = -1) -> Tensor:
+    """The dot product of vectors along ``dim`` (inputs broadcast): ``(x * y).sum(dim)`` for real tensors.
+    Core's ``ember.linalg.vecdot`` wins when core has one."""
+    x, y = _tensor("vecdot", x, "x"), _tensor("vecdot", y, "y")
+    shape = tuple(np.broadcast_shapes(tuple(x.shape), tuple(y.shape)))
+    if not shape or not -len(shape) <= dim < len(shape):
+        raise ShapeError(f"linalg.vecdot: dim {dim} out of range for the broadcast shape {shape} of x "
+                         f"{tuple(x.shape)} and y {tuple(y.shape)}")
+    return (x * y).sum(dim)
+
+
+def tensorinv(A: Tensor, ind: int = 2) -> Tensor:
+    """The inverse of A for :func:`tensordot` over its first ``ind`` dims: ``A.reshape(prod(A.shape[:ind]), -1)``
+    must be square; the result has shape ``A.shape[ind:] + A.shape[:ind]``."""
+    A = _tensor("tensorinv", A)
+    if not isinstance(ind, int) or ind <= 0:
+        raise ValueRangeError(f"linalg.tensorinv: Expected a strictly positive integer for 'ind', but got {ind!r}")
+    out_shape, in_shape = tuple(A.shape[:ind]), tuple(A.shape[ind:])
+    rows, cols = math.prod(out_shape), math.prod(in_shape)
+    if rows != cols:
+        raise ShapeError(f"linalg.tensorinv: Expected self to satisfy the requirement prod(self.shape[ind:]) == "
+                         f"prod(self.shape[:ind]), but got {cols} != {rows} (shape {A.shape}, ind={ind})")
+    return inv(A.reshape(rows, cols)).reshape(*in_shape, *out_shape)
+
+
+def tensorsolve(A: Tensor, B: Tensor, dims: Sequence[int] | None = None) -> Tensor:
+    """X with ``tensordot(A, X, X.ndim) == B``; X has shape ``A.shape[B.ndim:]``. ``dims`` moves those dims of A
+    to the end first."""
+    A, B = _tensor("tensorsolve", A), _tensor("tensorsolve", B, "B")
+    if dims is not None:
+        dims = [d % A.ndim for d in dims]
+        A = A.movedim(tuple(dims), tuple(range(A.ndim - len(dims), A.ndim)))
+    x_shape = tuple(A.shape[B.ndim:])
+    rows, cols = math.prod(tuple(B.shape)), math.prod(x_shape)
+    if tuple(A.shape[:B.ndim]) != tuple(B.shape) or rows != cols:
+        raise ShapeError(f"linalg.tensorsolve: Expected A.shape[:B.ndim] == B.shape and prod(A.shape[B.ndim:]) == "
+                         f"B.numel(), got A {A.shape} and B {B.shape}")
+    return solve(A.reshape(rows, cols), B.reshape(rows)).reshape(*x_shape)

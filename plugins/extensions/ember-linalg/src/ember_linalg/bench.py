@@ -113,11 +113,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--min-time", type=float, default=None, help="seconds per timed loop (default 0.05)")
     parser.add_argument("--repeat", type=int, default=None, help="timed loops per row (default 5)")
     parser.add_argument("--json", default="", help="write the rows to this JSON file")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="BLAS/LAPACK and torch intra-op threads for both libraries (default 1: a like-for-like "
+                             "comparison that a busy machine does not distort)")
     args = parser.parse_args(list(argv or []))
     names = [n for n in args.only.split(",") if n] or list(FUNCTIONS)
     unknown = [n for n in names if n not in FUNCTIONS]
     if unknown:
         parser.error(f"unknown function(s) {unknown}; choose from {list(FUNCTIONS)}")
+    import torch
+
+    import ember
+
+    torch.set_num_threads(args.threads)
+    ember.set_num_threads(args.threads)
     shapes = SHAPES_QUICK if args.quick else SHAPES_FULL
     min_time = args.min_time if args.min_time is not None else (0.002 if args.quick else 0.05)
     repeat = args.repeat if args.repeat is not None else (1 if args.quick else 5)
