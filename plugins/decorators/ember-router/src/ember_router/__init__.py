@@ -12,8 +12,20 @@ __version__ = "0.1.0"
 #: backend-contract version this plugin implements
 CONTRACT = 1
 
-from .channel import CaptureChannel, Channel, Executor, LocalChannel  # noqa: E402
-from .protocol import Call, Download, Message, Register, Release, Replay, Seed, Sync, Upload  # noqa: E402
+from typing import Any  # noqa: E402
 
 __all__ = ["Call", "CaptureChannel", "Channel", "Download", "Executor", "LocalChannel", "Message", "Register",
-           "Release", "Replay", "Seed", "Sync", "Upload"]
+           "Release", "Replay", "RouterBackend", "Seed", "SliceArg", "Sync", "Upload"]
+
+_HOMES = {"CaptureChannel": "channel", "Channel": "channel", "Executor": "channel", "LocalChannel": "channel",
+          "RouterBackend": "backend"}
+
+
+def __getattr__(name: str) -> Any:
+    # loaded on first use: plugin discovery imports ember_router.plugin, which must not import ember.capture (core
+    # may be in the middle of importing it when discovery runs)
+    if name in __all__:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_HOMES.get(name, 'protocol')}", __name__), name)
+    raise AttributeError(f"module 'ember_router' has no attribute {name!r}")
