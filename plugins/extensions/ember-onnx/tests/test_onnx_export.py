@@ -124,3 +124,15 @@ def test_typed_errors() -> None:
     with pytest.raises(ExportError, match="max_pool with return_indices"):
         ember_onnx.export(lambda x: ember.nn.functional.max_pool2d(x, 2, return_indices=True)[1].float(),
                           ember.randn(1, 1, 4, 4))
+
+
+def test_extension_without_rule_exports_through_its_composition() -> None:
+    # nn.LSTM runs as the nn.rnn_layer extension op, which has no ONNX rule: its composition is lowered in place
+    ember.manual_seed(3)
+    lstm = ember.nn.LSTM(4, 6, batch_first=True)
+    x = ember.randn(2, 5, 4)
+    proto = ember_onnx.export(lambda t: lstm(t)[0], x)
+    (got,) = _session(proto).run(None, {"input": x.numpy()})
+    np.testing.assert_allclose(got, lstm(x)[0].numpy(), rtol=RTOL, atol=ATOL)
+    with pytest.raises(ExportError, match="nn.rnn_layer"):
+        ember_onnx.export(lambda t: lstm(t)[0], x, dynamic_axes={"input": [0]})

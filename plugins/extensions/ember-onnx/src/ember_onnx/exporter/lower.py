@@ -75,6 +75,7 @@ _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "pow": "Pow", "maximum": "M
 
 @rule("binary")
 def binary(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Add, Sub, Mul, Div, Pow, Max, Min, comparisons, And/Or/Xor, Bitwise*, Mod (and compositions)."""
     op, x, y = rec.args
     dt = _operand_dtype(b, rec, x, y)
     a, c = operand(b, rec, ins, x, dt), operand(b, rec, ins, y, dt)
@@ -118,6 +119,7 @@ _UNARY = {"abs": "Abs", "neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt"
 
 @rule("unary")
 def unary(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """the ONNX op of the same name, or a short composition (rsqrt, expm1, log1p, ...)."""
     op, _ = rec.args
     x = ins[0]
     dt = b.dtypes[rec.inputs[0]]
@@ -149,11 +151,13 @@ def unary(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("relu")
 def relu(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Relu."""
     return [b.one("Relu", [ins[0]])]
 
 
 @rule("clamp")
 def clamp(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Max / Min."""
     _, lo, hi = rec.args
     dt = b.dtypes[rec.inputs[0]]
     out = ins[0]
@@ -166,6 +170,7 @@ def clamp(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("hardtanh")
 def hardtanh(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Clip."""
     _, lo, hi = rec.args
     dt = b.dtypes[rec.inputs[0]]
     return [b.one("Clip", [ins[0], operand(b, rec, ins, lo, dt), operand(b, rec, ins, hi, dt)])]
@@ -173,6 +178,7 @@ def hardtanh(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("where")
 def where(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Where."""
     c, x, y = rec.args
     dt = rec.dtypes[0]
     return [b.one("Where", [ins[c.k], operand(b, rec, ins, x, dt), operand(b, rec, ins, y, dt)])]
@@ -180,6 +186,7 @@ def where(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("masked_fill")
 def masked_fill(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Where."""
     h, mask, value = rec.args
     dt = rec.dtypes[0]
     return [b.one("Where", [ins[mask.k], operand(b, rec, ins, value, dt), ins[h.k]])]
@@ -187,17 +194,20 @@ def masked_fill(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("cast")
 def cast(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Cast."""
     return [b.cast(ins[0], rec.args[1])]
 
 
 @rule("copy", "contiguous", "keep_graph")
 def identity(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Identity."""
     return [b.one("Identity", [ins[0]])]
 
 
 # -- creation ------------------------------------------------------------------------------------------------------
 @rule("full")
 def full(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """a constant, or ConstantOfShape for a dynamic shape."""
     shape, value, dtype = rec.args
     value = value.value if isinstance(value, Scalar) else value
     if not b.is_dynamic((0,)):
@@ -210,6 +220,7 @@ def full(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("arange")
 def arange(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """a constant, or Range for dynamic bounds."""
     start, stop, step, dtype = rec.args
     if not b.is_dynamic(()):
         return [b.const(np.arange(start, stop, step), dtype)]
@@ -220,27 +231,32 @@ def arange(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 # -- shape ---------------------------------------------------------------------------------------------------------
 @rule("reshape")
 def reshape(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Reshape (a computed shape for dynamic axes)."""
     return [b.one("Reshape", [ins[0], b.ints((1,), rec.args[1])])]
 
 
 @rule("permute")
 def permute(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Transpose."""
     return [b.one("Transpose", [ins[0]], perm=list(rec.args[1]))]
 
 
 @rule("expand")
 def expand(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Expand."""
     return [b.one("Expand", [ins[0], b.ints((1,), rec.args[1])])]
 
 
 @rule("cat")
 def cat(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Concat."""
     hs, dim = rec.args
     return [b.one("Concat", [ins[h.k] for h in hs], axis=dim)]
 
 
 @rule("flip")
 def flip(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Slice with step -1."""
     _, dims = rec.args
     big = np.iinfo(np.int64).max
     n = len(dims)
@@ -250,6 +266,7 @@ def flip(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("getitem")
 def getitem(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Slice, Gather, Squeeze, Unsqueeze."""
     h, key = rec.args
     rank = len(b.shapes[rec.inputs[0]])
     key = tuple(key)
@@ -330,6 +347,7 @@ def reduce_node(b: Builder, op_type: str, x: str, dims: Sequence[int], keepdim: 
 
 @rule("reduce")
 def reduce(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """ReduceSum, ReduceProd, ReduceMax, ReduceMin."""
     op, _, dims, keepdim = rec.args
     x = ins[0]
     if b.dtypes[rec.inputs[0]] == ember.bool_:
@@ -340,12 +358,14 @@ def reduce(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("logsumexp")
 def logsumexp(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """ReduceLogSumExp."""
     _, dims, keepdim = rec.args
     return [reduce_node(b, "ReduceLogSumExp", ins[0], dims, keepdim)]
 
 
 @rule("argreduce")
 def argreduce(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """ArgMax, ArgMin."""
     op, _, dim, keepdim = rec.args
     x = ins[0]
     if dim is None:
@@ -356,6 +376,7 @@ def argreduce(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("cumulative")
 def cumulative(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """CumSum."""
     op, _, dim = rec.args
     if op != "sum":
         raise ExportError(f"ember_onnx.export: cumulative {op!r} has no ONNX lowering (only sum)")
@@ -364,22 +385,26 @@ def cumulative(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("softmax")
 def softmax(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Softmax, LogSoftmax."""
     _, dim, log = rec.args
     return [b.one("LogSoftmax" if log else "Softmax", [ins[0]], axis=dim)]
 
 
 @rule("matmul")
 def matmul(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """MatMul."""
     return [b.one("MatMul", [ins[0], ins[1]])]
 
 
 @rule("einsum")
 def einsum(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Einsum."""
     return [b.one("Einsum", ins, equation=rec.args[0])]
 
 
 @rule("sort")
 def sort(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """TopK over the whole axis."""
     _, dim, descending, _stable = rec.args
     n = b.shapes[rec.inputs[0]][dim]
     return b.node("TopK", [ins[0], b.const(np.array([n], np.int64))], 2, axis=dim, largest=int(descending),
@@ -388,6 +413,7 @@ def sort(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("topk")
 def topk(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """TopK."""
     _, k, dim, largest, sorted_ = rec.args
     return b.node("TopK", [ins[0], b.const(np.array([k], np.int64))], 2, axis=dim, largest=int(largest),
                   sorted=int(sorted_))
@@ -395,28 +421,33 @@ def topk(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("gather")
 def gather(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """GatherElements."""
     return [b.one("GatherElements", [ins[0], ins[1]], axis=rec.args[1])]
 
 
 @rule("index_select")
 def index_select(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Gather."""
     return [b.one("Gather", [ins[0], ins[1]], axis=rec.args[1])]
 
 
 @rule("embedding")
 def embedding(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Gather."""
     w, idx, _ = rec.args
     return [b.one("Gather", [ins[w.k], ins[idx.k]], axis=0)]
 
 
 @rule("tril")
 def tril(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Trilu."""
     _, diagonal, upper = rec.args
     return [b.one("Trilu", [ins[0], b.const(np.array(diagonal, np.int64))], upper=int(upper))]
 
 
 @rule("pad")
 def pad(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Pad (constant, reflect, edge, wrap)."""
     _, pads, mode, value = rec.args
     onnx_mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
     p = [lo for lo, _ in pads] + [hi for _, hi in pads]
@@ -430,6 +461,7 @@ def pad(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 # -- convolution and pooling ---------------------------------------------------------------------------------------
 @rule("conv")
 def conv(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Conv."""
     x, w, bias, stride, padding, dilation, groups = rec.args
     inputs = [ins[x.k], ins[w.k]] + ([ins[bias.k]] if bias is not None else [])
     pads = [lo for lo, _ in padding] + [hi for _, hi in padding]
@@ -439,6 +471,7 @@ def conv(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("conv_transpose")
 def conv_transpose(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """ConvTranspose."""
     x, w, bias, stride, padding, output_padding, dilation, groups = rec.args
     inputs = [ins[x.k], ins[w.k]] + ([ins[bias.k]] if bias is not None else [])
     return [b.one("ConvTranspose", inputs, strides=list(stride), pads=list(padding) * 2,
@@ -448,6 +481,7 @@ def conv_transpose(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("max_pool")
 def max_pool(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """MaxPool."""
     _, kernel, stride, padding, dilation, ceil_mode, return_indices = rec.args
     if return_indices:
         raise ExportError("ember_onnx.export: max_pool with return_indices has no ONNX lowering "
@@ -458,6 +492,7 @@ def max_pool(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("avg_pool")
 def avg_pool(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """AveragePool."""
     _, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override = rec.args
     if divisor_override is not None:
         raise ExportError("ember_onnx.export: avg_pool with divisor_override has no ONNX lowering")
@@ -467,6 +502,7 @@ def avg_pool(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("adaptive_avg_pool", "adaptive_max_pool")
 def adaptive_pool(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """GlobalAveragePool/GlobalMaxPool, or a pool with an even window."""
     sizes = b.shapes[rec.inputs[0]][2:]
     out = rec.args[1]
     is_max = rec.op == "adaptive_max_pool"
@@ -483,6 +519,7 @@ def adaptive_pool(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 
 @rule("interpolate")
 def interpolate(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
+    """Resize."""
     _, size, mode, align_corners, _scales = rec.args
     shape = b.shapes[rec.inputs[0]]
     onnx_mode = {"nearest": "nearest", "bilinear": "linear", "linear": "linear", "trilinear": "linear",
@@ -499,6 +536,7 @@ def interpolate(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 # -- extension ops -------------------------------------------------------------------------------------------------
 @extension_rule("nn.gelu")
 def gelu(b: Builder, rec: OpRecord, ins: list[str], args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:
+    """Gelu (opset 20+) or its Erf/Tanh composition."""
     x = ins[args[0].k]
     dt = b.dtypes[rec.inputs[args[0].k]]
     approximate = kwargs.get("approximate", "none")
@@ -517,6 +555,7 @@ def gelu(b: Builder, rec: OpRecord, ins: list[str], args: Sequence[Any], kwargs:
 
 @extension_rule("nn.layer_norm")
 def layer_norm(b: Builder, rec: OpRecord, ins: list[str], args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:
+    """LayerNormalization (Y, Mean, InvStdDev)."""
     x, w, bias = args[:3]
     shape = tuple(kwargs["normalized_shape"])
     dt = b.dtypes[rec.inputs[x.k]]
@@ -528,6 +567,7 @@ def layer_norm(b: Builder, rec: OpRecord, ins: list[str], args: Sequence[Any], k
 
 @extension_rule("nn.scaled_dot_product_attention")
 def sdpa(b: Builder, rec: OpRecord, ins: list[str], args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:
+    """MatMul, Softmax, Where/Add for masks (the weights are the second output)."""
     q, k, v, mask, dropout_mask = args[:5]
     if dropout_mask is not None:
         raise ExportError("ember_onnx.export: attention dropout in the graph (export in eval mode)")
