@@ -190,9 +190,14 @@ def det(a: np.ndarray) -> np.ndarray:
 
 @det.vjp
 def _det_vjp(ctx: Any, g: Tensor) -> Tensor:
-    # g * adj(A)^T, with the adjugate from the SVD, so it is exact for singular matrices too (where det·A^{-T}
-    # is undefined): A = U S Vh  =>  adj(A)^T = det(U) det(Vh) U diag(prod_{j != i} s_j) Vh
+    # g * adj(A)^T. Invertible A (every batch element): adj(A)^T = det(A) A^{-T}, from one inverse. Otherwise the
+    # adjugate from the SVD, exact at singular matrices too (as torch's):
+    #   A = U S Vh  =>  adj(A)^T = det(U) det(Vh) U diag(prod_{j != i} s_j) Vh
     (A,) = ctx.inputs
+    (d,) = ctx.outputs
+    Ai, info = call(inv_ex, A)
+    if not bool((info != 0).any().item()) and bool((d != 0).all().item()):
+        return (g * d).unsqueeze(-1).unsqueeze(-1) * _t(Ai)
     U, S, Vh = call(svd, A, full_matrices=False)
     n = A.shape[-1]
     others = ember.where(ember.eye(n, dtype=ember.bool, device=A.device), 1, S.unsqueeze(-2).expand(*S.shape, n))

@@ -23,8 +23,9 @@ SHAPES_QUICK = [(8, 8), (4, 4, 4)]
 
 
 def _spd(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Symmetric positive-definite matrices with eigenvalues of order 1 (so det neither overflows nor underflows)."""
     x = rng.standard_normal(shape)
-    return x @ np.swapaxes(x, -1, -2) + shape[-1] * np.eye(shape[-1])
+    return x @ np.swapaxes(x, -1, -2) / (4 * shape[-1]) + np.eye(shape[-1])
 
 
 # name -> (input builder, forward on a linalg module, loss for backward)
@@ -55,6 +56,32 @@ def _time(fn: Callable[[], Any], min_time: float, repeat: int) -> float:
     return statistics.median(runs)
 
 
+def _calls(forward: Callable[[Any, Any], Any], loss: Callable[[Any], Any], a: np.ndarray, ea: Any, ta: Any,
+           bwd_dev: Any) -> dict[str, Callable[[], Any]]:
+    """The four timed calls of one row: ember and torch forward, ember and torch forward+backward."""
+    import torch
+
+    import ember
+
+    def ember_fwd() -> Any:
+        return forward(ember.linalg, ea).numpy()
+
+    def torch_fwd() -> Any:
+        return forward(torch.linalg, ta)
+
+    def ember_bwd() -> Any:
+        x = ember.tensor(a, device=bwd_dev, requires_grad=True)
+        loss(forward(ember.linalg, x)).backward()
+        return x.grad.numpy()
+
+    def torch_bwd() -> Any:
+        x = ta.clone().requires_grad_(True)
+        loss(forward(torch.linalg, x)).backward()
+        return x.grad
+
+    return {"ember": ember_fwd, "torch": torch_fwd, "ember_bwd": ember_bwd, "torch_bwd": torch_bwd}
+
+
 def run(shapes: Sequence[tuple[int, ...]], names: Sequence[str], min_time: float, repeat: int) -> list[dict[str, Any]]:
     """The benchmark rows: one per (function, shape), times in microseconds."""
     import torch
@@ -69,24 +96,9 @@ def run(shapes: Sequence[tuple[int, ...]], names: Sequence[str], min_time: float
             a = build(np.random.default_rng(0), shape)
             ea, ta = ember.tensor(a, device=fwd_dev), torch.from_numpy(a)
 
-            def ember_fwd() -> Any:
-                return forward(ember.linalg, ea).numpy()
-
-            def torch_fwd() -> Any:
-                return forward(torch.linalg, ta)
-
-            def ember_bwd() -> Any:
-                x = ember.tensor(a, device=bwd_dev, requires_grad=True)
-                loss(forward(ember.linalg, x)).backward()
-                return x.grad.numpy()
-
-            def torch_bwd() -> Any:
-                x = ta.clone().requires_grad_(True)
-                loss(forward(torch.linalg, x)).backward()
-                return x.grad
-
+            calls = _calls(forward, loss, a, ea, ta, bwd_dev)
             times = {k: _time(f, min_time, repeat) * 1e6 for k, f in
-                     (("ember", ember_fwd), ("torch", torch_fwd), ("ember_bwd", ember_bwd), ("torch_bwd", torch_bwd))}
+                     calls.items()}
             rows.append({"function": name, "shape": "x".join(map(str, shape)), "dtype": "float64",
                          "ember_us": times["ember"], "torch_us": times["torch"],
                          "ember_fwd_bwd_us": times["ember_bwd"], "torch_fwd_bwd_us": times["torch_bwd"]})
