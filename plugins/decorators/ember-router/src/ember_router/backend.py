@@ -7,7 +7,8 @@ without one is sent at once as a :class:`~ember_router.protocol.Call`. Records a
 * a read (``to_numpy``), ``sync()``, ``seed()``, a move between devices, any call of the gradient API;
 * the size bound: ``max_pending`` records, or one op whose output has ``flush_bytes`` or more (an allocation that
   fails then fails at its own call);
-* a change of grad mode (a differentiable channel device runs each graph under the mode its ops were recorded in).
+* a change of grad mode (a differentiable channel device runs each graph under the mode its ops were recorded in);
+* an in-place write under grad mode on a differentiable device (which may refuse it: the error belongs to the call).
 
 Then the accumulated records are one graph: its relative form (:func:`ember.ir.relative_form`: positional ids, dims
 and scalar operands as placeholders) is registered on the channel once, and every flush with the same form -- every
@@ -179,7 +180,9 @@ class RouterBackend(Decorator):
                 pos: dict[int, int] = {}
                 rec_args = self._rec_args(name, args, inputs, pos)
                 self._pending.append(OpRecord(name, tuple(inputs), (), (), (), rec_args))
-                if len(self._pending) >= self.max_pending:
+                if len(self._pending) >= self.max_pending or mode:
+                    # under grad mode a differentiable device may refuse the write (a leaf that requires grad):
+                    # the error must be raised here, at the call, not at a later sync point
                     self.flush()
                 return None
             rule = SHAPE_RULES.get(name)
