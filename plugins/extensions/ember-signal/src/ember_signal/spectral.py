@@ -10,7 +10,7 @@ one-sided output for real input, ``normalized`` scaling by ``n_fft ** -0.5``.
 >>> x = ember.arange(16.0)
 >>> spec = ember.stft(x, n_fft=8, window=ember.hann_window(8), return_complex=True)
 >>> spec.shape
-ember.Size([5, 5])
+ember.Size([5, 9])
 >>> ember.istft(spec, n_fft=8, window=ember.hann_window(8), length=16).sub(x).abs().max().item() < 1e-4
 True
 """
