@@ -6,7 +6,8 @@ through its offset and strides, so views never need a copy before an op.
 
 Storage per dtype (WGSL has no 8-bit storage and no float64): float32 ``f32``, int32 ``i32``, float16 ``f16``
 (adapter feature ``shader-f16``), int64 ``i64`` (feature ``shader-int64``: the little-endian pair of 32-bit words
-numpy uses, so transfers copy bytes unchanged) bool as one ``u32`` word per element (0 or 1), and int8, uint8 and int16 as one ``i32`` word per element.
+numpy uses, so transfers copy bytes unchanged), bool as one ``u32`` word per element (0 or 1), and int8,
+uint8 and int16 as one ``i32`` word per element.
 """
 
 from __future__ import annotations

@@ -69,6 +69,13 @@ class WGPUBackend(Backend):
     def memory_dry_run(self) -> AbstractContextManager[dict[str, Any]]:
         return self.rt.pool.dry_run()
 
+    def fusion_compile(self, kernel: Any) -> Any:
+        """One generated WGSL kernel per fused elementwise block (see :mod:`ember_wgpu.fusion`); None for
+        reductions and for anything the WGSL tables lack (fusion then runs the block op by op)."""
+        from .fusion import compile_kernel
+
+        return compile_kernel(self, kernel)
+
     def may_share_memory(self, a: Any, b: Any) -> bool:
         return not (_is_handle(a) and _is_handle(b)) or a.block is b.block
 
@@ -155,14 +162,12 @@ class WGPUBackend(Backend):
 
     # -- elementwise ---------------------------------------------------------------------------------------------
     def unary(self, op: str, h: WArray) -> WArray:
-        ct = wgsl.ctype(h.dtype)
-        table = wgsl.FLOAT_UNARY if ct == "f32" else wgsl.BOOL_UNARY if ct == "bool" else wgsl.INT_UNARY
-        tmpl = table.get(op)
-        if tmpl is None:
+        expr = wgsl.unary_expr(op, wgsl.ctype(h.dtype), "{x0}")
+        if expr is None:
             raise DTypeError(f"wgpu.unary: {op} is not defined for {h.dtype.name} (shape {h.shape})")
         out_dtype = dt.bool_ if op in wgsl.PREDICATES else h.dtype
         out = arr.empty(self.rt, h.shape, out_dtype)
-        k.run_map(tmpl.format(a="{x0}", T=ct), [h], out)
+        k.run_map(expr, [h], out)
         return out
 
     def binary(self, op: str, a: Any, b: Any) -> WArray:
@@ -173,31 +178,18 @@ class WGPUBackend(Backend):
         if (not _is_handle(other) and isinstance(other, float) and ct in ("i32", "i64")
                 and not float(other).is_integer() and op not in _LOGICAL):
             # an integer tensor with a fractional Python scalar: compute in float32, then back (numpy semantics)
-            r = self.binary(op, *(((self.cast(ref, dt.float32), other) if ref is a
-                                   else (other, self.cast(ref, dt.float32)))))
+            r = self.binary(op, *((self.cast(ref, dt.float32), other) if ref is a
+                                   else (other, self.cast(ref, dt.float32))))
             return r if r.dtype is dt.bool_ else self.cast(r, dtype)
         x = a if _is_handle(a) else self._scalar(a, dtype)
         y = b if _is_handle(b) else self._scalar(b, dtype)
         shape = tuple(np.broadcast_shapes(x.shape, y.shape))
-        xc, yc = "{x0}", "{x1}"
-        if op in _LOGICAL:
-            expr, out_dtype = wgsl.LOGICAL[op].format(a=wgsl.truth(xc, ct), b=wgsl.truth(yc, ct)), dt.bool_
-        elif op in COMPARISON_OPS:
-            if ct == "bool":  # WGSL orders numbers, not bools
-                xc, yc = "u32({x0})", "u32({x1})"
-            expr, out_dtype = wgsl.COMPARE[op].format(a=xc, b=yc), dt.bool_
-            if ct == "f32" and op == "ne":
-                expr = f"({xc} != {yc} || is_nan({xc}) || is_nan({yc}))"
-            elif ct == "f32":
-                expr = f"({expr} && !is_nan({xc}) && !is_nan({yc}))"  # no fast-math shortcut on NaN
-        else:
-            table = wgsl.FLOAT_BINARY if ct == "f32" else wgsl.BOOL_BINARY if ct == "bool" else wgsl.INT_BINARY
-            tmpl = table.get(op)
-            if tmpl is None:
-                if op == "div" and ct in ("i32", "i64"):
-                    return self.binary(op, self.cast(x, dt.float32), self.cast(y, dt.float32))
-                raise DTypeError(f"wgpu.binary: {op} is not defined for {dtype.name} (shapes {x.shape}, {y.shape})")
-            expr, out_dtype = tmpl.format(a=xc, b=yc, T=ct), dtype
+        expr = wgsl.binary_expr(op, ct, "{x0}", "{x1}")
+        if expr is None:
+            if op == "div" and ct in ("i32", "i64"):
+                return self.binary(op, self.cast(x, dt.float32), self.cast(y, dt.float32))
+            raise DTypeError(f"wgpu.binary: {op} is not defined for {dtype.name} (shapes {x.shape}, {y.shape})")
+        out_dtype = dt.bool_ if (op in _LOGICAL or op in COMPARISON_OPS) else dtype
         out = arr.empty(self.rt, shape, out_dtype)
         k.run_map(expr, [self._bcast(x, shape), self._bcast(y, shape)], out)
         return out
@@ -263,6 +255,11 @@ class WGPUBackend(Backend):
         if h.ndim == 0:
             return self.copy(h), self.full((), 0, dt.int64)
         return k.sort(h, dim, descending)
+
+    def softmax(self, h: WArray, dim: int, log: bool) -> WArray:
+        if h.ndim == 0 or not h.dtype.is_floating_point:
+            return super().softmax(h, dim, log)
+        return k.softmax(h, dim, log)
 
     # -- movement and indexing -----------------------------------------------------------------------------------
     def reshape(self, h: WArray, shape: tuple[int, ...]) -> WArray:

@@ -217,7 +217,7 @@ def argreduce_source(op: str, dtype: DType) -> str:
             "  for (var d = ndo - 1; d >= 0; d = d - 1) {\n"
             "    let c = rem % p[5 + d]; rem = rem / p[5 + d]; base = base + c * p[5 + ndo + d];\n  }\n"
             f"  var best = {wgsl.load(dtype, 'inp[base]')};\n  var bi = 0;\n"
-            + (f"  var nan = is_nan(best);\n" if ct == "f32" else "")
+            + ("  var nan = is_nan(best);\n" if ct == "f32" else "")
             + "  for (var j = 1; j < nr; j = j + 1) {\n"
             f"    let v = {wgsl.load(dtype, 'inp[base + j * step]')};\n" + update + "  }\n"
             "  out[i] = i64(bi);\n}\n")
@@ -537,3 +537,44 @@ def random(kind: str, rt: Any, shape: tuple[int, ...], dtype: DType, key: int, c
 
 def contiguous_like(shape: tuple[int, ...]) -> tuple[int, ...]:
     return contiguous_strides(shape)
+
+
+# -- softmax -------------------------------------------------------------------------------------------------------
+def softmax_source(dtype: DType, log: bool) -> str:
+    result = "v - m - ls" if log else "exp(v - m) / s"
+    body = (f"@group(0) @binding(0) var<storage, read> inp: array<{wgsl.stype(dtype)}>;\n"
+            f"@group(0) @binding(1) var<storage, read_write> out: array<{wgsl.stype(dtype)}>;\n"
+            "@group(0) @binding(2) var<storage, read> p: array<i32>;\n"
+            + _MAIN.format(wg=WG) + "  " + _FLAT_ID.format(wg=WG) + "\n"
+            "  if (i >= p[0]) { return; }\n"
+            "  let len = p[1]; let ndo = p[2]; let step = p[3];\n"
+            "  var base = p[4];\n  var rem = i;\n"
+            "  for (var d = ndo - 1; d >= 0; d = d - 1) {\n"
+            "    let c = rem % p[5 + d]; rem = rem / p[5 + d]; base = base + c * p[5 + ndo + d];\n  }\n"
+            "  var m = -f_inf();\n"
+            "  for (var j = 0; j < len; j = j + 1) {\n"
+            f"    m = f_maximum(m, {wgsl.load(dtype, 'inp[base + j * step]')});\n  }}\n"
+            "  var s = 0.0;\n"
+            "  for (var j = 0; j < len; j = j + 1) {\n"
+            f"    s = s + exp({wgsl.load(dtype, 'inp[base + j * step]')} - m);\n  }}\n"
+            "  let ls = log(s);\n"
+            "  for (var j = 0; j < len; j = j + 1) {\n"
+            f"    let v = {wgsl.load(dtype, 'inp[base + j * step]')};\n"
+            f"    out[i * len + j] = {wgsl.store(dtype, result)};\n  }}\n}}\n")
+    return _with_library(body, [dtype])
+
+
+def softmax(h: WArray, dim: int, log: bool) -> WArray:
+    """softmax / log_softmax along ``dim`` (one invocation per row: max, sum of exp, write)."""
+    rt = h.rt
+    keep = [d for d in range(h.ndim) if d != dim]
+    moved = tuple(h.shape[d] for d in keep) + (h.shape[dim],)
+    out = empty(rt, moved, h.dtype)
+    lines = math.prod(h.shape[d] for d in keep)
+    if h.size:
+        ko, ks = collapse(tuple(h.shape[d] for d in keep), tuple(h.estrides[d] for d in keep))
+        prm = _params(rt, [lines, h.shape[dim], len(ko), h.estrides[dim], h.offset, *ko, *ks[0]])
+        rt.launch(softmax_source(h.dtype, log), [h.buf, out.buf, prm.buffer], _groups(lines))
+    perm = list(range(h.ndim - 1))
+    perm.insert(dim, h.ndim - 1)
+    return out.view(tuple(out.shape[d] for d in perm), tuple(out.estrides[d] for d in perm), 0)

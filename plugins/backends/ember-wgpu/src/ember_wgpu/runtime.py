@@ -116,6 +116,7 @@ class Runtime:
         self.queue = self.device.queue
         self.max_binding = int(wanted.get("max-storage-buffer-binding-size", 128 << 20))
         self.max_buffer = int(wanted.get("max-buffer-size", 256 << 20))
+        self.max_storage_buffers = int(wanted.get("max-storage-buffers-per-shader-stage", 8))
         self.f16 = "shader-f16" in self.features
         self.i64 = "shader-int64" in self.features
         self.lock = threading.RLock()

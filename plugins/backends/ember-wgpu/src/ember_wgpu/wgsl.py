@@ -15,7 +15,6 @@ from ember.opinfo import PREDICATE_UNARY_OPS as PREDICATES  # noqa: F401 - the u
 
 from .array import STORAGE
 
-
 #: 8- and 16-bit integers live in one i32 word per element and wrap to their width on every store
 _WRAP = {dt.int8: "(({v}) << 24u) >> 24u", dt.int16: "(({v}) << 16u) >> 16u", dt.uint8: "(({v}) & 255)"}
 
@@ -446,3 +445,29 @@ def truth(value: str, ct: str) -> str:
     if ct == "f32":
         return f"((bitcast<u32>({value}) & 0x7fffffffu) != 0u)"
     return value if ct == "bool" else f"({value} != {ct}(0))"
+
+
+def unary_expr(op: str, ct: str, a: str) -> str | None:
+    """The WGSL expression of unary ``op`` on value ``a`` of compute type ``ct`` (None: not defined there)."""
+    table = FLOAT_UNARY if ct == "f32" else BOOL_UNARY if ct == "bool" else INT_UNARY
+    tmpl = table.get(op)
+    return None if tmpl is None else tmpl.format(a=a, T=ct)
+
+
+def binary_expr(op: str, ct: str, a: str, b: str) -> str | None:
+    """The WGSL expression of binary ``op`` on values ``a``, ``b`` of compute type ``ct`` (None: not defined
+    there). Comparisons and logical ops yield bool; NaN compares unequal without relying on IEEE folding."""
+    if op in LOGICAL:
+        return LOGICAL[op].format(a=truth(a, ct), b=truth(b, ct))
+    if op in COMPARE:
+        if ct == "bool":  # WGSL orders numbers, not bools
+            return COMPARE[op].format(a=f"u32({a})", b=f"u32({b})")
+        expr = COMPARE[op].format(a=a, b=b)
+        if ct == "f32" and op == "ne":
+            return f"({a} != {b} || is_nan({a}) || is_nan({b}))"
+        if ct == "f32":
+            return f"({expr} && !is_nan({a}) && !is_nan({b}))"
+        return expr
+    table = FLOAT_BINARY if ct == "f32" else BOOL_BINARY if ct == "bool" else INT_BINARY
+    tmpl = table.get(op)
+    return None if tmpl is None else tmpl.format(a=a, b=b, T=ct)
