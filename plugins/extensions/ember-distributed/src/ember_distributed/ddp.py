@@ -236,7 +236,7 @@ class DistributedDataParallel(nn.Module):
         b = self._buckets[bi]
         if k in b.ready:
             return
-        now = time.perf_counter()
+        now = time.monotonic()
         if not self._stats["first_ready"]:
             self._stats["first_ready"] = now
         self._stats["last_ready"] = now
@@ -278,11 +278,11 @@ class DistributedDataParallel(nn.Module):
             self._next_launch += 1
 
     def _finish_reduction(self) -> None:
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         for b in self._buckets:
             b.work.wait()
-        self._stats["wait_s"] = time.perf_counter() - t0
-        self._stats["done"] = time.perf_counter()
+        self._stats["done"] = time.monotonic()
+        self._stats["wait_s"] = self._stats["done"] - t0
         n = self.process_group.size()
         for b in self._buckets:
             flat = b.flat
@@ -326,13 +326,16 @@ class DistributedDataParallel(nn.Module):
 
     def last_step_stats(self) -> dict[str, float]:
         """The last synchronized backward: ``bytes`` all-reduced (gradient bytes per rank),
-        ``exposed_wait_s`` (time the last hook blocked waiting for the collectives: communication not
-        hidden behind backward), ``backward_span_s`` (first to last gradient ready)."""
+        ``exposed_wait_s`` (time the last hook blocked waiting for the collectives: communication backward did
+        not hide, plus waiting for slower ranks), ``backward_span_s`` (first to last gradient ready), and the
+        ``time.monotonic()`` instants ``ready_at`` (last gradient ready) and ``done_at`` (reduction finished), which
+        ranks on one host can compare to separate waiting for a slower rank from communication."""
         s = self._stats
         if not s.get("done"):
             return {}
         return {"bytes": s["bytes"], "exposed_wait_s": s["wait_s"],
-                "backward_span_s": s["last_ready"] - s["first_ready"]}
+                "backward_span_s": s["last_ready"] - s["first_ready"], "ready_at": s["last_ready"],
+                "done_at": s["done"]}
 
 
 DataParallel = DistributedDataParallel
