@@ -774,9 +774,12 @@ class CapturedGraph:
         return counts
 
     def relative_form(self) -> tuple[tuple[Any, ...], Bindings]:
-        """The graph's :func:`ember.ir.relative_form` (cache key and bindings), inputs then constants first."""
+        """The graph's :func:`ember.ir.relative_form` (cache key and bindings), inputs then constants first.
+        Slices in arguments appear in the key as ``("slice", start, stop, step)`` (a slice is unhashable before
+        Python 3.12)."""
         ext = [(v.id, v.spec.shape, v.spec.dtype) for v in (*self.inputs, *self.constants)]
-        return relative_form(self.records, ext, self.outputs)
+        records = [r._replace(args=_hashable(r.args)) for r in self.records]
+        return relative_form(records, ext, self.outputs)
 
     def describe(self) -> str:
         """A readable listing, one record a line."""
@@ -828,6 +831,15 @@ class CapturedGraph:
         if t is None:
             t = self._moved[key] = c.tensor.to(dev)
         return t
+
+
+def _hashable(a: Any) -> Any:
+    t = type(a)
+    if t is slice:
+        return ("slice", a.start, a.stop, a.step)
+    if t is tuple:
+        return tuple(_hashable(x) for x in a)
+    return a
 
 
 def _shape_error(v: GraphValue, x: Tensor) -> Exception:
