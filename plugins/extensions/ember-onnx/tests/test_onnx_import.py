@@ -161,3 +161,32 @@ def test_torch_exported_model_imports_and_matches_torch(device: ember.Device) ->
         x = torch.randn(batch, 3, 8, 8)
         got = module(ember.tensor(x.numpy(), device=device)).numpy()
         np.testing.assert_allclose(got, net(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+class _TorchRecurrent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(4, 6, batch_first=True, bidirectional=True)
+        self.gru = torch.nn.GRU(12, 5, batch_first=True, num_layers=2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, _ = self.lstm(x)
+        return self.gru(y)
+
+
+def test_torch_exported_lstm_and_gru_import_and_match_torch() -> None:
+    torch.manual_seed(1)
+    net = _TorchRecurrent().eval()
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(net, (torch.randn(2, 7, 4),), buf, dynamo=False, input_names=["x"],
+                              dynamic_axes={"x": {0: "batch", 1: "time"}}, opset_version=17)
+        except Exception as exc:  # noqa: BLE001 - an offline torch without the TorchScript exporter
+            pytest.skip(f"torch.onnx.export(dynamo=False) is unavailable: {exc}")
+    module = ember_onnx.load(buf.getvalue(), device=ember.Device.flex())
+    for batch, steps in ((2, 7), (3, 4)):
+        x = torch.randn(batch, steps, 4)
+        for got, want in zip(module(x.numpy()), net(x)):
+            np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
