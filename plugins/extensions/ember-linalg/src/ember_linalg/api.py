@@ -19,7 +19,10 @@ import ember
 from ember import dtypes as dt
 from ember.errors import DTypeError, ShapeError, ValueRangeError
 
-from . import _ops
+from . import (
+    _opencl,  # noqa: F401 - registers the OpenCL device kernels (cholesky, triangular solve, LU)
+    _ops,
+)
 from ._base import LinAlgError, batch_index, call
 
 Tensor = ember.Tensor
