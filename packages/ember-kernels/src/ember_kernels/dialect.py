@@ -9,7 +9,8 @@ are what they were before the generators moved here). For CUDA and HIP :meth:`Di
 that defines that vocabulary on top of the CUDA/HIP built-ins and rewrites the few constructs a prelude cannot
 express:
 
-* ``static inline`` helper functions become ``__device__`` functions;
+* ``static inline`` helper functions become ``__device__ __forceinline__`` functions (not static: an unused one
+  draws no warning);
 * a ``__local T* name`` kernel parameter (work-group memory sized by the launch) becomes a pointer into the block's
   dynamic shared memory: the first such parameter starts at byte 0, each later one at a byte offset passed in its
   place as ``long name_smem`` (the launcher passes the offsets and the total as the shared-memory size);
@@ -83,27 +84,27 @@ typedef unsigned short half;
 #define ULONG_MAX 0xffffffffffffffffUL
 
 /* work-item geometry: OpenCL's NDRange on CUDA's grid of blocks */
-static __device__ __forceinline__ size_t get_local_id(uint d) {
+__device__ __forceinline__ size_t get_local_id(uint d) {
     return d == 0 ? threadIdx.x : d == 1 ? threadIdx.y : threadIdx.z;
 }
-static __device__ __forceinline__ size_t get_group_id(uint d) {
+__device__ __forceinline__ size_t get_group_id(uint d) {
     return d == 0 ? blockIdx.x : d == 1 ? blockIdx.y : blockIdx.z;
 }
-static __device__ __forceinline__ size_t get_local_size(uint d) {
+__device__ __forceinline__ size_t get_local_size(uint d) {
     return d == 0 ? blockDim.x : d == 1 ? blockDim.y : blockDim.z;
 }
-static __device__ __forceinline__ size_t get_num_groups(uint d) {
+__device__ __forceinline__ size_t get_num_groups(uint d) {
     return d == 0 ? gridDim.x : d == 1 ? gridDim.y : gridDim.z;
 }
-static __device__ __forceinline__ size_t get_global_id(uint d) {
+__device__ __forceinline__ size_t get_global_id(uint d) {
     return get_group_id(d) * get_local_size(d) + get_local_id(d);
 }
-static __device__ __forceinline__ size_t get_global_size(uint d) {
+__device__ __forceinline__ size_t get_global_size(uint d) {
     return get_num_groups(d) * get_local_size(d);
 }
 
 /* as_<type>: reinterpret the bits of a value of the same size */
-template <typename To, typename From> static __device__ __forceinline__ To ember_bits(From x) {
+template <typename To, typename From> __device__ __forceinline__ To ember_bits(From x) {
     static_assert(sizeof(To) == sizeof(From), "as_<type> needs operands of equal size");
     union { From f; To t; } u;
     u.f = x;
@@ -121,58 +122,58 @@ template <typename To, typename From> static __device__ __forceinline__ To ember
 #define as_double(x) ember_bits<double>(x)
 
 /* integer and float helpers OpenCL has built in */
-static __device__ __forceinline__ uint mul_hi(uint a, uint b) { return __umulhi(a, b); }
-static __device__ __forceinline__ ulong mul_hi(ulong a, ulong b) {
+__device__ __forceinline__ uint mul_hi(uint a, uint b) { return __umulhi(a, b); }
+__device__ __forceinline__ ulong mul_hi(ulong a, ulong b) {
     return (ulong)__umul64hi((unsigned long long)a, (unsigned long long)b);
 }
-static __device__ __forceinline__ long mul_hi(long a, long b) { return (long)__mul64hi((long long)a, (long long)b); }
-static __device__ __forceinline__ float mad(float a, float b, float c) { return a * b + c; }
-static __device__ __forceinline__ double mad(double a, double b, double c) { return a * b + c; }
-template <typename T> static __device__ __forceinline__ T clamp(T x, T lo, T hi) {
+__device__ __forceinline__ long mul_hi(long a, long b) { return (long)__mul64hi((long long)a, (long long)b); }
+__device__ __forceinline__ float mad(float a, float b, float c) { return a * b + c; }
+__device__ __forceinline__ double mad(double a, double b, double c) { return a * b + c; }
+template <typename T> __device__ __forceinline__ T clamp(T x, T lo, T hi) {
     return x < lo ? lo : (x > hi ? hi : x);
 }
-template <typename T, typename C> static __device__ __forceinline__ T select(T a, T b, C c) { return c ? b : a; }
-static __device__ __forceinline__ long min(long a, long b) { return a < b ? a : b; }
-static __device__ __forceinline__ long max(long a, long b) { return a > b ? a : b; }
-static __device__ __forceinline__ ulong min(ulong a, ulong b) { return a < b ? a : b; }
-static __device__ __forceinline__ ulong max(ulong a, ulong b) { return a > b ? a : b; }
-static __device__ __forceinline__ long abs(long a) { return a < 0 ? -a : a; }
-static __device__ __forceinline__ short abs(short a) { return (short)(a < 0 ? -a : a); }
-static __device__ __forceinline__ char abs(char a) { return (char)(a < 0 ? -a : a); }
-static __device__ __forceinline__ uint convert_uint(float x) { return (uint)x; }
+template <typename T, typename C> __device__ __forceinline__ T select(T a, T b, C c) { return c ? b : a; }
+__device__ __forceinline__ long min(long a, long b) { return a < b ? a : b; }
+__device__ __forceinline__ long max(long a, long b) { return a > b ? a : b; }
+__device__ __forceinline__ ulong min(ulong a, ulong b) { return a < b ? a : b; }
+__device__ __forceinline__ ulong max(ulong a, ulong b) { return a > b ? a : b; }
+__device__ __forceinline__ long abs(long a) { return a < 0 ? -a : a; }
+__device__ __forceinline__ short abs(short a) { return (short)(a < 0 ? -a : a); }
+__device__ __forceinline__ char abs(char a) { return (char)(a < 0 ? -a : a); }
+__device__ __forceinline__ uint convert_uint(float x) { return (uint)x; }
 
 /* atomics: OpenCL 1.x names on CUDA/HIP's atomicCAS / atomicAdd */
-static __device__ __forceinline__ uint atomic_cmpxchg(volatile uint* p, uint cmp, uint val) {
+__device__ __forceinline__ uint atomic_cmpxchg(volatile uint* p, uint cmp, uint val) {
     return atomicCAS((unsigned int*)p, cmp, val);
 }
-static __device__ __forceinline__ int atomic_cmpxchg(volatile int* p, int cmp, int val) {
+__device__ __forceinline__ int atomic_cmpxchg(volatile int* p, int cmp, int val) {
     return atomicCAS((int*)p, cmp, val);
 }
-static __device__ __forceinline__ ulong atom_cmpxchg(volatile ulong* p, ulong cmp, ulong val) {
+__device__ __forceinline__ ulong atom_cmpxchg(volatile ulong* p, ulong cmp, ulong val) {
     return (ulong)atomicCAS((unsigned long long*)p, (unsigned long long)cmp, (unsigned long long)val);
 }
-static __device__ __forceinline__ long atom_cmpxchg(volatile long* p, long cmp, long val) {
+__device__ __forceinline__ long atom_cmpxchg(volatile long* p, long cmp, long val) {
     return (long)atomicCAS((unsigned long long*)p, (unsigned long long)cmp, (unsigned long long)val);
 }
-static __device__ __forceinline__ int atomic_add(volatile int* p, int v) { return atomicAdd((int*)p, v); }
-static __device__ __forceinline__ uint atomic_add(volatile uint* p, uint v) { return atomicAdd((unsigned int*)p, v); }
-static __device__ __forceinline__ int atomic_inc(volatile int* p) { return atomicAdd((int*)p, 1); }
-static __device__ __forceinline__ uint atomic_inc(volatile uint* p) { return atomicAdd((unsigned int*)p, 1u); }
+__device__ __forceinline__ int atomic_add(volatile int* p, int v) { return atomicAdd((int*)p, v); }
+__device__ __forceinline__ uint atomic_add(volatile uint* p, uint v) { return atomicAdd((unsigned int*)p, v); }
+__device__ __forceinline__ int atomic_inc(volatile int* p) { return atomicAdd((int*)p, 1); }
+__device__ __forceinline__ uint atomic_inc(volatile uint* p) { return atomicAdd((unsigned int*)p, 1u); }
 """
 
 # float16 conversions, round to nearest even (OpenCL's vstore_half_rte), per target
 _HALF_CUDA = r"""
-static __device__ __forceinline__ float vload_half(size_t i, const half* p) {
+__device__ __forceinline__ float vload_half(size_t i, const half* p) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p[i]));
     return f;
 }
-static __device__ __forceinline__ void vstore_half_rte(float v, size_t i, half* p) {
+__device__ __forceinline__ void vstore_half_rte(float v, size_t i, half* p) {
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
     p[i] = h;
 }
-static __device__ __forceinline__ void vstore_half_rte(double v, size_t i, half* p) {
+__device__ __forceinline__ void vstore_half_rte(double v, size_t i, half* p) {
     unsigned short h;
     asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(v));
     p[i] = h;
@@ -180,13 +181,13 @@ static __device__ __forceinline__ void vstore_half_rte(double v, size_t i, half*
 """
 
 _HALF_HIP = r"""
-static __device__ __forceinline__ float vload_half(size_t i, const half* p) {
+__device__ __forceinline__ float vload_half(size_t i, const half* p) {
     return (float)ember_bits<_Float16>(p[i]);
 }
-static __device__ __forceinline__ void vstore_half_rte(float v, size_t i, half* p) {
+__device__ __forceinline__ void vstore_half_rte(float v, size_t i, half* p) {
     p[i] = ember_bits<ushort>((_Float16)v);
 }
-static __device__ __forceinline__ void vstore_half_rte(double v, size_t i, half* p) {
+__device__ __forceinline__ void vstore_half_rte(double v, size_t i, half* p) {
     p[i] = ember_bits<ushort>((_Float16)v);
 }
 """
@@ -215,7 +216,7 @@ class Dialect:
         if self.name == "opencl":
             return source
         source = _PRAGMA.sub("", source)  # OpenCL extension pragmas (cl_khr_fp64): double is core on CUDA/HIP
-        source = _STATIC_INLINE.sub("static __device__ __forceinline__", source)
+        source = _STATIC_INLINE.sub("__device__ __forceinline__", source)
         source = _REQD.sub(lambda m: f"__launch_bounds__({int(m[1]) * int(m[2]) * int(m[3])})", source)
         source = _SIGNATURE.sub(_shared_params, source)
         # other __local pointers (helper parameters, casts) are generic pointers; __local arrays stay __shared__
