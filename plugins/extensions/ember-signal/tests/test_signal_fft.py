@@ -260,3 +260,37 @@ def test_namespace_published_by_plugin() -> None:
     assert ember.fft is ember_signal.fft
     assert set(ember.fft.__all__) >= {"fft", "irfftn", "fftshift", "rfftfreq"}
     assert ember.stft.__module__ == "ember_signal.spectral"
+
+
+def test_host_fallback_without_a_kernel_matches_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend that stores complex numbers but has no kernel runs the default composition (scipy.fft on a host
+    copy, copied back): flex with its kernels taken away stands in for one."""
+    import ember_signal._ops as ops
+    import ember_signal.fft  # noqa: F401 - registers the flex kernels taken away below
+    from ember.extension import _clear_resolution
+
+    for op in (ops.c2c, ops.r2c, ops.c2r):
+        monkeypatch.delitem(op.kernels, "flex")
+    _clear_resolution()
+    try:
+        x = ember.tensor(REAL, device=device("flex"))
+        close(ember.fft.rfft2(x, norm="ortho"), torch.fft.rfft2(torch.from_numpy(REAL), norm="ortho"))
+        close(ember.fft.ifft(ember.fft.fft(x), n=5), torch.fft.ifft(torch.fft.fft(torch.from_numpy(REAL)), n=5))
+        close(ember.fft.irfft(ember.fft.rfft(x)), torch.fft.irfft(torch.fft.rfft(torch.from_numpy(REAL))))
+    finally:
+        monkeypatch.undo()
+        _clear_resolution()
+
+
+@given(shape=st.lists(st.integers(1, 5), min_size=2, max_size=4), data=st.data())
+@settings(max_examples=15, deadline=None)
+def test_rfftn_irfftn_batch_dims_match_torch(shape: list[int], data: Any) -> None:
+    """Random batch dims and transformed dims (hypothesis): rfftn / irfftn / fftn against torch."""
+    ndim = len(shape)
+    dims = tuple(sorted(data.draw(st.sets(st.integers(0, ndim - 1), min_size=1, max_size=ndim))))
+    s = tuple(data.draw(st.integers(1, 6)) for _ in dims)
+    arr = np.random.default_rng(ndim).standard_normal(shape).astype(np.float32)
+    close(ember.fft.rfftn(ember.tensor(arr), s=s, dim=dims), torch.fft.rfftn(torch.from_numpy(arr), s=s, dim=dims))
+    close(ember.fft.fftn(ember.tensor(arr), s=s, dim=dims), torch.fft.fftn(torch.from_numpy(arr), s=s, dim=dims))
+    spec = torch.fft.rfftn(torch.from_numpy(arr), dim=dims)
+    close(ember.fft.irfftn(ember.tensor(spec.numpy()), s=s, dim=dims), torch.fft.irfftn(spec, s=s, dim=dims))
