@@ -241,3 +241,22 @@ def test_batched_shapes_match_torch(batch: list[int], n: int, k: int, seed: int,
     for got, want in pairs:
         assert tuple(got.shape) == tuple(want.shape)
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-9)
+
+
+def test_without_the_plugin_the_names_raise_missing_plugin_error_naming_the_extra() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = ("import ember\n"
+            "from ember.errors import MissingPluginError\n"
+            "assert ember.linalg.vector_norm is not None and ember.linalg.matmul is not None  # core's stay\n"
+            "try:\n"
+            "    ember.linalg.cholesky\n"
+            "except MissingPluginError as exc:\n"
+            "    print(exc)\n")
+    env = {**os.environ, "EMBER_DISABLE_PLUGINS": "linalg"}
+    env.pop("EMBER_STRICT_PLUGINS", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "ember.linalg.cholesky" in out.stdout and "ember-linalg" in out.stdout and "pip install" in out.stdout
