@@ -278,9 +278,9 @@ def all_gather_object(object_list: list[Any], obj: Any, group: ProcessGroup | No
     eng = _mpi_group(g)
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     sizes = np.empty(g.size(), dtype=np.int64)
-    g.wait(eng.all_gather(np.array([data.size], dtype=np.int64), sizes), where)
+    g.wait(eng.all_gather(np.array([data.size], dtype=np.int64), sizes), where, engine=eng)
     recv = np.empty(int(sizes.sum()), dtype=np.uint8)
-    g.wait(eng.all_gatherv(data, recv, sizes.tolist()), where)
+    g.wait(eng.all_gatherv(data, recv, sizes.tolist()), where, engine=eng)
     offs = np.concatenate([[0], np.cumsum(sizes)])
     for r in range(g.size()):
         object_list[r] = pickle.loads(recv[offs[r]:offs[r + 1]].tobytes())
@@ -296,9 +296,9 @@ def broadcast_object_list(object_list: list[Any], src: int = 0, group: ProcessGr
     eng = _mpi_group(g)
     payload = np.frombuffer(pickle.dumps(object_list), dtype=np.uint8) if g.rank() == root else None
     size = np.array([0 if payload is None else payload.size], dtype=np.int64)
-    g.wait(eng.broadcast(size, root), where)
+    g.wait(eng.broadcast(size, root), where, engine=eng)
     buf = payload.copy() if payload is not None else np.empty(int(size[0]), dtype=np.uint8)
-    g.wait(eng.broadcast(buf, root), where)
+    g.wait(eng.broadcast(buf, root), where, engine=eng)
     if g.rank() != root:
         items = pickle.loads(buf.tobytes())
         if len(items) != len(object_list):

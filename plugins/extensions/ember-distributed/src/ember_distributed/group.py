@@ -220,16 +220,18 @@ class ProcessGroup:
             raise DistributedError(f"{where}: this process (global rank {get_rank()}) is not a member of process "
                                    f"group {self.name} (ranks {list(self.ranks)})")
 
-    def wait(self, pending: list[Any], what: str, timeout_s: float | None = None) -> None:
-        """Poll the engine until ``pending`` completes; a DistributedTimeoutError after the timeout."""
+    def wait(self, pending: list[Any], what: str, timeout_s: float | None = None, engine: Any = None) -> None:
+        """Poll the engine (``engine``: another one of this group, the MPI one of an NCCL group) until ``pending``
+        completes; a DistributedTimeoutError after the timeout."""
         global _broken
         limit = self.timeout_s if timeout_s is None else float(timeout_s)
         deadline = time.monotonic() + limit
         spins = 0
-        err = self.engine.engine_error()
+        eng = self.engine if engine is None else engine
+        err = eng.engine_error()
         while True:
             try:
-                if self.engine.test(pending):
+                if eng.test(pending):
                     return
             except err as exc:
                 _broken = True
