@@ -246,6 +246,17 @@ def test_max_pool_ties_and_neg_inf():
     np.testing.assert_array_equal(idx, ridx.numpy())
 
 
+@pytest.mark.parametrize("shape,k", [((3, 4, 10, 12), (2, 2)), ((2, 3, 6, 4, 8), (2, 2, 2)), ((2, 5, 12), (3,))])
+def test_max_pool_tiled_ties_pick_the_first_tap(shape, k):
+    """Non-overlapping windows (the tiled path) over small integers: most windows hold ties, and the index is the
+    first tap equal to the max, as torch's."""
+    x = np.random.default_rng(3).integers(0, 3, shape).astype(np.float32)
+    ref, ridx = TMAXP[len(k)](T(x), k, k, 0, 1, False, True)
+    y, idx = K.max_pool(x, k, k, tuple(0 for _ in k), tuple(1 for _ in k), False, True)
+    check(y, ref)
+    np.testing.assert_array_equal(idx, ridx.numpy())
+
+
 def test_max_pool_empty_batch():
     x = np.zeros((0, 3, 8, 8), np.float32)
     y, idx = K.max_pool(x, (2, 2), (2, 2), (0, 0), (1, 1), False, True)

@@ -572,11 +572,19 @@ def _max_pool_tiled(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], lead:
         np.maximum(v, w, out=v)
     if np.isnan(v).any():
         return None
-    offs = [sum(t[i] * pstr[i] for i in range(nd)) for t in taps]
-    # walk the taps backwards so the earliest tap equal to the max writes last
-    idx = np.full(v.shape, offs[-1], dtype=np.int64)
-    for w, off in zip(views[-2::-1], offs[-2::-1]):
-        idx[w == v] = off
+    offs = np.array([sum(t[i] * pstr[i] for i in range(nd)) for t in taps], dtype=np.int64)
+    # walk the taps backwards so the earliest tap equal to the max wins: tid = k where tap k equals the max, as
+    # branch-free arithmetic on small tap numbers (a masked assignment branches on every random comparison)
+    tdt = np.uint8 if len(taps) <= 256 else np.int64
+    tid = np.full(v.shape, len(taps) - 1, dtype=tdt)
+    eq = np.empty(v.shape, np.bool_)
+    step = np.empty(v.shape, tdt)
+    for k in range(len(taps) - 2, -1, -1):
+        np.equal(views[k], v, out=eq)
+        np.subtract(tid, tdt(k), out=step)  # wraps modulo 256 for uint8; tid - step * eq is exact all the same
+        step *= eq
+        tid -= step
+    idx = np.take(offs, tid)
     base = np.zeros(O, dtype=np.int64)
     for i in range(nd):
         shp = [1] * nd
