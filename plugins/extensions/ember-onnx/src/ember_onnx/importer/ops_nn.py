@@ -123,7 +123,10 @@ def conv_transpose(node: Node, x: Tensor, w: Tensor, b: Tensor | None = None) ->
     y = fn(x, w, None, strides, 0, 0, group, dilations)
     # output_padding adds positions no input reaches (bias only); pads crop the full output
     y = _pad_spatial(y, [0] * n, out_pad)
+    # negative pads (an output_shape larger than the full output) extend with zeros; positive ones crop
+    y = _pad_spatial(y, [max(-bg, 0) for bg in begins], [max(-e, 0) for e in ends])
     for d, (bg, e) in enumerate(zip(begins, ends)):
+        bg, e = max(bg, 0), max(e, 0)
         y = ember.narrow(y, 2 + d, bg, y.shape[2 + d] - bg - e)
     if b is not None:
         y = y + b.reshape([1, -1] + [1] * n)

@@ -47,6 +47,8 @@ def _extreme(kind: str):  # noqa: ANN202
             # ONNX: max of an empty set is the lowest value of the type, min the highest
             if x.dtype.is_floating_point:
                 lim = -np.inf if kind == "max" else np.inf
+            elif x.dtype == ember.bool_:
+                lim = kind != "max"
             else:
                 info = np.iinfo(numpy_dtype(x.dtype))
                 lim = info.min if kind == "max" else info.max

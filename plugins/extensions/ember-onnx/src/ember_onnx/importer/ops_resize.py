@@ -1,4 +1,4 @@
-"""Resize and Upsample: separable interpolation as one (out, in) weight matrix per resized axis.
+"""Resize, Upsample and GridSample: separable interpolation matrices (Resize) and gathered taps (GridSample).
 
 The matrices are built on the host from ONNX's coordinate rules (every ``coordinate_transformation_mode``,
 ``nearest_mode``, cubic ``cubic_coeff_a``/``exclude_outside``, antialiasing) and applied with ``tensordot`` on the
@@ -8,6 +8,7 @@ device, so the op is differentiable and runs anywhere. ``tf_crop_and_resize`` sa
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import ember
@@ -167,3 +168,97 @@ def upsample(node: Node, x: Tensor, scales: Tensor | None = None) -> Tensor:
     if scales is None:
         scales = ember.tensor(np.asarray(node.attr("scales"), dtype=np.float32), device=x.device)
     return _resize(node, x, None, scales, None)
+
+
+def _reflect(x: Tensor, lo: float, hi: float) -> Tensor:
+    """Reflect coordinates by the near border until they fall within [lo, hi] (ONNX's ``_gs_reflect``)."""
+    rng = hi - lo
+    if rng <= 0:
+        return ember.zeros_like(x) + lo
+    below, above = x < lo, x > hi
+    dx = ember.where(below, lo - x, ember.where(above, x - hi, ember.zeros_like(x)))
+    n = ember.floor(dx / rng)
+    r = dx - n * rng
+    even = ember.remainder(n, 2.0) == 0
+    from_below = ember.where(even, lo + r, hi - r)
+    from_above = ember.where(even, hi - r, lo + r)
+    return ember.where(below, from_below, ember.where(above, from_above, x))
+
+
+def _cubic_weights(t: Tensor) -> list[Tensor]:
+    a = -0.75
+    t1, t2 = t + 1, 1 - t
+    return [((a * t1 - 5 * a) * t1 + 8 * a) * t1 - 4 * a, ((a + 2) * t - (a + 3)) * t * t + 1,
+            ((a + 2) * t2 - (a + 3)) * t2 * t2 + 1, ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a]
+
+
+@register("GridSample")
+def grid_sample(node: Node, x: Tensor, grid: Tensor) -> Tensor:
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(node.attr("mode", "linear" if node.opset >= 20 else
+                                                                    "bilinear"), node.attr("mode", "linear"))
+    padding = node.attr("padding_mode", "zeros")
+    align = bool(node.attr("align_corners", 0))
+    n, c = x.shape[0], x.shape[1]
+    dims = list(x.shape[2:])
+    r = len(dims)
+    out_sp = list(grid.shape[1:-1])
+    q = int(np.prod(out_sp, dtype=np.int64))
+    flat = x.reshape(n, c, -1)
+    g = grid.reshape(n, q, r).to(x.dtype)
+    coords = []
+    for i, size in enumerate(dims):
+        u = g[:, :, r - 1 - i]  # the grid lists coordinates from the last spatial dim
+        pos = (u + 1) / 2 * (size - 1) if align else ((u + 1) * size - 1) / 2
+        if mode == "nearest":
+            pos = ember.round(pos)
+        lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        if padding == "border":
+            pos = ember.clamp(pos, 0.0, size - 1.0)
+        elif padding == "reflection":
+            pos = _reflect(pos, lo, hi)
+        coords.append((pos, size, lo, hi))
+
+    def taps(pos: Tensor) -> list[tuple[Tensor, Tensor | None]]:
+        if mode == "nearest":
+            return [(pos, None)]
+        base = ember.floor(pos)
+        t = pos - base
+        if mode == "linear":
+            return [(base, 1 - t), (base + 1, t)]
+        return [(base + k, w) for k, w in zip((-1, 0, 1, 2), _cubic_weights(t))]
+
+    per_dim = []
+    for pos, size, lo, hi in coords:
+        entries = []
+        for idx, w in taps(pos):
+            valid = None
+            if padding == "zeros":
+                valid = (idx >= 0) & (idx <= size - 1)
+                idx = ember.clamp(idx, 0.0, size - 1.0)
+            elif padding == "border":
+                idx = ember.clamp(idx, 0.0, size - 1.0)
+            else:
+                idx = ember.clamp(ember.trunc(_reflect(idx, lo, hi)), 0.0, size - 1.0)
+            entries.append((idx.to(ember.int64), w, valid))
+        per_dim.append(entries)
+    strides = [int(np.prod(dims[i + 1:], dtype=np.int64)) for i in range(r)]
+    out = None
+    for combo in itertools.product(*per_dim):
+        lin = None
+        weight = None
+        valid = None
+        for (idx, w, v), stride in zip(combo, strides):
+            term = idx * stride
+            lin = term if lin is None else lin + term
+            if w is not None:
+                weight = w if weight is None else weight * w
+            if v is not None:
+                valid = v if valid is None else valid & v
+        index = ember.broadcast_to(lin.reshape(n, 1, q), (n, c, q))
+        vals = ember.gather(flat, 2, index)
+        if valid is not None:
+            vals = ember.where(valid.reshape(n, 1, q), vals, ember.zeros_like(vals))
+        if weight is not None:
+            vals = vals * weight.reshape(n, 1, q)
+        out = vals if out is None else out + vals
+    return out.reshape([n, c] + out_sp)
