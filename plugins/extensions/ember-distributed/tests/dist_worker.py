@@ -190,6 +190,23 @@ def _unused_run(outdir: str) -> None:
             res[f"find{find}"] = f"{type(exc).__name__}: {exc}"
         res[f"grad{find}"] = model["used"].weight.grad.numpy().copy()
         res[f"unused_grad_is_none{find}"] = model["unused"].weight.grad is None
+    # a branch only rank 0 runs: rank 1 contributes zeros, both end with rank 0's gradient / 2
+    ember.manual_seed(0)
+    parts = nn.ModuleDict({"trunk": nn.Linear(4, 2), "branch": nn.Linear(4, 2)}).to(dev)
+
+    class Branchy(nn.Module):
+        def __init__(self, m: nn.Module) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, x: ember.Tensor) -> ember.Tensor:
+            out = self.m["trunk"](x)
+            return out + self.m["branch"](x) if r == 0 else out
+
+    net = dist.DataParallel(Branchy(parts), find_unused_parameters=True)
+    net(ember.ones((2, 4), device=dev)).sum().backward()
+    res["branch_grad"] = parts["branch"].weight.grad.numpy().copy()
+    res["branch_bias_grad"] = parts["branch"].bias.grad.numpy().copy()
     # buffers: rank 0's running statistics reach every rank at a training-mode forward
     bn = nn.BatchNorm1d(3).to(dev)
     with ember.no_grad():

@@ -60,6 +60,9 @@ def test_unused_parameters_and_buffers(trained: Path) -> None:
         # x = rank + 1 on 2 rows: local grads 2 and 4, averaged 3, accumulated over two backward passes
         np.testing.assert_array_equal(d["gradTrue"], np.full((2, 4), 6.0, np.float32))
         assert bool(d["unused_grad_is_noneTrue"])
+        # used by rank 0 only (2 rows of ones): rank 0's gradient 2, averaged with rank 1's nothing
+        np.testing.assert_array_equal(d["branch_grad"], np.full((2, 4), 1.0, np.float32))
+        np.testing.assert_array_equal(d["branch_bias_grad"], np.full(2, 1.0, np.float32))
         np.testing.assert_array_equal(d["bn_mean_after_wrap"], np.full(3, 5.0, np.float32))
         np.testing.assert_array_equal(d["bn_mean_eval"], np.full(3, 7.0 + r, np.float32))
         np.testing.assert_allclose(d["bn_mean_train"], np.full(3, 6.3, np.float32), rtol=1e-6)
