@@ -70,10 +70,6 @@ def batch_shape(fn: str, *shapes: tuple[int, ...], names: Sequence[str] = ("A", 
         raise ShapeError(f"the batch dimensions of the inputs do not broadcast: {shown}") from None
 
 
-def eps(dtype: dt.DType) -> float:
-    return float(np.finfo(dtype.numpy).eps)
-
-
 # -- the host kernel and its registration per backend ---------------------------------------------------------------
 def _kernel_of(fn: Callable[..., Any], op_name: str) -> Callable[..., Any]:
     """The kernel for every backend: positional args are the op's tensors (handles), keywords its options."""

@@ -29,7 +29,6 @@ from ._base import (
     check_float,
     check_matrix,
     check_square,
-    eps,
     host_op,
     is_zero,
 )
@@ -549,9 +548,8 @@ def _qr_vjp(ctx: Any, gQ: Tensor, gR: Tensor) -> Tensor:
     if m >= n:
         return _qr_square_grad(Q, R, gQ, gR)
     # wide: A = [X | Y] with X = Q U (square), Y = Q V:  gX from the square rule with gQ + Y gV^T, gY = Q gV
-    X, Y = A[..., :, :m], A[..., :, m:]
+    Y = A[..., :, m:]
     U, gU, gV = R[..., :, :m], gR[..., :, :m], gR[..., :, m:]
-    del X
     gX = _qr_square_grad(Q, U, gQ + Y @ _t(gV), gU)
     return ember.cat([gX, Q @ gV], dim=-1)
 
@@ -926,4 +924,4 @@ def eig(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 __all__ = ["LinAlgError", "cholesky", "cholesky_ex", "det", "eig", "eigh", "eigvalsh", "householder_product", "inv",
            "inv_ex", "lstsq", "lu_factor_ex", "lu_solve", "matrix_exp", "matrix_rank", "permutation", "pinv",
-           "pinv_backward", "qr", "slogdet", "solve", "solve_triangular", "svd", "svdvals", "unpack", "eps"]
+           "pinv_backward", "qr", "slogdet", "solve", "solve_triangular", "svd", "svdvals", "unpack"]
