@@ -234,6 +234,19 @@ def training(outdir: str) -> None:
     _unused_run(outdir)
 
 
+def crash(outdir: str) -> None:
+    """Rank 1 raises after one collective: the job ends at once with its traceback (fail fast), well before rank
+    0's collective would time out."""
+    dist = ember.distributed
+    dist.init("mpi", timeout=60)
+    t = ember.ones(4, device="flex")
+    dist.all_reduce(t)
+    if dist.rank() == 1:
+        raise ValueError("a bug on rank 1")
+    dist.all_reduce(t)
+    print("RESULT rank 0 finished", flush=True)
+
+
 def killed(outdir: str) -> None:
     """Rank 1 dies after one collective; rank 0's next collective must raise a typed error within the timeout."""
     dist = ember.distributed
@@ -289,4 +302,4 @@ def learner(outdir: str) -> None:
 if __name__ == "__main__":
     scenario, args = sys.argv[1], sys.argv[2:]
     {"collectives": collectives, "ddp": ddp, "unused": unused, "killed": killed, "learner": learner,
-     "training": training}[scenario](*args)
+     "training": training, "crash": crash}[scenario](*args)

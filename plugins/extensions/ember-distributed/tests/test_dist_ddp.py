@@ -81,6 +81,17 @@ def test_killed_rank_raises_typed_error_within_timeout(tmp_path) -> None:
     assert took < 60, f"the survivor took {took:.0f} s to fail"
 
 
+def test_uncaught_exception_aborts_the_job(tmp_path) -> None:
+    mpiexec()
+    t0 = time.monotonic()
+    launcher = [sys.executable, "-m", "ember_distributed.launch", "-n", "2", "--"]
+    proc = run_ranks(2, "crash", str(tmp_path), timeout=50, launcher=launcher)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "ValueError: a bug on rank 1" in text, text[-3000:]
+    assert "RESULT rank 0 finished" not in text
+    assert time.monotonic() - t0 < 45  # the other rank's collective would wait 60 s
+
+
 def test_launch_command_line() -> None:
     from ember_distributed.launch import build_command
 

@@ -3,7 +3,8 @@
 The default group (``WORLD``) is made by :func:`init`; :func:`new_group` makes subgroups, collectively on every rank
 like ``torch.distributed.new_group``. Every collective is issued non-blocking (``MPI_I*`` requests, or an NCCL call
 and a CUDA event on a stream) and waited for by polling against the group's timeout, so a rank that died makes its
-peers raise :class:`~ember_distributed.errors.DistributedTimeoutError` instead of hanging forever.
+peers raise :class:`~ember_distributed.errors.DistributedTimeoutError` instead of hanging forever. A rank that
+raises an uncaught exception aborts the job at once (``MPI_Abort``) after printing its traceback.
 """
 
 from __future__ import annotations
@@ -177,6 +178,21 @@ def _exit_without_finalize() -> None:
         os._exit(1)
 
 
+def _install_fail_fast(world: Any) -> None:
+    """An uncaught exception on one rank aborts the whole job right after its traceback is printed (as torchrun
+    tears the other workers down), instead of leaving the other ranks to time out in their next collective. A
+    rank whose group already timed out exits through :func:`_exit_without_finalize` instead."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        previous(kind, value, tb)
+        if not _broken:
+            sys.stderr.flush()
+            world.Abort(1)
+
+    sys.excepthook = hook
+
+
 class ProcessGroup:
     """A set of ranks and the engine communicator that connects them (``torch.distributed.ProcessGroup``).
 
@@ -319,6 +335,8 @@ def init(backend: str = "auto", timeout: Any = None) -> ProcessGroup:
         chosen = _auto_backend() if backend == "auto" else backend
         engine = _NCCLEngine(comm) if chosen == "nccl" else _MPIEngine(comm)
         _WORLD = ProcessGroup(engine, comm, range(comm.size), timeout_s, "WORLD")
+        if comm.size > 1:
+            _install_fail_fast(MPI.COMM_WORLD)
         return _WORLD
 
 

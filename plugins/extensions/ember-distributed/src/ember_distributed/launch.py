@@ -4,7 +4,8 @@ MPICH's Hydra ``mpiexec`` (the ``mpich`` wheel, most clusters' MPICH / Intel MPI
 ``-disable-auto-cleanup``: when a rank dies the others are not killed by the launcher but raise
 :class:`~ember_distributed.errors.DistributedTimeoutError` from their next collective after the group's timeout
 (``--timeout``, passed on as ``EMBER_DIST_TIMEOUT``), so the failure is reported by every rank instead of a bare
-signal. Open MPI's ``mpiexec`` kills the job when a rank dies; ``--oversubscribe`` is added there when more ranks
+signal (a rank that raises an uncaught exception aborts the job at once, see :func:`ember_distributed.init`).
+Open MPI's ``mpiexec`` kills the job when a rank dies; ``--oversubscribe`` is added there when more ranks
 than cores are asked for (MPICH oversubscribes by default). On Slurm use ``srun --mpi=pmix python train.py``
 instead (see docs/plugins/distributed.md).
 """
