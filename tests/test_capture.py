@@ -287,3 +287,24 @@ def test_bad_calls_are_typed_errors() -> None:
 
     with pytest.raises(CaptureError, match="nest"):
         ember.capture(nested, ember.ones(2, device=FLEX))
+
+
+def _available(spec: str) -> bool:
+    try:
+        Device.parse(spec).stack  # noqa: B018 - resolving it says whether the backend is there
+    except ember.EmberError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _available("opencl"), reason="no OpenCL device")
+def test_capture_on_opencl_replays_on_flex(cnn: Any) -> None:
+    """Capture works on any device: the graph holds no backend object and replays elsewhere."""
+    dev = Device.parse("opencl")
+    model = seed_cnn().to(dev).eval()
+    x = ember.randn(2, 1, 28, 28, device=dev)
+    g = ember.capture(model, x)
+    assert g.device is dev and g.ops()["conv"] == 2
+    eager = model(x).numpy()
+    np.testing.assert_array_equal(g.replay(x).numpy(), eager)
+    np.testing.assert_allclose(g.replay(x.to(FLEX)).numpy(), eager, rtol=1e-4, atol=1e-5)
