@@ -202,11 +202,24 @@ def cross_plugin_imports(plugins_root: Path) -> list[str]:
     return bad
 
 
+def _install_hint_strings(tree: ast.Module) -> set[int]:
+    """ids of the strings in an ``INSTALL_HINT_EXTRAS = ...`` table: extras named in messages, never looked up."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith("INSTALL_HINT_EXTRAS")
+                                                for t in node.targets):
+            found.update(id(c) for c in ast.walk(node.value) if isinstance(c, ast.Constant))
+    return found
+
+
 def core_plugin_mentions(core_src: Path, plugins_root: Path) -> list[str]:
     """'file:line ...' for every import of a plugin package and every code string literal equal to a plugin's
     name under core_src."""
     plugins = discover_plugins(plugins_root)
-    owner = {name: p for p in plugins for name in p.names}
+    # core's own modules keep their names when a plugin extends them (the open namespace ember.linalg)
+    own_modules = {m.stem for pkg in core_src.iterdir() if pkg.is_dir() for m in pkg.iterdir()
+                   if m.suffix == ".py" or (m / "__init__.py").is_file()}
+    owner = {name: p for p in plugins for name in p.names if name not in own_modules}
     packages = {pkg for p in plugins for pkg in p.packages}
     bad: set[tuple[Path, int, str]] = set()  # a set: a line may hold the same literal twice
     for path in _py_files(core_src):
@@ -215,8 +228,9 @@ def core_plugin_mentions(core_src: Path, plugins_root: Path) -> list[str]:
         for node in _all_imports(tree):
             bad.update((rel, node.lineno, f"imports plugin package {n}") for n in _absolute_imports(node)
                        if n.split(".")[0] in packages)
+        hints = _install_hint_strings(tree)
         for const in _code_strings(tree):
-            if const.value in owner:
+            if const.value in owner and id(const) not in hints:
                 bad.add((rel, const.lineno, f"names plugin {owner[const.value].distribution} with the literal "
                                             f"{const.value!r}"))
     return [f"{rel}:{line} {what}" for rel, line, what in sorted(bad)]

@@ -19,8 +19,10 @@ from ..errors import MissingPluginError, PluginError
 #: core modules whose missing names plugins may provide (core keeps matmul and the norms in ``ember.linalg``)
 OPEN_CORE_NAMESPACES = frozenset({"linalg"})
 
-#: namespaces whose extra has another name: ``ember.fft`` ships in the extra that also holds ``ember.signal``
-_EXTRA_OF = {"fft": "signal", "stft": "signal", "istft": "signal"}
+#: install hints only (core looks nothing up by these names): namespaces whose extra of ember-core's own
+#: pyproject.toml has another name; ``ember.fft`` and torch's window factories ship in the ``signal`` extra
+INSTALL_HINT_EXTRAS = {name: "signal" for name in ("fft", "stft", "istft", "hann_window", "hamming_window",
+                                                   "blackman_window", "bartlett_window", "kaiser_window")}
 
 
 def check_namespace(name: str, module: str) -> None:
@@ -57,7 +59,7 @@ def install_extra_hint(namespace: str) -> str | None:
     """The pip line for the extra of the installed ember distribution that provides ``namespace`` (or None)."""
     from .manager import _extra_providing
 
-    extra = _EXTRA_OF.get(namespace, namespace)
+    extra = INSTALL_HINT_EXTRAS.get(namespace, namespace)
     for dist in ("ember", "ember-core"):
         if _extra_providing(dist, extra):
             return f"it comes from the ember-{extra} plugin: pip install '{dist}[{extra}]'"
