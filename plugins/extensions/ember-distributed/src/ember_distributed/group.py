@@ -315,7 +315,9 @@ def init(backend: str = "auto", timeout: Any = None) -> ProcessGroup:
     ``backend``: ``"mpi"`` (mpi4py; host tensors zero-copy, other devices staged through host memory), ``"nccl"``
     (CuPy's NCCL on GPU tensors; bootstrapped over MPI) or ``"auto"`` (NCCL when the default device is a GPU and
     NCCL is available, else MPI). ``timeout``: seconds or a ``timedelta`` after which a collective raises
-    :class:`DistributedTimeoutError` (default ``EMBER_DIST_TIMEOUT`` or 600 s). Returns the default group.
+    :class:`DistributedTimeoutError` (default ``EMBER_DIST_TIMEOUT`` or 600 s). With more than one rank, an
+    uncaught exception on any rank aborts the whole job after its traceback (fail fast, as torchrun). Returns the
+    default group.
     """
     global _WORLD
     if backend not in ("mpi", "nccl", "auto"):
