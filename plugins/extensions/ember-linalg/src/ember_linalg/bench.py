@@ -1,8 +1,9 @@
 """``ember bench linalg``: ember.linalg (ember-linalg on flex) against torch.linalg on the same inputs, same run.
 
 Each row times one function on one shape: ember's forward on flex, torch's forward (CPU), and forward+backward of
-``f(A).sum()``-style losses under ember's autodiff and torch autograd. Times are the median of ``--repeat`` runs of a
-loop sized to take about ``--min-time`` seconds; every ember result is read back (``.numpy()``) inside the loop so
+``f(A).sum()``-style losses under ember's autodiff and torch autograd. Times are the best of ``--repeat`` runs of a
+loop sized to take about ``--min-time`` seconds (the best, not the median: on a shared machine the other loops
+measure the neighbours); every ember result is read back (``.numpy()``) inside the loop so
 the work is done, not just recorded. ``--json PATH`` writes the rows; ``--quick`` runs two small shapes (the tests use
 it). The script ships inside the package, so it runs from an installed wheel too.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,7 +41,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., np.ndarray], Callable[[Any, Any], Any],
 
 
 def _time(fn: Callable[[], Any], min_time: float, repeat: int) -> float:
-    """Median seconds per call over ``repeat`` loops, each sized to take about ``min_time``."""
+    """Best seconds per call over ``repeat`` loops, each sized to take about ``min_time``."""
     fn()  # warm-up (kernel registration, caches)
     number, t0 = 1, time.perf_counter()
     fn()
@@ -53,7 +53,7 @@ def _time(fn: Callable[[], Any], min_time: float, repeat: int) -> float:
         for _ in range(number):
             fn()
         runs.append((time.perf_counter() - t0) / number)
-    return statistics.median(runs)
+    return min(runs)
 
 
 def _calls(forward: Callable[[Any, Any], Any], loss: Callable[[Any], Any], a: np.ndarray, ea: Any, ta: Any,
