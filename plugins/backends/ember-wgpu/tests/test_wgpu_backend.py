@@ -194,3 +194,47 @@ def test_sync_waits(dev: ember.Device) -> None:
     y = x @ x
     dev.sync()
     assert float(y[0, 0].item()) == 64.0
+
+
+# -- fusion -----------------------------------------------------------------------------------------------------------
+def _fusion_kernel() -> object:
+    from ember.ir import Instr, Kernel
+
+    f32, b, i32 = dt.float32, dt.bool_, dt.int32
+    body = (Instr("load", (0,), f32), Instr("load", (1,), f32), Instr("scalar", (0,), f32),
+            Instr("binary", ("mul", 0, 2), f32), Instr("binary", ("add", 3, 1), f32),
+            Instr("binary", ("gt", 4, 2), b), Instr("where", (5, 4, 0), f32), Instr("unary", ("tanh", 6), f32),
+            Instr("cast", (7,), i32), Instr("scalar", (1,), i32), Instr("binary", ("floor_divide", 8, 9), i32))
+    return Kernel(rank=2, inputs=(f32, f32), scalars=2, body=body, outputs=(7, 10))
+
+
+def test_fusion_compile_matches_the_reference_interpreter(dev: ember.Device) -> None:
+    from ember.ir import interpret
+
+    be = dev.stack.base_backend
+    kernel = _fusion_kernel()
+    run = be.fusion_compile(kernel)
+    assert run is not None
+    rng = np.random.default_rng(1)
+    a = (rng.standard_normal((5, 7)) * 4).astype(np.float32)
+    c = (rng.standard_normal((1, 7)) * 4).astype(np.float32)
+    ha, hc = be.from_numpy(a), be.permute(be.from_numpy(np.ascontiguousarray(c.T)), (1, 0))  # a strided input
+    got = run([ha, hc], [0.5, -3], (5, 7), [None, None])
+    ref = interpret(kernel, be, [ha, hc], [0.5, -3], (5, 7), [None, None])
+    np.testing.assert_allclose(be.to_numpy(got[0]), be.to_numpy(ref[0]), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(be.to_numpy(got[1]), be.to_numpy(ref[1]))
+    # an output written in place into an input's buffer (a view): read from a copy, write through the strides
+    target = be.from_numpy(np.zeros((7, 5), np.float32))
+    view = be.permute(target, (1, 0))
+    run([ha, hc], [0.5, -3], (5, 7), [view, None])
+    np.testing.assert_allclose(be.to_numpy(target).T, be.to_numpy(ref[0]), rtol=1e-6, atol=1e-7)
+
+
+def test_fusion_declines_reductions_and_missing_dtypes(dev: ember.Device) -> None:
+    from ember.ir import Instr, Kernel
+
+    be = dev.stack.base_backend
+    body = (Instr("load", (0,), dt.float32), Instr("unary", ("exp", 0), dt.float32))
+    assert be.fusion_compile(Kernel(2, (dt.float32,), 0, body, (1,), ("sum", (1,)))) is None
+    body64 = (Instr("load", (0,), dt.float32), Instr("cast", (0,), dt.float64))
+    assert be.fusion_compile(Kernel(1, (dt.float32,), 0, body64, (1,))) is None

@@ -53,7 +53,8 @@ def storage_type(dtype: DType, rt: Any, what: str) -> str:
     """The WGSL storage type of ``dtype`` on ``rt``'s device, or a DTypeError naming the op and the reason."""
     entry = STORAGE.get(dtype)
     if entry is None or (entry[2] is not None and entry[2] not in rt.features):
-        why = _WHY.get(dtype) or f"the adapter lacks the WebGPU feature {entry[2] if entry else '?'}"
+        why = (_WHY.get(dtype) or f"WGSL has no {dtype.name} type") if entry is None else \
+            f"the adapter lacks the WebGPU feature {entry[2]}"
         ok = ", ".join(sorted(d.name for d in supported_dtypes(rt.features)))
         raise DTypeError(f"{what}: dtype {dtype.name} is not supported by the wgpu backend on {rt.describe()}: "
                          f"{why}; supported: {ok}")

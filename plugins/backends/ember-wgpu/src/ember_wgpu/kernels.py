@@ -159,21 +159,27 @@ def reduce_source(op: str, dtype: DType, out_dtype: DType) -> str:
             "@group(0) @binding(2) var<storage, read> p: array<i32>;\n"
             + _MAIN.format(wg=WG) + "  " + _FLAT_ID.format(wg=WG) + "\n"
             "  if (i >= p[0]) { return; }\n"
-            "  let nr = p[1]; let ndo = p[2]; let ndr = p[3];\n"
-            "  var base = p[4];\n  var rem = i;\n"
+            "  let nr = p[1]; let ndo = p[2]; let ndr = p[3]; let chunk = p[5]; let nchunks = p[6];\n"
+            "  let oi = i / nchunks; let j0 = (i % nchunks) * chunk; let j1 = min(j0 + chunk, nr);\n"
+            "  var base = p[4];\n  var rem = oi;\n"
             "  for (var d = ndo - 1; d >= 0; d = d - 1) {\n"
-            "    let c = rem % p[5 + d]; rem = rem / p[5 + d]; base = base + c * p[5 + ndo + d];\n  }\n"
+            "    let c = rem % p[7 + d]; rem = rem / p[7 + d]; base = base + c * p[7 + ndo + d];\n  }\n"
             f"  var acc: {ct} = {empty_expr};\n"
             + ("  var comp: f32 = 0.0;\n" if ct == "f32" else "")
-            + "  for (var j = 0; j < nr; j = j + 1) {\n"
+            + "  for (var j = j0; j < j1; j = j + 1) {\n"
             "    var off = base; var r = j;\n"
             "    for (var d = ndr - 1; d >= 0; d = d - 1) {\n"
-            "      let len = p[5 + 2 * ndo + d]; let c = r % len; r = r / len;\n"
-            "      off = off + c * p[5 + 2 * ndo + ndr + d];\n    }\n"
+            "      let len = p[7 + 2 * ndo + d]; let c = r % len; r = r / len;\n"
+            "      off = off + c * p[7 + 2 * ndo + ndr + d];\n    }\n"
             f"    let v = {wgsl.load(dtype, 'inp[off]')};\n"
-            f"    if (j == 0) {{ {init} }} else {{ {step} }}\n  }}\n"
+            f"    if (j == j0) {{ {init} }} else {{ {step} }}\n  }}\n"
             f"  out[i] = {wgsl.store(out_dtype, wgsl.convert('acc', ct, wgsl.ctype(out_dtype)))};\n}}\n")
     return _with_library(body, [dtype, out_dtype])
+
+
+#: a reduction with fewer outputs than this many invocations, over long rows, runs in two passes
+_PARALLEL = 4096
+_CHUNK = 256
 
 
 def _split_view(h: WArray, dims: tuple[int, ...]) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -192,8 +198,21 @@ def reduce(op: str, h: WArray, dims: tuple[int, ...], out_shape: tuple[int, ...]
         return out
     ko, ks, ro, rs = _split_view(h, dims)
     n_red = math.prod(ro)
-    prm = _params(rt, [n_out, n_red, len(ko), len(ro), h.offset, *ko, *ks, *ro, *rs])
-    rt.launch(reduce_source(op, h.dtype, out_dtype), [h.buf, out.buf, prm.buffer], _groups(n_out))
+    nchunks = 1
+    if n_out < _PARALLEL and n_red >= 4 * _CHUNK:
+        # few long rows: each invocation reduces one chunk of a row, then a second pass reduces the partials
+        nchunks = min(-(-n_red // _CHUNK), max(_PARALLEL // n_out, 1))
+    chunk = -(-n_red // nchunks) if n_red else 1
+    partial = dt.float32 if h.dtype is dt.float16 else h.dtype  # float16 partial sums would round twice
+    target = out if nchunks == 1 else empty(rt, (n_out, nchunks), partial)
+    prm = _params(rt, [n_out * nchunks, n_red, len(ko), len(ro), h.offset, chunk, nchunks,
+                       *ko, *ks, *ro, *rs])
+    rt.launch(reduce_source(op, h.dtype, target.dtype), [h.buf, target.buf, prm.buffer],
+              _groups(n_out * nchunks))
+    if nchunks > 1:
+        final = reduce(op, target, (1,), (n_out,), out_dtype)
+        return final if final.shape == tuple(out_shape) else final.view(
+            tuple(out_shape), contiguous_strides(tuple(out_shape)), 0)
     return out
 
 
