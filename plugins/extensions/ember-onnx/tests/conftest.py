@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import ember
 import pytest
+
+import ember
 
 
 @pytest.fixture(params=["flex", "flex+autodiff"])

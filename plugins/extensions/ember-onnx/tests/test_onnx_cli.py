@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import ember
 import pytest
+
+import ember
 from ember.cli import main as ember_main
 from ember_train.models import seed_cnn
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import os
 
-import ember
 import numpy as np
 import onnx
 import pytest
-from ember_train.models import seed_cnn, text_transformer
 
+import ember
 import ember_onnx
 from ember_onnx.errors import ExportError
+from ember_train.models import seed_cnn, text_transformer
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import io
 import warnings
 
-import ember
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+import ember
 import ember_onnx
 from ember_onnx.backend import EmberBackend
 from ember_onnx.errors import OnnxDTypeError, UnsupportedOnnxOpError

@@ -8,7 +8,6 @@ per-category report is ``python -m ember_onnx.scorer --device flex --device flex
 from __future__ import annotations
 
 import ember
-
 from ember_onnx.scorer import CATEGORIES, node_cases, score, summary
 
 #: cases skipped here for time (each takes over 0.3 s)

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import ember
 import numpy as np
-from ember import Tensor
 from onnx import ModelProto, NodeProto
 from onnx.backend.base import Backend, BackendRep, namedtupledict
+
+import ember
+from ember import Tensor
 
 from .importer.graph import OnnxModule, load
 

@@ -16,8 +16,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import ember
 import numpy as np
+
+import ember
 
 _BUILTIN = {
     "seed-cnn": ("ember_train.models", "seed_cnn", {}),

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import ember
 import numpy as np
 from onnx import TensorProto, helper
+
+import ember
 
 from .errors import OnnxDTypeError
 

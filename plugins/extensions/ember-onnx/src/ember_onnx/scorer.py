@@ -16,9 +16,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import ember
 import numpy as np
-from ember.errors import DTypeError, EmberError, ShapeError, ValueRangeError
+
+import ember
+from ember.errors import DTypeError, ShapeError, ValueRangeError
 
 from .errors import OnnxAttributeError, OnnxDTypeError, UnsupportedOnnxOpError
 from .importer.graph import load

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import ember
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
+
+import ember
 
 from ..dtypes import numpy_dtype, to_onnx_dtype
 from .symbolic import DimRef, Path, SymInt

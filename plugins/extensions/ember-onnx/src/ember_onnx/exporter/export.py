@@ -6,11 +6,12 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import ember
 import onnx
+from onnx import helper
+
+import ember
 from ember import Tensor, nn
 from ember.ir import OpRecord, Ref
-from onnx import helper
 
 from ..errors import ExportError
 from .builder import Builder, value_info

@@ -11,11 +11,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import ember
 import numpy as np
+
+import ember
 from ember.ir import OpRecord, Ref, Scalar
 
-from ..dtypes import numpy_dtype, to_onnx_dtype
+from ..dtypes import numpy_dtype
 from ..errors import ExportError
 from .builder import Builder
 
@@ -322,13 +323,10 @@ def getitem(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
                               b.const(np.array(steps, np.int64))])
     if len(gathers) > 1:
         raise ExportError("ember_onnx.export: getitem with several index tensors has no ONNX lowering")
-    removed = 0
     for d, idx in gathers:
         out = b.one("Gather", [out, idx], axis=d - sum(1 for s in squeeze if s < d))
     if squeeze:
         out = b.one("Squeeze", [out, b.const(np.array(squeeze, np.int64))])
-        removed = len(squeeze)
-    del removed
     if unsqueeze:
         out = b.one("Unsqueeze", [out, b.const(np.array(unsqueeze, np.int64))])
     return [out]
@@ -595,7 +593,3 @@ def sdpa(b: Builder, rec: OpRecord, ins: list[str], args: Sequence[Any], kwargs:
     attn = b.one("Where", [all_masked, b.scalar_like(0.0, dt), attn])
     return [b.one("MatMul", [attn, ins[v.k]]), attn]
 
-
-def onnx_type(dtype: ember.DType) -> int:
-    """ONNX elem type of an ember dtype."""
-    return to_onnx_dtype(dtype)

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import ember
 import numpy as np
 import onnx
-from ember import Tensor, nn
 from onnx import AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, helper, numpy_helper
+
+import ember
+from ember import Tensor, nn
 
 from ..dtypes import to_ember_dtype, to_onnx_dtype
 from ..errors import UnsupportedOnnxOpError

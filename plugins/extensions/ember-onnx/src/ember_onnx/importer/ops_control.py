@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import ember
 import numpy as np
+
+import ember
 from ember import Tensor
 
 from .registry import Node, host_ints, host_scalar, norm_axis, register

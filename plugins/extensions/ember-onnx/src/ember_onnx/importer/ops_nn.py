@@ -6,9 +6,10 @@ import itertools
 import math
 from typing import Any
 
+import numpy as np
+
 import ember
 import ember.nn.functional as F
-import numpy as np
 from ember import Tensor
 
 from ..dtypes import numpy_dtype
@@ -272,7 +273,8 @@ def _channel(t: Tensor, rank: int) -> Tensor:
 @register("BatchNormalization")
 def batch_norm(node: Node, x: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor) -> Any:
     eps = node.attr("epsilon", 1e-5)
-    training = node.attr("training_mode", 0) or (node.opset < 9 and node.num_outputs > 1 and not node.attr("is_test", 0))
+    # training_mode (opset 14+) returns the updated running statistics as extra outputs
+    training = node.attr("training_mode", 0)
     r = x.dim()
     if not training:
         y = (x - _channel(mean, r)) / ember.sqrt(_channel(var, r) + eps) * _channel(scale, r) + _channel(bias, r)
@@ -332,8 +334,7 @@ def group_norm(node: Node, x: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
     r = x.dim()
     if node.opset < 21:
         # opset 18: scale and bias are per group
-        scale = ember.repeat_interleave(scale, c // g) if hasattr(ember, "repeat_interleave") else \
-            scale.reshape(g, 1).expand(g, c // g).reshape(c)
+        scale = scale.reshape(g, 1).expand(g, c // g).reshape(c)
         bias = bias.reshape(g, 1).expand(g, c // g).reshape(c)
     return y * _channel(scale, r) + _channel(bias, r)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 import ember
 import ember.nn.functional as F
-import numpy as np
 from ember import Tensor
 
 from .registry import Node, host_ints, register

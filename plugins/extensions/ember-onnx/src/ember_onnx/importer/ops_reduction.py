@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 import ember
 import ember.nn.functional as F
-import numpy as np
 from ember import Tensor
 
 from ..dtypes import numpy_dtype

@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 
-import ember
 import numpy as np
+
+import ember
 from ember import Tensor
 
 from .registry import Node, host_floats, host_ints, norm_axes, register

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 import ember
 import ember.nn.functional as F
-import numpy as np
 from ember import Tensor
 
 from ..dtypes import to_ember_dtype
@@ -278,8 +279,8 @@ def trilu(node: Node, x: Tensor, k: Tensor | None = None) -> Tensor:
 @register("NonZero")
 def nonzero(node: Node, x: Tensor) -> Tensor:
     if x.dim() == 0:
-        return node.const(np.zeros((0, 1) if not bool(host_scalar(x)) else (0, 1), dtype=np.int64)) \
-            if not bool(host_scalar(x)) else node.const(np.zeros((0, 1), dtype=np.int64))
+        # as numpy (ONNX's reference): a scalar counts as one element of a 1-d array
+        return node.const(np.zeros((1, 1 if bool(host_scalar(x)) else 0), dtype=np.int64))
     return ember.nonzero(x).t().to(ember.int64)
 
 

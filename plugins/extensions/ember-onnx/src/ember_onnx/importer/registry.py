@@ -11,10 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import ember
 import numpy as np
-from ember import Tensor
 from onnx import AttributeProto, NodeProto, helper, numpy_helper
+
+import ember
+from ember import Tensor
 
 from ..errors import OnnxAttributeError
 
