@@ -149,6 +149,22 @@ def test_windows_match_torch(name: str) -> None:
     close(w, getattr(torch, f"{name}_window")(8, dtype=torch.float64), 1e-12)
 
 
+@pytest.mark.parametrize("name,kw", [("cosine", {}), ("gaussian", {"std": 2.5}), ("exponential", {"tau": 3.0}),
+                                     ("general_cosine", {"a": [0.46, 0.23, 0.31]}),
+                                     ("general_hamming", {"alpha": 0.6}), ("nuttall", {})],
+                         ids=["cosine", "gaussian", "exponential", "general_cosine", "general_hamming", "nuttall"])
+def test_more_signal_windows_match_torch(name: str, kw: dict[str, Any]) -> None:
+    for m in (0, 1, 2, 7, 16):
+        for sym in (True, False):
+            close(getattr(ember.signal.windows, name)(m, sym=sym, **kw),
+                  getattr(torch.signal.windows, name)(m, sym=sym, **kw), 1e-6)
+    if name == "exponential":
+        close(ember.signal.windows.exponential(9, center=2.0, sym=False),
+              torch.signal.windows.exponential(9, center=2.0, sym=False), 1e-6)
+        with pytest.raises(ValueRangeError, match="Center must be None"):
+            ember.signal.windows.exponential(9, center=2.0)
+
+
 def test_window_options_match_torch() -> None:
     close(ember.hamming_window(9, True, 0.5, 0.5), torch.hamming_window(9, True, 0.5, 0.5), 1e-6)
     close(ember.kaiser_window(9, False, 5.0), torch.kaiser_window(9, False, 5.0), 1e-6)

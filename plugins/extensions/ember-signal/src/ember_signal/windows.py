@@ -17,7 +17,7 @@ tensor([0. , 0.5, 1. , 0.5, 0. ])
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,8 @@ import numpy as np
 import ember
 from ember.errors import DTypeError, ValueRangeError
 
-__all__ = ["hann", "hamming", "blackman", "bartlett", "kaiser", "hann_window", "hamming_window", "blackman_window",
+__all__ = ["hann", "hamming", "blackman", "bartlett", "kaiser", "cosine", "gaussian", "exponential", "general_cosine",
+           "general_hamming", "nuttall", "hann_window", "hamming_window", "blackman_window",
            "bartlett_window", "kaiser_window"]
 
 
@@ -102,6 +103,62 @@ def kaiser(M: int, *, beta: float = 12.0, sym: bool = True, dtype: Any = None, d
     if beta < 0:
         raise ValueRangeError(f"signal.windows.kaiser: beta must be non-negative, got {beta}")
     return _make("signal.windows.kaiser", M, sym, _kaiser(float(beta)), dtype, device, requires_grad)
+
+
+def cosine(M: int, *, sym: bool = True, dtype: Any = None, device: Any = None,  # noqa: N803
+           requires_grad: bool = False) -> ember.Tensor:
+    """Cosine (sine) window, sin(pi (n + 0.5) / M) (``torch.signal.windows.cosine``)."""
+    return _make("signal.windows.cosine", M, sym, lambda n, length: np.sin(np.pi * (n + 0.5) / length), dtype,
+                 device, requires_grad)
+
+
+def gaussian(M: int, *, std: float = 1.0, sym: bool = True, dtype: Any = None, device: Any = None,  # noqa: N803
+             requires_grad: bool = False) -> ember.Tensor:
+    """Gaussian window, exp(-((n - (M - 1) / 2) / std)^2 / 2) (``torch.signal.windows.gaussian``)."""
+    if std <= 0:
+        raise ValueRangeError(f"signal.windows.gaussian: standard deviation must be positive, got {std}")
+    return _make("signal.windows.gaussian", M, sym,
+                 lambda n, length: np.exp(-0.5 * ((n - (length - 1) / 2) / std) ** 2), dtype, device, requires_grad)
+
+
+def exponential(M: int, *, center: float | None = None, tau: float = 1.0, sym: bool = True,  # noqa: N803
+                dtype: Any = None, device: Any = None, requires_grad: bool = False) -> ember.Tensor:
+    """Exponential (Poisson) window, exp(-|n - center| / tau), centre (M - 1) / 2 by default
+    (``torch.signal.windows.exponential``; a centre needs ``sym=False``)."""
+    if tau <= 0:
+        raise ValueRangeError(f"signal.windows.exponential: Tau must be positive, got: {tau} instead.")
+    if sym and center is not None:
+        raise ValueRangeError("signal.windows.exponential: Center must be None for symmetric windows")
+
+    def f(n: np.ndarray, length: int) -> np.ndarray:
+        c = (length - 1) / 2 if center is None else center
+        return np.exp(-np.abs(n - c) / tau)
+
+    return _make("signal.windows.exponential", M, sym, f, dtype, device, requires_grad)
+
+
+def general_cosine(M: int, *, a: Sequence[float], sym: bool = True, dtype: Any = None,  # noqa: N803
+                   device: Any = None, requires_grad: bool = False) -> ember.Tensor:
+    """Sum of cosines, sum_k (-1)^k a_k cos(2 pi k n / (M - 1)) (``torch.signal.windows.general_cosine``)."""
+    if not isinstance(a, Sequence) or not a:
+        raise DTypeError(f"signal.windows.general_cosine: a must be a non-empty sequence of numbers, got {a!r}")
+    return _make("signal.windows.general_cosine", M, sym, _cosine_sum(tuple(float(v) for v in a)), dtype, device,
+                 requires_grad)
+
+
+def general_hamming(M: int, *, alpha: float = 0.54, sym: bool = True, dtype: Any = None,  # noqa: N803
+                    device: Any = None, requires_grad: bool = False) -> ember.Tensor:
+    """Generalized Hamming window, alpha - (1 - alpha) cos(2 pi n / (M - 1))
+    (``torch.signal.windows.general_hamming``)."""
+    return _make("signal.windows.general_hamming", M, sym, _cosine_sum((alpha, 1.0 - alpha)), dtype, device,
+                 requires_grad)
+
+
+def nuttall(M: int, *, sym: bool = True, dtype: Any = None, device: Any = None,  # noqa: N803
+            requires_grad: bool = False) -> ember.Tensor:
+    """Minimum 4-term Blackman-Harris window (Nuttall's) (``torch.signal.windows.nuttall``)."""
+    return _make("signal.windows.nuttall", M, sym, _cosine_sum((0.3635819, 0.4891775, 0.1365995, 0.0106411)), dtype,
+                 device, requires_grad)
 
 
 # -- torch.*_window (periodic by default) -------------------------------------------------------------------------
