@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..dtypes import DType
-from ..errors import IndexOutOfRangeError, ValueRangeError
+from ..errors import IndexOutOfRangeError, UnsupportedError, ValueRangeError
 from ..tensor import Tensor
 from .elementwise import keep_graph, unary, write_result
 
@@ -514,10 +514,28 @@ def conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Shape
     return _like(x, h)
 
 
+def _pool_float(s: Any, x: Tensor, op: str) -> DType:
+    """The float dtype integers are pooled in: float64 (exact up to 2**53), or on a backend without it float32
+    when every value is exact there (|v| <= 2**24), so the backend's -inf padding stays valid and nothing rounds."""
+    if dt.float64 in s.supported_dtypes:
+        return dt.float64
+    if x._dtype in (dt.bool_, dt.int8, dt.uint8, dt.int16):
+        return dt.float32
+    if x.numel() == 0:
+        return dt.float32
+    dims = tuple(range(x.ndim))  # min and max, not abs: abs(-2**31) overflows int32
+    largest = max(abs(int(s.to_numpy(s.reduce(r, x._h, dims, False)).item())) for r in ("min", "max"))
+    if largest <= 2**24:
+        return dt.float32
+    raise UnsupportedError(f"{op}: {x._dtype.name} values up to {largest} pool exactly only in float64, which the "
+                           f"device {x._device} does not support")
+
+
 def max_pool(x: Tensor, nd: int, kernel_size: Shape, stride: Shape, padding: Shape, dilation: Shape,
              ceil_mode: bool, return_indices: bool, out: Shape) -> Any:
     """Max pooling over the last nd dims (the backend's ``max_pool``); integers are pooled in float64 (exact up
-    to 2**53) so the backend's -inf padding stays valid. Returns values, or (values, int64 indices)."""
+    to 2**53; see :func:`_pool_float`) so the backend's -inf padding stays valid. Returns values, or (values,
+    int64 indices)."""
     s = _stack(x)
     lead = x.shape[:-nd]
     if _prod(lead) == 0:
@@ -525,7 +543,7 @@ def max_pool(x: Tensor, nd: int, kernel_size: Shape, stride: Shape, padding: Sha
         if return_indices:
             return _like(x, v), Tensor._make(s.full(lead + out, 0, dt.int64), dt.int64, x._device)
         return _like(x, v)
-    h = x._h if x._dtype.is_floating_point else s.cast(x._h, dt.float64)
+    h = x._h if x._dtype.is_floating_point else s.cast(x._h, _pool_float(s, x, "max_pool"))
     r = s.max_pool(h, kernel_size, stride, padding, dilation, bool(ceil_mode), bool(return_indices))
     v, idx = (r if return_indices else (r, None))
     if not x._dtype.is_floating_point:

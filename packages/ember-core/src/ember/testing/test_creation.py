@@ -125,7 +125,8 @@ def test_full_infers_dtype_from_value(device, value, expected):
     t = ember.full((2, 2), value, device=device)
     assert_close(t, torch.full((2, 2), value))
     assert t.dtype is expected
-    assert_close(ember.full(3, 7, dtype=ember.float64, device=device), np.full(3, 7.0))
+    if device.supports_dtype(dt.float64):
+        assert_close(ember.full(3, 7, dtype=ember.float64, device=device), np.full(3, 7.0))
 
 
 def test_factories_reject_bad_sizes(device):

@@ -85,8 +85,9 @@ def test_softmax_family(fn, dtype, dim):
 
 def test_softmax_dtype_argument_and_implicit_dim():
     a = rand((2, 3), np.float32)
-    out = F.softmax(E(a), dim=1, dtype=ember.float64)
-    check(out, TF.softmax(T(a), dim=1, dtype=torch.float64))
+    if ember.default_device().supports_dtype(ember.float64):
+        out = F.softmax(E(a), dim=1, dtype=ember.float64)
+        check(out, TF.softmax(T(a), dim=1, dtype=torch.float64))
     with pytest.warns(UserWarning):
         out = F.log_softmax(E(a))
     with pytest.warns(UserWarning):

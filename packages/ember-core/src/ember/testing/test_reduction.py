@@ -178,8 +178,9 @@ def test_dtype_rules() -> None:
     assert E(INPUTS["bool"]).sum().dtype is ember.int64
     assert ember.sum(i8, dtype=ember.int32).dtype is ember.int32
     assert i8.amax().dtype is ember.int8
-    assert ember.mean(i8, dtype=ember.float64).dtype is ember.float64
-    np.testing.assert_allclose(ember.mean(i8, dtype=ember.float64).item(), INPUTS["i8"].mean())
+    wide = ember.float64 if ember.default_device().supports_dtype(ember.float64) else ember.float32
+    assert ember.mean(i8, dtype=wide).dtype is wide
+    np.testing.assert_allclose(ember.mean(i8, dtype=wide).item(), INPUTS["i8"].mean(), rtol=1e-6)
     assert E(INPUTS["u8"]).all().dtype is ember.uint8  # torch keeps uint8
     assert E(INPUTS["f32"]).all().dtype is ember.bool_
     assert ember.logsumexp(i8, 0).dtype is ember.float32
@@ -330,7 +331,8 @@ def test_cummax_cummin_ties_and_nan(op: str, values: list[float]) -> None:
 def test_scan_dtypes() -> None:
     assert ember.cumsum(E(INPUTS["i8"]), 0).dtype is ember.int64
     assert ember.cumsum(E(INPUTS["bool"]), 1).dtype is ember.int64
-    assert ember.cumsum(E(INPUTS["i8"]), 0, dtype=ember.float64).dtype is ember.float64
+    wide = ember.float64 if ember.default_device().supports_dtype(ember.float64) else ember.float32
+    assert ember.cumsum(E(INPUTS["i8"]), 0, dtype=wide).dtype is wide
     assert E(INPUTS["f32"]).cumprod(2).dtype is ember.float32
 
 
