@@ -1,0 +1,424 @@
+"""CuPyBackend: the ember backend contract on CuPy arrays, shared by the CUDA and ROCm plugins.
+
+Handles are ``cupy.ndarray`` views. Ops go where they are done well:
+
+* elementwise ops (unary, binary, where) run the shared map kernels of :mod:`ember_kernels.elementwise` compiled
+  from the CUDA/HIP dialect with ``cupy.RawModule`` -- the expressions ember-opencl runs on every CI run, so
+  PyTorch's semantics (floor division, remainder sign, NaN-propagating maximum, shifts) are the same text;
+* matmul is ``cupy.matmul`` (cuBLAS for floats; TF32 off unless ``CUPY_TF32=1`` is set, so float32 matches the
+  kit), integer products accumulate in int64 and wrap back to their dtype, as numpy's do;
+* reductions, scans, sorting, concatenation and indexing are CuPy's (CUB-backed where CuPy uses CUB);
+* random numbers are the shared Philox kernels with OpenCL's counter layout: the same seed gives the same stream
+  as ``Device.opencl(i)``;
+* memory: CuPy's pool, reported with ember-opencl's field names; an allocation failure is ember's
+  :class:`~ember.errors.OutOfMemoryError` naming the request and the pool state; one stream per device.
+
+bfloat16 is not supported (CuPy has no bfloat16 dtype). Everything not overridden here comes from the contract's
+default compositions. Status: compiled and introspected in CI, not yet executed on a GPU (docs/plugins/cuda.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ember import dtypes as dt
+from ember.backend import Backend
+from ember.dtypes import DType
+from ember.errors import DeviceError, DTypeError, OutOfMemoryError, ShapeError, ValueRangeError
+from ember_kernels import CUDA, HIP
+from ember_kernels import elementwise as ew
+from ember_kernels.ctypes_ import CType, ctype
+from ember_kernels.random import _source as philox_source
+
+MASK64 = (1 << 64) - 1
+#: threads per block of the grid-stride kernels; blocks are capped so a launch never exceeds the grid limit
+_BLOCK = 256
+_MAX_BLOCKS = 65535
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class CuPyBackend(Backend):
+    """The contract on one CuPy device (``platform`` "cuda" or "rocm", ``index`` the device ordinal)."""
+
+    contract_version = 1
+
+    def __init__(self, platform: str, index: int = 0) -> None:
+        super().__init__(index)
+        cp = _cupy()
+        self.name = platform
+        self.platform = platform
+        self.dialect = HIP if platform == "rocm" else CUDA
+        self.cp = cp
+        self.device = cp.cuda.Device(index)
+        with self.device:
+            self.stream = cp.cuda.Stream(non_blocking=True)  # one stream per device: sync() waits on it
+        self.pool = cp.get_default_memory_pool()
+        self.supported_dtypes = frozenset(d for d in dt.ALL_DTYPES if d is not dt.bfloat16)
+        self._modules: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._peak = 0
+        self._key = 0
+        self._offset = 0
+
+    # -- device management ---------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _on(self) -> Iterator[None]:
+        """Run CuPy calls on this device and stream; CuPy's OOM becomes ember's typed error."""
+        cp = self.cp
+        try:
+            with self.device, self.stream:
+                yield
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise OutOfMemoryError(f"{self.describe()}: out of device memory ({exc}); pool in use "
+                                   f"{_human(self.pool.used_bytes())}, reserved {_human(self.pool.total_bytes())}") \
+                from exc
+        finally:
+            self._peak = max(self._peak, int(self.pool.used_bytes()))
+
+    def describe(self) -> str:
+        props = self.cp.cuda.runtime.getDeviceProperties(self.index)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return f"{self.platform}:{self.index} ({name})"
+
+    def sync(self) -> None:
+        self.stream.synchronize()
+
+    def memory_report(self) -> dict[str, Any]:
+        """ember-opencl's fields: in_use (bytes held by live arrays), reserved (bytes the pool holds from the
+        driver), peak (highest in_use seen at an op boundary), cached (reserved - in_use), allocator."""
+        in_use, reserved = int(self.pool.used_bytes()), int(self.pool.total_bytes())
+        self._peak = max(self._peak, in_use)
+        free, total = self.cp.cuda.runtime.memGetInfo()
+        return {"device": self.describe(), "allocator": "cupy.MemoryPool", "in_use": in_use, "reserved": reserved,
+                "peak": self._peak, "cached": reserved - in_use, "capacity": int(total), "free": int(free)}
+
+    def may_share_memory(self, a: Any, b: Any) -> bool:
+        return bool(self.cp.may_share_memory(a, b)) if a.size and b.size else False  # bounds overlap
+
+    # -- kernels -------------------------------------------------------------------------------------------------
+    def compile_kernel(self, source: str, name: str) -> Any:
+        """The ``cupy.RawKernel`` ``name`` of ``source`` (shared vocabulary, see :mod:`ember_kernels.dialect`),
+        compiled once per program through CuPy's on-disk kernel cache (keyed by source, options and arch)."""
+        module = self._modules.get(source)
+        if module is None:
+            with self._lock:
+                module = self._modules.get(source)
+                if module is None:
+                    module = self.cp.RawModule(code=self.dialect.program(source), options=("--std=c++17",))
+                    self._modules[source] = module
+        return module.get_function(name)
+
+    def _launch(self, source: str, name: str, n: int, args: Sequence[Any]) -> None:
+        """A grid-stride kernel over n items on this device's stream."""
+        blocks = max(1, min(-(-n // _BLOCK), _MAX_BLOCKS))
+        with self._on():
+            self.compile_kernel(source, name)((blocks,), (_BLOCK,), tuple(args), stream=self.stream)
+
+    # -- data ----------------------------------------------------------------------------------------------------
+    def empty(self, shape: Sequence[int], dtype: DType) -> Any:
+        """A new contiguous uninitialised array (for extension kernels that write every element)."""
+        shape = tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise ShapeError(f"{type(self).__name__}.empty: negative dimension in shape {shape}")
+        self._check_dtype(dtype, "empty")
+        with self._on():
+            return self.cp.empty(shape, dtype=dtype.numpy)
+
+    def _check_dtype(self, dtype: DType, op: str) -> None:
+        if dtype not in self.supported_dtypes:
+            raise DTypeError(f"{op}: {dtype.name} is not supported on {self.platform} (CuPy has no {dtype.name})")
+
+    def from_numpy(self, array: np.ndarray) -> Any:
+        self._check_dtype(dt.from_numpy_dtype(array.dtype), "from_numpy")
+        with self._on():
+            return self.cp.asarray(array)
+
+    def to_numpy(self, h: Any) -> np.ndarray:
+        with self._on():
+            return self.cp.asnumpy(h, stream=self.stream, blocking=True)
+
+    def from_dlpack(self, capsule: Any) -> Any:
+        """Zero-copy import of a DLPack tensor on this GPU (torch, CuPy, JAX)."""
+        with self._on():
+            return self.cp.from_dlpack(capsule)
+
+    def full(self, shape: tuple[int, ...], value: Any, dtype: DType) -> Any:
+        self._check_dtype(dtype, "full")
+        with self._on():
+            return self.cp.full(tuple(shape), value, dtype=dtype.numpy)
+
+    def arange(self, start: Any, stop: Any, step: Any, dtype: DType) -> Any:
+        self._check_dtype(dtype, "arange")
+        with self._on():
+            return self.cp.arange(start, stop, step, dtype=np.float64 if dtype.is_floating_point else np.int64) \
+                .astype(dtype.numpy)
+
+    def cast(self, h: Any, dtype: DType) -> Any:
+        self._check_dtype(dtype, "cast")
+        with self._on():
+            return h.astype(dtype.numpy)
+
+    def copy(self, h: Any) -> Any:
+        with self._on():
+            return h.copy()
+
+    def dtype_of(self, h: Any) -> DType:
+        return dt.from_numpy_dtype(h.dtype)
+
+    def assign(self, dst: Any, src: Any) -> None:
+        with self._on():
+            if isinstance(src, self.cp.ndarray) and self.may_share_memory(dst, src):
+                src = src.copy()  # overlapping memory: read a snapshot
+            dst[...] = src
+
+    # -- elementwise: the shared map kernels -----------------------------------------------------------------------
+    def _strides(self, h: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """h's element strides broadcast to shape (0 for new and stretched dims)."""
+        lead = len(shape) - h.ndim
+        item = h.itemsize
+        return (0,) * lead + tuple(0 if n == 1 and shape[lead + d] != 1 else s // item
+                                   for d, (n, s) in enumerate(zip(h.shape, h.strides)))
+
+    def _run_map(self, family: ew.Family, k: int, out: Any, operands: list[tuple[Any, CType]]) -> None:
+        """out[...] = member k of family over operands (arrays broadcast to out's shape, or scalars)."""
+        n = out.size
+        if n == 0:
+            return
+        cp = self.cp
+        arrays = [op for op, _ in operands if isinstance(op, cp.ndarray)]
+        shape, strides = ew.collapse(out.shape, [self._strides(out, out.shape)]
+                                     + [self._strides(a, out.shape) for a in arrays])
+        linear = len(shape) <= 1 and all(st == (1,) or st == () for st in strides)
+        rank = 1 if linear else ew._rank_bucket(len(shape))
+        layout = "linear" if linear else "strided"
+        desc = tuple((t, isinstance(op, cp.ndarray)) for op, t in operands)
+        source = ew._map_source(family, desc, rank, layout)
+        args: list[Any] = [out, np.int64(0)]
+        for op, t in operands:
+            args += [op, np.int64(0)] if isinstance(op, cp.ndarray) else [t.arg(op)]
+        args.append(np.int64(n))
+        if not linear:
+            pad = rank - len(shape)
+            args += [np.int64(1)] * pad + [np.int64(v) for v in shape]
+            for st in strides:
+                args += [np.int64(0)] * pad + [np.int64(v) for v in st]
+        self._launch(source, f"ember_map{k}", n, args)
+
+    def _shape_of(self, *xs: Any) -> tuple[int, ...]:
+        shapes = [x.shape for x in xs if isinstance(x, self.cp.ndarray)]
+        try:
+            return tuple(np.broadcast_shapes(*shapes))
+        except ValueError as exc:
+            raise ShapeError(f"{self.platform}: shapes {shapes} do not broadcast") from exc
+
+    def _scalar_ctype(self, value: Any, other: CType) -> CType:
+        if isinstance(value, float) and not other.is_float:
+            return ctype(dt.float64)  # a comparison of ints with a float compares in double (no truncation)
+        return other
+
+    def unary(self, op: str, h: Any) -> Any:
+        dtype = self.dtype_of(h)
+        expr, _, out_dtype, family = ew._unary_plan(op, dtype)
+        out = self.empty(h.shape, out_dtype)
+        self._run_map(family, family.index[(expr, out_dtype)], out, [(h, ctype(dtype))])
+        return out
+
+    def binary(self, op: str, a: Any, b: Any, out: Any | None = None) -> Any:
+        cp = self.cp
+        ref = a if isinstance(a, cp.ndarray) else b
+        dtype = self.dtype_of(ref)
+        t = ctype(dtype)
+        ta = t if isinstance(a, cp.ndarray) else self._scalar_ctype(a, t)
+        tb = t if isinstance(b, cp.ndarray) else self._scalar_ctype(b, t)
+        wide = ta if ta is not t else tb
+        expr, _, out_dtype, family = ew._binary_plan(op, dtype, wide.dtype)
+        if out is None:
+            out = self.empty(self._shape_of(a, b), out_dtype)
+        self._run_map(family, family.index[(expr, out_dtype)], out, [(a, ta), (b, tb)])
+        return out
+
+    def inplace_binary(self, op: str, a: Any, b: Any) -> None:
+        if isinstance(b, self.cp.ndarray) and self.may_share_memory(a, b):
+            b = self.copy(b)  # a's writes must not feed back into b
+        self.binary(op, a, b, out=a)
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        cp = self.cp
+        ref = a if isinstance(a, cp.ndarray) else b if isinstance(b, cp.ndarray) else None
+        if ref is not None:
+            dtype = self.dtype_of(ref)
+        else:
+            dtype = dt.float32 if isinstance(a, float) or isinstance(b, float) else dt.int64
+        t = ctype(dtype)
+        out = self.empty(self._shape_of(cond, a, b), dtype)
+        family = ew.Family([("(v0 ? v1 : v2)", frozenset(), dtype)])
+        self._run_map(family, 0, out, [(cond, ctype(dt.bool_)), (a, t), (b, t)])
+        return out
+
+    # -- reductions and scans ------------------------------------------------------------------------------------
+    def reduce(self, op: str, h: Any, dims: tuple[int, ...], keepdim: bool) -> Any:
+        cp = self.cp
+        dtype = self.dtype_of(h)
+        axis = tuple(dims)
+        with self._on():
+            if dtype is dt.bool_ and op in ("sum", "prod", "max", "min"):
+                fn = cp.any if op in ("sum", "max") else cp.all  # bool sum/prod stored as bool are any/all
+                return fn(h, axis=axis, keepdims=keepdim)
+            if op == "sum":
+                acc = np.float32 if dtype is dt.float16 else dtype.numpy  # half sums accumulate in float
+                return cp.sum(h, axis=axis, dtype=acc, keepdims=keepdim).astype(dtype.numpy, copy=False)
+            if op == "prod":
+                acc = np.float32 if dtype is dt.float16 else dtype.numpy
+                return cp.prod(h, axis=axis, dtype=acc, keepdims=keepdim).astype(dtype.numpy, copy=False)
+            if op in ("max", "min"):
+                if any(h.shape[d] == 0 for d in axis):
+                    raise ShapeError(f"{op}: cannot reduce over an empty dim of shape {h.shape}")
+                fn = cp.amax if op == "max" else cp.amin
+                return fn(h, axis=axis, keepdims=keepdim)
+        raise ValueRangeError(f"reduce: unknown op {op!r}")
+
+    def argreduce(self, op: str, h: Any, dim: int | None, keepdim: bool) -> Any:
+        cp = self.cp
+        fn = cp.argmax if op in ("max", "argmax") else cp.argmin
+        with self._on():
+            if dim is None:
+                r = fn(h.reshape(-1)).astype(np.int64)
+                return r.reshape((1,) * h.ndim) if keepdim else r
+            r = fn(h, axis=dim).astype(np.int64)
+            return cp.expand_dims(r, dim) if keepdim else r
+
+    def cumulative(self, op: str, h: Any, dim: int) -> Any:
+        cp = self.cp
+        dtype = self.dtype_of(h)
+        with self._on():
+            if dtype is dt.bool_:  # cumsum/cumprod of bool stored as bool: running any / all
+                if op == "sum":
+                    return cp.cumsum(h.astype(np.int64), axis=dim) > 0
+                return cp.cumprod(h.astype(np.uint8), axis=dim).astype(np.bool_)
+            acc = np.float32 if dtype is dt.float16 else dtype.numpy
+            fn = cp.cumsum if op == "sum" else cp.cumprod
+            return fn(h, axis=dim, dtype=acc).astype(dtype.numpy, copy=False)
+
+    # -- linear algebra ------------------------------------------------------------------------------------------
+    def matmul(self, a: Any, b: Any) -> Any:
+        cp = self.cp
+        dtype = self.dtype_of(a)
+        with self._on():
+            if dtype.is_floating_point:
+                return cp.matmul(a, b)  # cuBLAS / rocBLAS
+            if dtype is dt.bool_:  # the logical or of ands: a count of a & b, then != 0
+                return cp.matmul(a.astype(np.int64), b.astype(np.int64)) != 0
+            # integers: accumulate in int64; the low bits are the wrapped product numpy's integer matmul gives
+            return cp.matmul(a.astype(np.int64), b.astype(np.int64)).astype(dtype.numpy)
+
+    # -- sorting -------------------------------------------------------------------------------------------------
+    def sort(self, h: Any, dim: int, descending: bool, stable: bool) -> tuple[Any, Any]:
+        """Values and int64 indices along dim; ties keep their order (CuPy's sorts are stable); NaN sorts last
+        ascending and first descending, as in PyTorch."""
+        cp = self.cp
+        with self._on():
+            if not descending:
+                idx = cp.argsort(h, axis=dim)
+            else:
+                # reverse, sort ascending (stable), reverse back: descending with ties in their original order
+                n = h.shape[dim]
+                rev = cp.flip(h, axis=dim)
+                idx = cp.flip(cp.argsort(rev, axis=dim), axis=dim)
+                idx = (n - 1) - idx
+            idx = idx.astype(np.int64)
+            return cp.take_along_axis(h, idx, axis=dim), idx
+
+    # -- movement and indexing -----------------------------------------------------------------------------------
+    def reshape(self, h: Any, shape: tuple[int, ...]) -> Any:
+        with self._on():
+            return h.reshape(tuple(shape))
+
+    def permute(self, h: Any, dims: tuple[int, ...]) -> Any:
+        return self.cp.transpose(h, tuple(dims))
+
+    def expand(self, h: Any, shape: tuple[int, ...]) -> Any:
+        return self.cp.broadcast_to(h, tuple(shape))
+
+    def getitem(self, h: Any, key: tuple[Any, ...]) -> Any:
+        with self._on():
+            return h[key]
+
+    def setitem(self, h: Any, key: tuple[Any, ...], value: Any) -> None:
+        with self._on():
+            h[key] = value
+
+    def cat(self, hs: Sequence[Any], dim: int) -> Any:
+        with self._on():
+            return self.cp.concatenate(list(hs), axis=dim)
+
+    def flip(self, h: Any, dims: tuple[int, ...]) -> Any:
+        with self._on():
+            return self.cp.flip(h, axis=tuple(dims)).copy()
+
+    # -- random numbers: the shared Philox kernels, ember-opencl's counter layout ------------------------------
+    def seed(self, seed: int) -> None:
+        with self._lock:
+            self._key = int(seed) & MASK64
+            self._offset = 0
+
+    def _philox(self, kind: str, shape: tuple[int, ...], dtype: DType, low: int = 0, span: int = 0) -> Any:
+        self._check_dtype(dtype, {"uniform": "rand", "normal": "randn"}.get(kind, "randint"))
+        out = self.empty(tuple(shape), dtype)
+        with self._lock:
+            key, offset = self._key, self._offset
+            self._offset = (offset + 1) & MASK64  # a fresh counter range even for empty draws, as on OpenCL
+        n = out.size
+        if n == 0:
+            return out
+        src, per = philox_source(kind, dtype)
+        nblocks = -(-n // per)
+        self._launch(src, f"ember_philox_{kind}", nblocks,
+                     [out, np.int64(0), np.int64(n), np.int64(nblocks), np.uint32(key & 0xFFFFFFFF),
+                      np.uint32(key >> 32), np.uint32(offset & 0xFFFFFFFF), np.uint32(offset >> 32),
+                      np.int64(low), np.uint64(span)])
+        return out
+
+    def rand(self, shape: tuple[int, ...], dtype: DType) -> Any:
+        if not dtype.is_floating_point:
+            raise DTypeError(f"rand: expected a floating point dtype, got {dtype.name}")
+        return self._philox("uniform", shape, dtype)
+
+    def randn(self, shape: tuple[int, ...], dtype: DType) -> Any:
+        if not dtype.is_floating_point:
+            raise DTypeError(f"randn: expected a floating point dtype, got {dtype.name}")
+        return self._philox("normal", shape, dtype)
+
+    def randint(self, low: int, high: int, shape: tuple[int, ...], dtype: DType) -> Any:
+        span = int(high) - int(low)
+        if span <= 0 or span > MASK64 or not -(1 << 63) <= int(low) < (1 << 63):
+            raise ValueRangeError(f"randint: unsupported range [{low}, {high}) for dtype {dtype.name}")
+        return self._philox("integers", shape, dtype, int(low), span)
+
+
+def require_device(platform: str, index: int) -> None:
+    """Raise DeviceError naming why ``platform`` device ``index`` cannot be used (for callers outside the plugin
+    factory, e.g. scripts that build a backend directly)."""
+    from . import detect
+
+    count = detect.device_count(platform)
+    if index >= count:
+        raise DeviceError(f"{platform}:{index}: only {count} device(s) found"
+                          + (f" ({detect.unavailable_reason(platform)})" if not count else ""))
