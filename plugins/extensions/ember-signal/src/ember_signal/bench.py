@@ -140,7 +140,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", choices=sorted(FUNCTIONS), help="benchmark these functions only")
     p.add_argument("--min-time", type=float, default=None, help="seconds per timing loop (default 0.2, quick 0.01)")
     p.add_argument("--repeat", type=int, default=None, help="timing loops per row (default 5, quick 1)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="set both libraries' thread counts (ember.set_num_threads, torch.set_num_threads); on a "
+                        "shared machine 1 keeps torch's spinning OpenMP threads from dominating its times")
     args = p.parse_args(argv)
+    if args.threads is not None:
+        import torch
+
+        import ember
+
+        ember.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
     sizes = SIZES_QUICK if args.quick else SIZES_FULL
     min_time = args.min_time if args.min_time is not None else (0.01 if args.quick else 0.2)
     repeat = args.repeat if args.repeat is not None else (1 if args.quick else 5)
