@@ -136,6 +136,9 @@ CASES: list[Case] = [
     Case("vander", lambda L, x: L.vander(x, N=4), _r((gauss, (2, 3)),)),
     Case("multi_dot", lambda L, a, b, c, d: L.multi_dot([a, b, c, d]),
          _r((gauss, (4,)), (gauss, (4, 6)), (gauss, (6, 2)), (gauss, (2,)))),
+    # complex outputs (ember's complex dtypes); eigenvectors are defined up to a phase: compared in magnitude
+    Case("eig", lambda L, A: tuple(L.eig(A)), _r((gauss, (2, 4, 4)),), abs_outputs=(1,), grad=False),
+    Case("eigvals", lambda L, A: L.eigvals(A), _r((gauss, (3, 3)),), grad=False),
     Case("vecdot", lambda L, x, y: L.vecdot(x, y, dim=0), _r((gauss, (3, 4)), (gauss, (3, 1)))),
     Case("tensorinv", lambda L, A: L.tensorinv(A.reshape(2, 3, 6), ind=2), _r((sq, (6, 6)),)),
     Case("tensorsolve", lambda L, A, B: L.tensorsolve(A.reshape(6, 2, 3), B), _r((sq, (6, 6)), (gauss, (6,)))),
