@@ -77,9 +77,8 @@ def reduction_sources() -> Iterator[tuple[str, str]]:
     """Reductions (1-3 reduced dims, float partials for half types), argmax/argmin, scans, logsumexp, softmax."""
     for d in DTYPES:
         t = ctype(d)
-        for op in ("sum", "prod", "max", "min"):
-            if d is dt.bool_ and op in reduction._BOOL_OP:
-                op = reduction._BOOL_OP[op]
+        # bool sum/prod are stored as any/all: the max/min kernels
+        for op in ("sum", "prod", "max", "min") if d is not dt.bool_ else ("max", "min"):
             for nred in (1, 2, 3):
                 yield f"reduce/{op}/{d.name}/nred{nred}", reduction._reduce_source(op, t, t, nred, False, False)
             if d in reduction._HALF:  # pass 1 of a split row writes float partials
