@@ -337,7 +337,10 @@ class Tensor:
         arr = self.numpy()
         body = np.array2string(arr, separator=", ", prefix="tensor(", threshold=1000, precision=4)
         extras = []
-        if self._dtype.name not in ("float32", "int64", "bool"):
+        if self._dtype.is_complex:  # as PyTorch: the default complex dtype goes unnamed
+            if self._dtype is not self._device.default_dtype.to_complex:
+                extras.append(f"dtype={self._dtype}")
+        elif self._dtype.name not in ("float32", "int64", "bool"):
             extras.append(f"dtype={self._dtype}")
         elif self._dtype.name == "float32" and self._dtype is not self._device.default_dtype:
             extras.append(f"dtype={self._dtype}")

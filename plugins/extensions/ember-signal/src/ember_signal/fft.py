@@ -8,7 +8,7 @@ or ``"ortho"`` (1/sqrt(n) both ways).
 >>> import ember
 >>> x = ember.tensor([1.0, 2.0, 3.0, 4.0])
 >>> ember.fft.rfft(x)
-tensor([10.+0.j, -2.+2.j, -2.+0.j], dtype=ember.complex64)
+tensor([10.+0.j, -2.+2.j, -2.+0.j])
 >>> ember.fft.irfft(ember.fft.rfft(x), n=4)
 tensor([1., 2., 3., 4.])
 """
