@@ -519,14 +519,19 @@ def adaptive_pool(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
 def interpolate(b: Builder, rec: OpRecord, ins: list[str]) -> list[str]:
     """Resize."""
     _, size, mode, align_corners, _scales = rec.args
-    shape = b.shapes[rec.inputs[0]]
     onnx_mode = {"nearest": "nearest", "bilinear": "linear", "linear": "linear", "trilinear": "linear",
                  "bicubic": "cubic"}.get(mode)
     if onnx_mode is None:
         raise ExportError(f"ember_onnx.export: interpolate mode {mode!r} has no ONNX lowering")
     coord = "asymmetric" if mode == "nearest" else ("align_corners" if align_corners else "pytorch_half_pixel")
-    sizes = b.const(np.array(list(shape[:2]) + list(size), np.int64))
-    return [b.one("Resize", [ins[0], "", "", sizes], mode=onnx_mode, coordinate_transformation_mode=coord,
+    if _scales is not None:
+        # the scale factors keep torch's coordinate mapping and leave batch and channels free
+        inputs = [ins[0], "", b.const(np.array([1.0, 1.0] + [float(v) for v in _scales], np.float32))]
+    else:
+        lead = b.one("Slice", [b.one("Shape", [ins[0]]), b.const(np.array([0], np.int64)),
+                               b.const(np.array([2], np.int64))])
+        inputs = [ins[0], "", "", b.one("Concat", [lead, b.const(np.array(list(size), np.int64))], axis=0)]
+    return [b.one("Resize", inputs, mode=onnx_mode, coordinate_transformation_mode=coord,
                   nearest_mode="floor" if mode == "nearest" else None,
                   cubic_coeff_a=-0.75 if onnx_mode == "cubic" else None)]
 
