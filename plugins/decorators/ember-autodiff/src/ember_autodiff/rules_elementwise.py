@@ -14,6 +14,7 @@ from typing import Any
 from ember.autograd import GRAD_MODE
 from ember.errors import AutodiffError
 
+from .complex_grads import conjugated, is_complex, real_part
 from .graph import ADArray, Meta, Node
 from .recorder import Recorder
 
@@ -246,7 +247,11 @@ class ElementwiseRules(Recorder):
             return self.record(op, value, (h,), lambda g: (_zeros_like(inner, g),))
         x = self.save(h)
         rule = UNARY_VJP[op]
-        out = self.record(op, value, (h,), lambda g: (rule(inner, g, x, y),),
+
+        def vjp(g: Any) -> tuple[Any]:
+            return (rule(inner, g, x, y),)
+
+        out = self.record(op, value, (h,), conjugated(inner, vjp) if is_complex(inner, value) else vjp,
                           recompute=lambda: inner.unary(op, x()))
         y = self.save(out)
         return out
@@ -338,7 +343,7 @@ class ElementwiseRules(Recorder):
             return (unbroadcast(inner, da, sa) if need_a else None,
                     unbroadcast(inner, db, sb) if need_b else None)
 
-        out = self.record(op, value, (a, b), vjp,
+        out = self.record(op, value, (a, b), conjugated(inner, vjp) if is_complex(inner, value) else vjp,
                           recompute=lambda: inner.binary(op, ga(), gb()))
         y = self.save(out) if keep_y else _unsaved
         return out
@@ -366,12 +371,17 @@ class ElementwiseRules(Recorder):
     def cast(self, h: ADArray, dtype: Any) -> ADArray:
         inner = self.inner
         value = inner.cast(h.value, dtype)
-        if not self.tracking(h) or not dtype.is_floating_point:
+        if not self.tracking(h) or not (dtype.is_floating_point or dtype.is_complex):
             return self.wrap(value)
         src = inner.dtype_of(h.value)
         x = self.save(h)
-        return self.record("cast", value, (h,), lambda g: (inner.cast(g, src),),
-                           recompute=lambda: inner.cast(x(), dtype))
+
+        def vjp(g: Any) -> tuple[Any]:
+            if dtype.is_complex and not src.is_complex:  # a real value promoted to complex: its gradient is real
+                g = real_part(inner, g)
+            return (inner.cast(g, src),)
+
+        return self.record("cast", value, (h,), vjp, recompute=lambda: inner.cast(x(), dtype))
 
     def dtype_of(self, h: ADArray) -> Any:
         return self.inner.dtype_of(h.value)

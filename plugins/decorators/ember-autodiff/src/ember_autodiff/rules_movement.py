@@ -189,7 +189,8 @@ class MovementRules(Recorder):
         if not tied or not GRAD_MODE.enabled:
             return out
         inner = self.inner
-        if not inner.dtype_of(out.value).is_floating_point:
+        kind = inner.dtype_of(out.value)
+        if not (kind.is_floating_point or kind.is_complex):
             return out
         specs = [(tuple(h.shape), inner.dtype_of(h.value)) for h in tied]
 

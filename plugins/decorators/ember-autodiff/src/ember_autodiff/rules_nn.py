@@ -23,6 +23,7 @@ from ember import dtypes as dt
 from ember.backend import Backend
 from ember.shapes import einsum_labels
 
+from .complex_grads import conjugated, is_complex
 from .graph import ADArray
 from .recorder import Recorder
 from .rules_elementwise import unbroadcast
@@ -269,8 +270,10 @@ class NNRules(Recorder):
         # each operand is saved only when the other one needs a gradient (compute-bound: no recompute)
         get_b = self.save(b) if a.meta is not None else None
         get_a = self.save(a) if b.meta is not None else None
-        return self.record("matmul", value, (a, b),
-                           lambda g: matmul_vjp(inner, g, sa, sb, get_a, get_b))
+        def vjp(g: Any) -> tuple[Any, Any]:
+            return matmul_vjp(inner, g, sa, sb, get_a, get_b)
+
+        return self.record("matmul", value, (a, b), conjugated(inner, vjp) if is_complex(inner, value) else vjp)
 
     def einsum(self, equation: str, *hs: ADArray) -> ADArray:
         inner = self.inner
