@@ -136,3 +136,15 @@ def test_extension_without_rule_exports_through_its_composition() -> None:
     np.testing.assert_allclose(got, lstm(x)[0].numpy(), rtol=RTOL, atol=ATOL)
     with pytest.raises(ExportError, match="nn.rnn_layer"):
         ember_onnx.export(lambda t: lstm(t)[0], x, dynamic_axes={"input": [0]})
+
+
+def test_dtype_casts_the_export_only() -> None:
+    ember.manual_seed(4)
+    model = ember.nn.Sequential(ember.nn.Linear(4, 8), ember.nn.GELU(), ember.nn.LayerNorm(8), ember.nn.Linear(8, 2))
+    x = ember.randn(3, 4)
+    proto = ember_onnx.export(model, x, dtype=ember.float16)
+    assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    assert model[0].weight.dtype == ember.float32  # the model itself is left as it was
+    (got,) = _session(proto).run(None, {"input": x.numpy().astype(np.float16)})
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), model(x).numpy(), rtol=1e-2, atol=2e-3)
