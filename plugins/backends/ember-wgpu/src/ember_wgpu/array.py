@@ -140,7 +140,9 @@ def upload(rt: Any, host: np.ndarray, dtype: DType) -> WArray:
         pad = (-data.size) % 4  # writes are in whole 32-bit words
         if pad:
             data = np.concatenate([data, np.zeros(pad, np.uint8)])
-        rt.queue.write_buffer(out.buf, 0, data)
+        with rt.lock:
+            rt.flush()  # recorded dispatches may still read this (reused) buffer: they run first
+            rt.queue.write_buffer(out.buf, 0, data)
     return out
 
 
@@ -153,7 +155,10 @@ def download(h: WArray) -> np.ndarray:
         return np.empty(h.shape, dtype=h.dtype.numpy)
     start = h.offset * itemsize
     lo, hi = start & ~3, (start + n * itemsize + 3) & ~3  # reads are in whole 32-bit words
-    raw = np.frombuffer(h.rt.queue.read_buffer(h.buf, lo, hi - lo), dtype=np.uint8)
+    rt = h.rt
+    with rt.lock:
+        rt.flush()
+        raw = np.frombuffer(rt.queue.read_buffer(h.buf, lo, hi - lo), dtype=np.uint8)
     data = raw[start - lo:start - lo + n * itemsize].view(storage).reshape(h.shape)
     if h.dtype is dt.bool_:
         return data != 0

@@ -10,6 +10,7 @@ tables do not define compile to ``None``: fusion then runs them op by op with th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ def _scalar_words(value: Any, dtype: DType) -> tuple[int, int]:
         return v & 0xFFFFFFFF, (v >> 32) & 0xFFFFFFFF
 
 
+@functools.cache
 def fused_source(kernel: Kernel) -> str | None:
     """The WGSL source of an elementwise kernel, or None when some instruction has no WGSL form here."""
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)

@@ -8,6 +8,7 @@ the pipeline cache key is the source itself.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
@@ -19,7 +20,7 @@ from ember.dtypes import DType
 
 from . import wgsl
 from .array import WArray, contiguous_strides, empty
-from .runtime import WG
+from .runtime import WG, ParamWords
 
 _FLAT_ID = "let i = i32(gid.x + gid.y * nwg.x * {wg}u);"
 _MAIN = ("@compute @workgroup_size({wg})\n"
@@ -28,8 +29,9 @@ _MAIN = ("@compute @workgroup_size({wg})\n"
 _FN = re.compile(r"\nfn (\w+)\(")
 
 
-def _library(dtypes: list[DType]) -> dict[str, str]:
-    text = wgsl.prelude(dtypes)
+@functools.cache
+def _library(with_i64: bool) -> dict[str, str]:
+    text = wgsl.prelude([dt.int64] if with_i64 else [])
     starts = [(m.start(), m.group(1)) for m in _FN.finditer(text)]
     out = {}
     for k, (pos, name) in enumerate(starts):
@@ -40,7 +42,7 @@ def _library(dtypes: list[DType]) -> dict[str, str]:
 
 def _with_library(body: str, dtypes: list[DType]) -> str:
     """``body`` preceded by the ``enable`` directives and the prelude functions it calls (transitively)."""
-    lib = _library(dtypes)
+    lib = _library(any(d is dt.int64 for d in dtypes))
     need: list[str] = []
     frontier = body
     while True:
@@ -53,15 +55,11 @@ def _with_library(body: str, dtypes: list[DType]) -> str:
     return wgsl.header(dtypes) + "".join(lib[n] for n in ordered) + "\n" + body
 
 
-def _params(rt: Any, values: list[int]) -> Any:
-    """A parameter buffer holding ``values`` as i32 (the block keeps it alive until the launch is queued)."""
+def _params(rt: Any, values: list[int]) -> ParamWords:
+    """A kernel's parameter words: ``values`` as 32-bit two's complement (bound from the runtime's arena)."""
     arr = np.asarray(values, dtype=np.int64)
     data = (arr & 0xFFFFFFFF).astype(np.uint32)
-    if data.size == 0:
-        data = np.zeros(1, np.uint32)
-    block = rt.pool.allocate(data.nbytes)
-    rt.queue.write_buffer(block.buffer, 0, data)
-    return block
+    return ParamWords(data if data.size else np.zeros(1, np.uint32))
 
 
 def collapse(shape: tuple[int, ...], *strides: tuple[int, ...]) -> tuple[list[int], list[list[int]]]:
@@ -87,6 +85,7 @@ def _groups(n: int, per: int = WG) -> int:
 
 
 # -- strided elementwise map --------------------------------------------------------------------------------------
+@functools.cache  # generating a source costs more than a launch: once per op and dtypes
 def map_source(expr: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str:
     n = len(in_dtypes)
     lines = []
@@ -149,6 +148,7 @@ def _reduce_step(op: str, ct: str) -> tuple[str, str]:
     return "acc = v;", f"acc = {fn}(acc, v);"
 
 
+@functools.cache
 def reduce_source(op: str, dtype: DType, out_dtype: DType) -> str:
     ct = wgsl.ctype(dtype)
     init, step = _reduce_step(op, ct)
@@ -216,6 +216,7 @@ def reduce(op: str, h: WArray, dims: tuple[int, ...], out_shape: tuple[int, ...]
     return out
 
 
+@functools.cache
 def argreduce_source(op: str, dtype: DType) -> str:
     ct = wgsl.ctype(dtype)
     better = "v > best" if op == "argmax" else "v < best"
@@ -258,6 +259,7 @@ def argreduce(op: str, h: WArray, dim: int, out_shape: tuple[int, ...]) -> WArra
 
 
 # -- scans ---------------------------------------------------------------------------------------------------------
+@functools.cache
 def scan_source(op: str, dtype: DType) -> str:
     ct = wgsl.ctype(dtype)
     if op == "sum" and ct == "f32":
@@ -305,6 +307,7 @@ def scan(op: str, h: WArray, dim: int) -> WArray:
 TILE = 16
 
 
+@functools.cache
 def matmul_source(dtype: DType) -> str:
     ct = "i32" if dtype is dt.bool_ else wgsl.ctype(dtype)
     load = (lambda raw: f"select(0, 1, {raw} != 0u)") if dtype is dt.bool_ else (lambda raw: wgsl.load(dtype, raw))
@@ -370,6 +373,7 @@ def matmul(a: WArray, b: WArray) -> WArray:
 
 
 # -- sort ------------------------------------------------------------------------------------------------------------
+@functools.cache
 def sort_source(dtype: DType, descending: bool) -> str:
     ct = wgsl.ctype(dtype)
     if ct == "f32":
@@ -425,6 +429,7 @@ def sort(h: WArray, dim: int, descending: bool) -> tuple[WArray, WArray]:
 
 
 # -- gather / scatter through element offsets ------------------------------------------------------------------------
+@functools.cache
 def gather_source(dtype: DType) -> str:
     s = wgsl.stype(dtype)
     body = (f"@group(0) @binding(0) var<storage, read> src: array<{s}>;\n"
@@ -436,6 +441,7 @@ def gather_source(dtype: DType) -> str:
     return _with_library(body, [dtype])
 
 
+@functools.cache
 def scatter_source(dtype: DType) -> str:
     s = wgsl.stype(dtype)
     body = (f"@group(0) @binding(0) var<storage, read> vals: array<{s}>;\n"
@@ -496,6 +502,7 @@ fn philox(c0: vec4<u32>, k0: vec2<u32>) -> vec4<u32> {
 """
 
 
+@functools.cache
 def random_source(kind: str, dtype: DType) -> str:
     """kind: "rand" (uniform [0, 1)), "randn" (standard normal, Box-Muller) or "randint" (low + x mod range)."""
     s = wgsl.stype(dtype)
@@ -559,6 +566,7 @@ def contiguous_like(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 # -- softmax -------------------------------------------------------------------------------------------------------
+@functools.cache
 def softmax_source(dtype: DType, log: bool) -> str:
     result = "v - m - ls" if log else "exp(v - m) / s"
     body = (f"@group(0) @binding(0) var<storage, read> inp: array<{wgsl.stype(dtype)}>;\n"

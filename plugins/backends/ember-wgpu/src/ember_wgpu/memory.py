@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ember.errors import OutOfMemoryError
@@ -107,6 +107,8 @@ class MemoryPool:
         # take its buffer into the cycle's unreachable set, and wgpu-py would release the buffer (its __del__)
         # even though Block.__del__ just returned it to the pool
         self._buffers: dict[int, Any] = {}
+        #: called before a buffer is destroyed (the runtime submits recorded dispatches that may still use it)
+        self.before_release: Callable[[], None] | None = None
 
     # -- allocation ----------------------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Block:
@@ -188,6 +190,8 @@ class MemoryPool:
         self._reserved -= cap
         self._raw_releases += 1
         self._buffers.pop(id(buf), None)
+        if self.before_release is not None:
+            self.before_release()
         destroy = getattr(buf, "destroy", None)
         if destroy is not None:
             destroy()

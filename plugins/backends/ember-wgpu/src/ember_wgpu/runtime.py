@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from ember.errors import DeviceError
 
 log = logging.getLogger("ember.wgpu")
@@ -35,6 +37,23 @@ _TYPE_RANK = {"high": {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "U
 OPTIONAL_FEATURES = ("shader-f16", "shader-int64")
 #: workgroup size of the elementwise kernels (lavapipe and desktop GPUs both like 256)
 WG = 256
+#: dispatches recorded per command buffer before it is submitted
+MAX_BATCH = 64
+#: bytes of the parameter arena (the kernels' shape/stride words of one command buffer)
+ARENA_BYTES = 1 << 16
+
+
+class ParamWords:
+    """A kernel's parameter words (uint32), bound from the runtime's parameter arena at launch."""
+
+    __slots__ = ("words",)
+
+    def __init__(self, words: Any) -> None:
+        self.words = words
+
+    @property
+    def buffer(self) -> ParamWords:
+        return self
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # lavapipe's WSI layer complains on stderr when it is unset
 
@@ -121,13 +140,22 @@ class Runtime:
         self.i64 = "shader-int64" in self.features
         self.lock = threading.RLock()
         self._modules: dict[str, Any] = {}
+        self._layouts: dict[str, Any] = {}
+        self._encoder: Any = None  # the open command encoder of recorded, unsubmitted dispatches
+        self._pending = 0
+        self._arena_buf: Any = None  # parameter words of the recorded dispatches, written at flush
+        self._arena_chunks: list[tuple[int, Any]] = []
+        self._arena_used = 0
+        self._arena_align = max(int(limits.get("min-storage-buffer-offset-alignment", 256)), 4)
         self._fence: Any = None
         self._pipelines: dict[str, Any] = {}
-        self.stats = {"modules": 0, "pipelines": 0, "pipeline_hits": 0, "compile_seconds": 0.0, "launches": 0}
+        self.stats = {"modules": 0, "pipelines": 0, "pipeline_hits": 0, "compile_seconds": 0.0, "launches": 0,
+                      "submits": 0}
         from .memory import MemoryPool
 
         self.pool = MemoryPool(self.device, capacity=self.max_buffer * 8, max_alloc=self.max_binding,
                                label=f"wgpu:{index}")
+        self.pool.before_release = self.flush  # recorded dispatches may still use a buffer about to be destroyed
 
     def describe(self) -> str:
         return describe_adapter(self.adapter)
@@ -172,8 +200,13 @@ class Runtime:
         return p
 
     def launch(self, source: str, buffers: list[Any], groups: int | tuple[int, int, int]) -> None:
-        """Dispatch ``source`` with ``buffers`` bound to @group(0) @binding(0..n-1), ``groups`` workgroups (a count
-        is split into a 2-d grid when it exceeds the 65535-per-dimension limit; kernels rebuild the flat id)."""
+        """Record a dispatch of ``source`` with ``buffers`` bound to @group(0) @binding(0..n-1) (a
+        :class:`ParamWords` entry binds its words from the parameter arena) and ``groups`` workgroups (a count is
+        split into a 2-d grid beyond the 65535-per-dimension limit; kernels rebuild the flat id).
+
+        Dispatches are batched into one command buffer (a submit costs ~1 ms on lavapipe, more than a small
+        kernel): :meth:`flush` submits it, and every host transfer, buffer release and ``sync`` flushes first, so
+        the queue always sees work in program order."""
         if isinstance(groups, int):
             if groups <= 0:
                 return
@@ -182,23 +215,68 @@ class Runtime:
         else:
             grid = groups
         pipe = self.pipeline(source)
-        entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
-                   for i, b in enumerate(buffers)]
-        bind = self.device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=entries)
-        enc = self.device.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        cp.set_pipeline(pipe)
-        cp.set_bind_group(0, bind)
-        cp.dispatch_workgroups(*grid)
-        cp.end()
-        self.queue.submit([enc.finish()])
-        self.stats["launches"] += 1
+        with self.lock:
+            entries = []
+            for i, b in enumerate(buffers):
+                if isinstance(b, ParamWords):
+                    nbytes = b.words.nbytes
+                    off = -(-self._arena_used // self._arena_align) * self._arena_align
+                    if off + nbytes > ARENA_BYTES:
+                        self.flush()
+                        off = 0
+                    self._arena_chunks.append((off, b.words))
+                    self._arena_used = off + nbytes
+                    entries.append({"binding": i, "resource": {"buffer": self._arena(), "offset": off,
+                                                               "size": nbytes}})
+                else:
+                    entries.append({"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}})
+            layout = self._layouts.get(source)
+            if layout is None:
+                layout = self._layouts[source] = pipe.get_bind_group_layout(0)
+            bind = self.device.create_bind_group(layout=layout, entries=entries)
+            if self._encoder is None:
+                self._encoder = self.device.create_command_encoder()
+            cp = self._encoder.begin_compute_pass()
+            cp.set_pipeline(pipe)
+            cp.set_bind_group(0, bind)
+            cp.dispatch_workgroups(*grid)
+            cp.end()
+            self._pending += 1
+            self.stats["launches"] += 1
+            if self._pending >= MAX_BATCH:
+                self.flush()
+
+    def _arena(self) -> Any:
+        if self._arena_buf is None:
+            self._arena_buf = self.device.create_buffer(
+                size=ARENA_BYTES, usage=self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_DST)
+        return self._arena_buf
+
+    def flush(self) -> None:
+        """Submit the recorded dispatches (after writing their parameters into the arena)."""
+        with self.lock:
+            enc = self._encoder
+            if enc is None:
+                return
+            self._encoder = None
+            if self._arena_chunks:
+                host = np.zeros(-(-self._arena_used // 4), np.uint32)
+                for off, words in self._arena_chunks:
+                    host[off // 4:off // 4 + words.size] = words
+                # ordered after every earlier submit (which read the arena's previous contents) and before this one
+                self.queue.write_buffer(self._arena(), 0, host)
+            self._arena_chunks = []
+            self._arena_used = 0
+            self._pending = 0
+            self.queue.submit([enc.finish()])
+            self.stats["submits"] += 1
 
     def sync(self) -> None:
         """Wait until every submitted command has finished."""
         # WebGPU has no queue.finish(): reading a word back maps a staging buffer, which the queue fills only after
         # every command submitted before it (on_submitted_work_done is broken in some wgpu-py releases)
         with self.lock:
+            self.flush()
             if self._fence is None:
                 self._fence = self.device.create_buffer(
                     size=4, usage=self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC)
