@@ -117,3 +117,19 @@ def test_unwritable_output_dir_is_a_clear_error(tmp_path, capsys):
 def test_bad_device_is_a_clear_error():
     with pytest.raises(ember.EmberError):
         cli._device("no-such-device")
+
+
+def test_strategy_reaches_the_settings_and_is_refused_where_no_learner_runs(tmp_path, capsys):
+    assert cli._settings(parse("--strategy", "ddp")).strategy == "ddp"
+    assert cli._settings(parse()).strategy is None
+    rc = cli.main(["seed-cnn-manual", "--quick", "--strategy", "ddp", "--out", str(tmp_path), "--dashboard", "none"])
+    assert rc == 2
+    assert "--strategy needs a recipe that trains with the Learner" in capsys.readouterr().err
+
+
+def test_an_unknown_strategy_is_a_clear_error_naming_the_installed_ones(tmp_path, capsys):
+    rc = cli.main(["regression-csv", "--quick", "--strategy", "nosuch", "--out", str(tmp_path), "--dashboard",
+                   "none", "--device", "flex"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "unknown strategy 'nosuch'; installed strategies:" in err and "single" in err

@@ -87,13 +87,16 @@ class Recipe:
     ``run(settings)`` trains with the resolved :class:`Settings` (device with autodiff, epochs, batch size, lr,
     ``out``, ``resume``, ``quick``, ``dashboard``, ``seed``) and returns ``(summary line, interrupted)``, like the
     built-in recipes. ``checkpoints=False`` tells the CLI the recipe writes no checkpoints into ``--out`` (so an
-    ``--out`` holding another run is not refused).
+    ``--out`` holding another run is not refused). ``strategies=True`` says the recipe passes
+    ``settings.strategy`` on to its Learner (``--strategy ddp``); the CLI refuses the option for other recipes
+    instead of ignoring it.
     """
 
     name: str
     defaults: Defaults
     run: Callable[[Settings], tuple[str, bool]]
     checkpoints: bool = True
+    strategies: bool = False
 
 
 def _entry_points() -> dict[str, Any]:
@@ -114,7 +117,8 @@ def recipe(name: str) -> Recipe:
     is absent, the entry point for one that fails to load, and the known names for anything else.
     """
     if name in RECIPES:
-        return Recipe(name, EXAMPLES[name], RECIPES[name], checkpoints=name != "seed-cnn-manual")
+        learner = name != "seed-cnn-manual"  # the hand-written loop has no Learner: no checkpoints, no strategy
+        return Recipe(name, EXAMPLES[name], RECIPES[name], checkpoints=learner, strategies=learner)
     ep = _entry_points().get(name)
     if ep is None:
         if name in OPTIONAL_RECIPES:
@@ -161,6 +165,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dashboard", default="auto", choices=["auto", "rich", "plain", "none"],
                    help="live terminal dashboard (auto: rich on a terminal, plain lines otherwise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model initialisation and the data order")
+    p.add_argument("--strategy", default=None,
+                   help="how the Learner spreads training over processes, e.g. ddp (with ember[distributed], under "
+                        "mpiexec -n N or ember launch -n N); default: one process")
 
 
 def _examples_help() -> str:
@@ -222,6 +229,7 @@ class Settings:
     dashboard: str
     seed: int
     overwrite: bool = False
+    strategy: str | None = None
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -237,7 +245,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     out = args.out or os.path.join("runs", args.example)
     return Settings(args.example, _device(args.device), epochs, batch, lr, out, bool(args.resume), bool(args.quick),
                     getattr(args, "dashboard", "auto"), getattr(args, "seed", 0),
-                    bool(getattr(args, "overwrite", False)))
+                    bool(getattr(args, "overwrite", False)), getattr(args, "strategy", None))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -250,6 +258,10 @@ def run(args: argparse.Namespace) -> int:
         if debug:
             raise
         print(f"ember train {args.example}: {exc}", file=sys.stderr)
+        return 2
+    if getattr(args, "strategy", None) and not chosen.strategies:
+        print(f"ember train {args.example}: --strategy needs a recipe that trains with the Learner; this one does "
+              "not take it", file=sys.stderr)
         return 2
     try:
         s = _settings(args)
@@ -344,7 +356,8 @@ def _learner(s: Settings, model: nn.Module, train: Any, valid: Any, loss_fn: Any
 
     return Learner(model, train, valid, loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler,
                    scheduler_interval="step", metrics=tuple(metrics), device=s.device, out_dir=s.out,
-                   best_metric=best_metric, best_mode=best_mode, dashboard=s.dashboard, seed=s.seed)
+                   best_metric=best_metric, best_mode=best_mode, dashboard=s.dashboard, seed=s.seed,
+                   strategy=s.strategy)
 
 
 def _digits_loaders(s: Settings) -> tuple[Any, Any]:
