@@ -164,6 +164,23 @@ def test_complex_functions_match_torch(dev_name: str) -> None:
     assert ember.is_complex(z) and not ember.is_complex(x) and z.is_complex() and not ember.is_conj(z)
 
 
+@pytest.mark.parametrize("dev_name", DEVICES)
+def test_creation_where_and_indexing_match_torch(dev_name: str) -> None:
+    dev = device(dev_name)
+    close(ember.full((2,), 1j, device=dev), torch.full((2,), 1j))
+    cond = np.array([True, False, True])
+    for a, b in [(Z[0], 0), (1j, 2.0), (Z[0].real.copy(), 1j)]:
+        ea = ember.tensor(a, device=dev) if isinstance(a, np.ndarray) else a
+        ta = torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+        close(ember.where(ember.tensor(cond, device=dev), ea, b), torch.where(torch.from_numpy(cond), ta, b))
+    z = ember.tensor(Z, device=dev)
+    tz = torch.from_numpy(Z)
+    close(z[1, ::2], tz[1, ::2])
+    close(ember.cat([z, ember.ones(1, 3, device=dev)]), torch.cat([tz, torch.ones(1, 3)]))
+    close(z.T, tz.T)
+    assert ember.tensor([1 + 2j]).item() == 1 + 2j
+
+
 def test_ordering_and_unsupported_ops_raise_dtype_error() -> None:
     z = ember.tensor(Z)
     for fn, op in [(lambda: z < z, "lt"), (lambda: z >= 1, "ge"), (lambda: ember.maximum(z, z), "maximum"),

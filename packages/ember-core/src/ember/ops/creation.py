@@ -116,7 +116,8 @@ def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
     if dtype is None:
         if isinstance(fill_value, Tensor):
             fill_value = fill_value.item()
-        d = dt.bool_ if isinstance(fill_value, bool) else dt.int64 if isinstance(fill_value, int) else dev.default_dtype
+        d = dt.bool_ if isinstance(fill_value, bool) else dt.int64 if isinstance(fill_value, int) else (
+            dev.default_dtype.to_complex if isinstance(fill_value, complex) else dev.default_dtype)
     else:
         d = dt.as_dtype(dtype)
         if isinstance(fill_value, Tensor):

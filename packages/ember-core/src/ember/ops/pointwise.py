@@ -354,6 +354,9 @@ def where(condition: Tensor, input: Any = None, other: Any = None) -> Any:
         hb = stack.cast(hb, rdt)
     if not isinstance(input, Tensor) and not isinstance(other, Tensor):
         ha = stack.full((), ha, rdt)
+    if rdt.is_complex:  # the contract's scalars are bool/int/float: a complex one travels as a 0-d handle
+        ha = stack.full((), ha, rdt) if isinstance(ha, complex) else ha
+        hb = stack.full((), hb, rdt) if isinstance(hb, complex) else hb
     h = stack.where(condition._h, ha, hb)
     if tuple(h.shape) != shape:
         h = stack.expand(h, shape)
