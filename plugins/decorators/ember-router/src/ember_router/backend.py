@@ -60,6 +60,9 @@ _NOT_RECORDED = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry
 _GRADIENT_API = ("tracking", "requires_grad", "set_requires_grad", "is_leaf", "grad_fn", "grad_of", "set_grad",
                  "retain_grad", "detach", "backward", "grad")
 
+#: calls of the gradient API that only read the state of tensors already on the channel: no flush before them
+_READ_ONLY_CALLS = frozenset({"tracking", "requires_grad", "is_leaf", "grad_fn", "grad_of", "detach"})
+
 _COUNTERS = ("graphs_registered", "graph_hits", "replays", "ops_sent", "bytes_sent", "messages", "calls",
              "uploads", "downloads")
 
@@ -210,15 +213,25 @@ class RouterBackend(Decorator):
                      for i, a in enumerate(args))
 
     def _call(self, name: str, args: tuple[Any, ...]) -> Any:
-        """Run ``name`` on the channel at once (a sync point) and return its result as this router's handles."""
+        """Run ``name`` on the channel at once and return its result as this router's handles. A call that changes
+        state (backward, set_grad, ...) first sends everything pending; one that only reads the gradient state of
+        tensors already on the channel does not (the pending ops cannot change what it reads)."""
         with self._lock:
-            self.flush()
             inputs: list[int] = []
             pos: dict[int, int] = {}
             lowered = tuple(self._lower_rec(a, inputs, pos) if not callable(a) else a for a in args)
+            if name not in _READ_ONLY_CALLS or self._any_pending(inputs):
+                self.flush()
             self.counts["calls"] += 1
             reply = self._send(Call(name, tuple(inputs), lowered, self._grad_mode()))
             return self._wrap_out(reply)
+
+    def _any_pending(self, vids: Sequence[int]) -> bool:
+        """Whether a pending record computes any of ``vids`` (they are not on the channel yet)."""
+        if not self._pending:
+            return False
+        wanted = set(vids)
+        return any(v in wanted for r in self._pending for v in r.outputs)
 
     def flush(self) -> None:
         """Send the accumulated records as one graph (registered once per relative form, then replayed)."""
