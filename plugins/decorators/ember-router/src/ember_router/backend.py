@@ -4,7 +4,8 @@ Handles are :class:`RouterHandle` s: an id on the channel's side, a shape and a 
 needs only output specs, which come from :data:`ember.capture.SHAPE_RULES` (the capture's shape rules); a method
 without one is sent at once as a :class:`~ember_router.protocol.Call`. Records accumulate until a sync point:
 
-* a read (``to_numpy``), ``sync()``, ``seed()``, a move between devices, any call of the gradient API;
+* a read (``to_numpy``), ``sync()``, ``seed()``, a move between devices, a call of the gradient API that changes
+  state or reads a pending tensor (``grad_of`` of a tensor on the channel is no sync point);
 * the size bound: ``max_pending`` records, or one op whose output has ``flush_bytes`` or more (an allocation that
   fails then fails at its own call);
 * a change of grad mode (a differentiable channel device runs each graph under the mode its ops were recorded in);
