@@ -185,7 +185,11 @@ def test_ordering_and_unsupported_ops_raise_dtype_error() -> None:
     z = ember.tensor(Z)
     for fn, op in [(lambda: z < z, "lt"), (lambda: z >= 1, "ge"), (lambda: ember.maximum(z, z), "maximum"),
                    (lambda: z.floor(), "floor"), (lambda: z.max(), "max"), (lambda: z.argmin(), "argmin"),
-                   (lambda: z % 2, "remainder"), (lambda: ember.sign(z), "sign")]:
+                   (lambda: z % 2, "remainder"), (lambda: ember.sign(z), "sign"), (lambda: ember.sort(z), "sort"),
+                   (lambda: ember.topk(z, 1), "topk"), (lambda: ember.clamp(z, min=0), "clamp"),
+                   (lambda: ember.relu(z), "relu"), (lambda: ember.median(z), "median"),
+                   (lambda: ember.amax(z), "amax"), (lambda: ember.cummax(z, 0), "cummax"),
+                   (lambda: ember.logsumexp(z, 0), "logsumexp")]:
         with pytest.raises(DTypeError, match=f"^{op}.*complex64"):
             fn()
     with pytest.raises(DTypeError, match="imag: not implemented for real tensors"):

@@ -183,6 +183,9 @@ def _check_relu(x: Any, op: str) -> None:
         raise DTypeError(f"{op}: expected a Tensor, got {type(x).__name__} {x!r}")
     if x._dtype.is_bool:
         raise DTypeError(f"{op}: not implemented for bool tensors")
+    if x._dtype.is_complex:
+        raise DTypeError(f"{op}: not supported for complex dtype {x._dtype.name} (clamp is not supported for complex "
+                         "types, as in PyTorch)")
 
 
 def positive(input: Tensor) -> Tensor:
@@ -205,6 +208,10 @@ def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A
         raise DTypeError(f"clamp: expected a Tensor, got {type(input).__name__}")
     if min is None and max is None:
         raise ValueRangeError("clamp: at least one of 'min' or 'max' must not be None")
+    if input._dtype.is_complex or any(isinstance(v, complex) or (isinstance(v, Tensor) and v._dtype.is_complex)
+                                      for v in (min, max)):
+        raise DTypeError(f"clamp: not supported for complex types (input {input._dtype.name}; complex numbers have "
+                         "no order), as in PyTorch")
     if min is not None and max is not None and isinstance(min, Tensor) is not isinstance(max, Tensor):
         # PyTorch has (Number?, Number?) and (Tensor?, Tensor?) overloads: a 0-d tensor beside a number passes
         # as a number there (its value, promoting as a number, no gradient), as here. A dimensioned tensor beside

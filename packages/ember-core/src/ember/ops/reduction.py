@@ -241,6 +241,7 @@ def _all_dims(dim: Any) -> bool:
 
 def _extreme(op: str, x: Tensor, dim: Any, keepdim: bool, name: str) -> Tensor:
     _check_keepdim(keepdim, name)
+    _no_complex(x, name)
     keepdim = bool(keepdim)
     dims = _dims(x, dim, name)
     _nonempty(x, dims, name, _all_dims(dim))
@@ -261,6 +262,7 @@ def amin(input: Tensor, dim: Any = (), keepdim: bool = False) -> Tensor:
 def aminmax(input: Tensor, *, dim: int | None = None, keepdim: bool = False) -> Any:
     """(min, max) over dim (None: all) in one call."""
     x = _check(input, "aminmax")
+    _no_complex(x, "aminmax")
     if dim is not None:
         norm_dim(dim, x.ndim, "aminmax")  # one int only, as in PyTorch
     return return_types.aminmax(_extreme("min", x, dim, keepdim, "aminmax"),
@@ -462,6 +464,8 @@ def std_mean(input: Tensor, dim: Any = None, unbiased: bool | None = None, keepd
 def logsumexp(input: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     """log(sum(exp(x))) over dim, computed stably; integer inputs give the default float dtype."""
     x = _check(input, "logsumexp")
+    if x._dtype.is_complex:  # PyTorch has a complex logsumexp; ember's max-shifted composition has no complex form
+        raise DTypeError(f"logsumexp(): not implemented for complex dtype {x._dtype.name} in ember")
     _check_keepdim(keepdim, "logsumexp")
     keepdim = bool(keepdim)
     if dim is None:  # PyTorch has no all-dims default here: dim is a required int or tuple of ints
@@ -524,6 +528,7 @@ def _scan(stack: Any, op: str, h: Any, dim: int) -> Any:
 
 def _cum_extreme(op: str, input: Any, dim: Any) -> Any:
     x = _check(input, op)
+    _no_complex(x, op)
     d = norm_dim(dim, x.ndim, op)
     stack = x._device.stack
     rt = getattr(return_types, op)
@@ -574,6 +579,7 @@ def _sort_handles(x: Tensor, d: int, descending: bool, stable: bool) -> tuple[An
 def sort(input: Tensor, dim: int = -1, descending: bool = False, *, stable: bool = False) -> Any:
     """Sorted values and their original indices along dim; NaN sorts as the largest value."""
     x = _check(input, "sort")
+    _no_complex(x, "sort")
     d = norm_dim(dim, x.ndim, "sort")
     v, i = _sort_handles(x, d, descending, stable)
     return return_types.sort(Tensor._make(v, x._dtype, x._device), Tensor._make(i, dt.int64, x._device))
@@ -582,6 +588,7 @@ def sort(input: Tensor, dim: int = -1, descending: bool = False, *, stable: bool
 def argsort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
     """The indices that sort input along dim."""
     x = _check(input, "argsort")
+    _no_complex(x, "argsort")
     d = norm_dim(dim, x.ndim, "argsort")
     return Tensor._make(_sort_handles(x, d, descending, stable)[1], dt.int64, x._device)
 
@@ -603,6 +610,7 @@ def _check_k(op: str, k: Any, size: int, d: int, lo: int) -> int:
 def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:  # noqa: A002
     """The k largest (or smallest) values along dim and their indices; NaN counts as the largest."""
     x = _check(input, "topk")
+    _no_complex(x, "topk")
     if x._dtype is dt.bool_:
         raise DTypeError("topk(): does not support bool tensors (cast to an integer dtype first)")
     d = norm_dim(dim, x.ndim, "topk")
@@ -628,6 +636,7 @@ def _select(op: str, x: Tensor, pos: int, d: int, keepdim: bool) -> tuple[Any, A
 def kthvalue(input: Tensor, k: int, dim: int = -1, keepdim: bool = False) -> Any:
     """The k-th smallest value (1-based) along dim and its index; NaN counts as the largest."""
     x = _check(input, "kthvalue")
+    _no_complex(x, "kthvalue")
     d = norm_dim(dim, x.ndim, "kthvalue")
     size = x._h.shape[d] if x.ndim else 1
     k = _check_k("kthvalue", k, size, d, 1)
@@ -642,6 +651,7 @@ def kthvalue(input: Tensor, k: int, dim: int = -1, keepdim: bool = False) -> Any
 def median(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """The lower median (NaN if any element is NaN); with dim, (values, indices) along it."""
     x = _check(input, "median")
+    _no_complex(x, "median")
     stack = x._device.stack
     if dim is None:
         n = x.numel()
