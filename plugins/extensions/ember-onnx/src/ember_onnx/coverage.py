@@ -7,7 +7,9 @@ from collections import defaultdict
 
 #: the area names of the import table, in the order the guide lists them
 AREA_TITLES = {"elementwise": "elementwise", "reduction": "reductions, softmax, TopK", "shape": "shape and indexing",
-               "nn": "neural network", "resize": "resize", "control": "control flow, sequences, optionals"}
+               "nn": "neural network", "recurrent": "recurrent", "resize": "resize and grid sampling",
+               "quant": "quantization", "host": "data-dependent sizes, determinant",
+               "control": "control flow, sequences, optionals"}
 
 
 def import_table() -> str:
