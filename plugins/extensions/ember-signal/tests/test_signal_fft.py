@@ -205,10 +205,12 @@ def _ember_vjp(fn: Callable[..., ember.Tensor], arr: np.ndarray, g: np.ndarray, 
 @pytest.mark.parametrize("fn,arr,kw", [("rfft", REAL, {}), ("fft", REAL, {"n": 12, "norm": "ortho"}),
                                        ("irfft", CPLX, {"n": 10}), ("fft2", CPLX, {}), ("hfft", CPLX, {})],
                          ids=["rfft", "fft-real-n12", "irfft-n10", "fft2-complex", "hfft"])
-def test_autodiff_gradients_match_torch(fn: str, arr: np.ndarray, kw: dict[str, Any]) -> None:
-    """End to end on flex+autodiff: a real loss of the complex result (|y|^2 weighted, plus Re and Im terms)."""
+@pytest.mark.parametrize("dev_name", ["flex+autodiff", "flex+fusion(eager_below=0)+autodiff"])
+def test_autodiff_gradients_match_torch(dev_name: str, fn: str, arr: np.ndarray, kw: dict[str, Any]) -> None:
+    """End to end on a differentiable device: a real loss of the complex result (|y|^2 weighted, plus Re and Im
+    terms)."""
     need_complex_autodiff()
-    dev = device("flex+autodiff")
+    dev = device(dev_name)
     w = np.random.default_rng(3).standard_normal(getattr(torch.fft, fn)(torch.from_numpy(arr), **kw).shape)
 
     def loss(y: Any, lib: Any, wt: Any) -> Any:

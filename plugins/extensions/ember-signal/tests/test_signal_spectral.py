@@ -16,6 +16,7 @@ from ember import Device
 from ember.errors import DeviceError, DTypeError, PluginError, ShapeError, ValueRangeError
 
 DEVICES = ["flex", "flex+autodiff", "flex+fusion(eager_below=0)"]
+GRAD_DEVICES = ["flex+autodiff", "flex+fusion(eager_below=0)+autodiff"]
 
 
 def device(name: str) -> Device:
@@ -120,9 +121,10 @@ def test_stft_bad_input_raises_typed_errors() -> None:
         ember.istft(spec, 32, window=ember.zeros(32))
 
 
-def test_stft_istft_gradients_match_torch() -> None:
+@pytest.mark.parametrize("dev_name", GRAD_DEVICES)
+def test_stft_istft_gradients_match_torch(dev_name: str) -> None:
     need_complex_autodiff()
-    dev = device("flex+autodiff")
+    dev = device(dev_name)
     wt = torch.hann_window(64)
     x = ember.tensor(SIG, device=dev, requires_grad=True)
     spec = ember.stft(x, 64, hop_length=16, window=ember.hann_window(64, device=dev), return_complex=True)
@@ -270,9 +272,10 @@ def test_mel_spectrogram_defaults_are_torchaudios() -> None:
     close(mel.spectrogram.window, torch.hann_window(400), 1e-6)
 
 
-def test_mel_spectrogram_gradient_matches_torch() -> None:
+@pytest.mark.parametrize("dev_name", GRAD_DEVICES)
+def test_mel_spectrogram_gradient_matches_torch(dev_name: str) -> None:
     need_complex_autodiff()
-    dev = device("flex+autodiff")
+    dev = device(dev_name)
     wave = np.random.default_rng(6).standard_normal((2, 2000)).astype(np.float32)
     mel = ember.signal.MelSpectrogram(sample_rate=8000, n_fft=128, n_mels=16).to(dev)
     x = ember.tensor(wave, device=dev, requires_grad=True)
