@@ -190,3 +190,21 @@ def test_torch_exported_lstm_and_gru_import_and_match_torch() -> None:
         x = torch.randn(batch, steps, 4)
         for got, want in zip(module(x.numpy()), net(x)):
             np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_one_imported_module_runs_from_several_threads() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(5)
+    w1, b1 = rng.standard_normal((8, 4), dtype=np.float32), rng.standard_normal(8, dtype=np.float32)
+    w2 = rng.standard_normal((8, 3), dtype=np.float32)
+    module = ember_onnx.load(_mlp_model(w1, b1, w2), device=ember.Device.flex())
+    xs = [rng.standard_normal((6, 4), dtype=np.float32) for _ in range(8)]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return module(x).numpy()
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, xs))
+    for x, got in zip(xs, results):
+        np.testing.assert_allclose(got, np.maximum(x @ w1.T + b1, 0) @ w2, rtol=1e-5, atol=1e-5)

@@ -8,6 +8,7 @@ included) at load time, so an unsupported model fails before its first call, nam
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -113,8 +114,19 @@ class Executor:
     def __init__(self, model: ModelProto, device: ember.Device) -> None:
         self.opsets: dict[str, int] = {normalize_domain(o.domain): o.version for o in model.opset_import}
         self.functions = {(normalize_domain(f.domain), f.name): f for f in model.functions}
-        self.device = device
+        self._default_device = device
+        # the device of the running call, per thread: one imported module may run from several threads at once
+        self._local = threading.local()
         self._ctx_functions: dict[Any, FunctionProto] = {}
+
+    @property
+    def device(self) -> ember.Device:
+        """Where constants of the running call are made (its inputs' device; the load device by default)."""
+        return getattr(self._local, "device", None) or self._default_device
+
+    @device.setter
+    def device(self, value: ember.Device | None) -> None:
+        self._local.device = value
 
     # -- graphs -----------------------------------------------------------------------------------------------
     def run_graph(self, graph: GraphProto, feeds: Mapping[str, Any], outer: Mapping[str, Any],
@@ -319,16 +331,15 @@ class OnnxModule(nn.Module):
             bound[k] = v
         device = next((v.device for v in bound.values() if isinstance(v, Tensor)), None)
         if device is None:
-            device = next((p.device for p in self.parameters()), self._executor.device)
+            device = next((p.device for p in self.parameters()), self._executor._default_device)
         feeds = {k: to_tensor(v, device) for k, v in bound.items()}
         # graph inputs with initializers are defaults the caller may override (ONNX IR < 4 lists them as inputs)
         values = {name: self.initializer(name) for name in self._slots if name not in feeds}
-        old = self._executor.device
         self._executor.device = device
         try:
             outs = self._executor.run_graph(self.model.graph, {**values, **feeds}, {})
         finally:
-            self._executor.device = old
+            self._executor.device = None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
