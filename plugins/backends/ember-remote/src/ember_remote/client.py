@@ -1,0 +1,529 @@
+"""The client: :class:`RemoteBackend`, the backend of ``Device.remote("ember://host:port/device", ...)``.
+
+Handles are :class:`RemoteHandle` s: an id on the server, a shape and a dtype. Contract calls are recorded as
+:class:`ember.ir.OpRecord` s (output specs from :data:`ember.capture.SHAPE_RULES`); a method without a shape
+rule is sent at once as a call. Records accumulate until a sync point (a read, ``sync()``, ``seed()``, a call, the
+size bound); then they are one graph, registered once in relative form (:func:`ember.ir.relative_form`) and
+replayed by id with bindings afterwards. Messages that need no reply (register, replay, upload, release, seed)
+wait in a queue and travel with the next one that does, in one batch frame: a read costs one round trip.
+
+A dropped connection loses the session's tensors on the server: the next operation reconnects (a new session),
+and using a tensor of the old session raises :class:`~ember_remote.protocol.RemoteError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import os
+import socket
+import ssl
+import threading
+from math import prod
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from ember import dtypes as dt
+from ember import errors as ember_errors
+from ember.backend import Backend
+from ember.capture import SCALAR_OPERANDS, SHAPE_RULES, _NoRule  # noqa: PLC2701 - the capture's rule protocol
+from ember.decorator import CONTRACT_METHODS
+from ember.dtypes import DType
+from ember.errors import ValueRangeError
+from ember.ir import OpRecord, Ref, Scalar, relative_form
+
+from .protocol import (
+    DEFAULT_MAX_FRAME,
+    HEADER,
+    Out,
+    RemoteError,
+    Slice,
+    decode_array,
+    decode_value,
+    dtype_named,
+    encode_array,
+    encode_value,
+    pack_frame,
+    unpack_frame,
+)
+from .server import is_loopback
+
+DEFAULT_MAX_PENDING = 1024
+DEFAULT_FLUSH_BYTES = 1 << 26
+#: queued upload bytes that send the queue at once (frames stay well below the server's limit)
+QUEUE_BYTES = 32 << 20
+
+_SCALARS = (bool, int, float)
+_NOT_RECORDED = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run", "describe", "fusion_compile",
+                           "may_share_memory", "from_numpy", "to_numpy", "dtype_of", "new_random_stream",
+                           "run_extension", "seed"})
+_COUNTERS = ("graphs_registered", "graph_hits", "replays", "ops_sent", "bytes_sent", "bytes_received",
+             "round_trips", "calls", "uploads", "downloads", "reconnects")
+
+
+class RemoteHandle:
+    """A remote tensor: its id in the server session ``epoch``, its shape and dtype."""
+
+    __slots__ = ("shape", "dtype", "vid", "epoch", "backend", "__weakref__")
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, vid: int, epoch: int, backend: RemoteBackend) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        self.vid = vid
+        self.epoch = epoch
+        self.backend = backend
+
+    strides = None  # the layout on the server is unknown here
+
+    def __del__(self) -> None:
+        try:
+            b = self.backend
+            if b._epoch == self.epoch:
+                b._released.append(self.vid)  # freed on the server with the next batch
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing left to free
+            pass
+
+    def __repr__(self) -> str:
+        return f"RemoteHandle(%{self.vid}, shape={self.shape}, dtype={self.dtype})"
+
+
+def _is_handle(a: Any) -> bool:
+    t = type(a)
+    return not (a is None or t in _SCALARS or t is str or t is tuple or t is list or t is slice or a is Ellipsis
+                or t is complex or isinstance(a, DType)) and hasattr(a, "shape")
+
+
+def parse_address(address: str) -> tuple[str, int, str]:
+    """``ember://host:port/device`` -> (host, port, device string); the port defaults to 7433."""
+    u = urlsplit(address)
+    if u.scheme != "ember" or not u.hostname:
+        raise ValueRangeError(f"Device.remote: the address must look like ember://host:7433/flex, got {address!r}")
+    try:
+        port = u.port or 7433
+    except ValueError:
+        raise ValueRangeError(f"Device.remote: bad port in {address!r}") from None
+    return u.hostname, port, u.path.lstrip("/")
+
+
+class Connection:
+    """One authenticated session with a server: blocking socket, one batch frame out, one reply frame in."""
+
+    def __init__(self, host: str, port: int, token: str, fingerprint: str | None, insecure: bool,
+                 timeout: float, cafile: str | None = None) -> None:
+        self.sock: Any = None
+        raw = socket.create_connection((host, port), timeout=timeout)
+        try:
+            if insecure:
+                sock: Any = raw
+            else:
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+                if fingerprint is not None:  # the pin replaces CA verification (self-signed certificates)
+                    ctx.check_hostname = False
+                    ctx.verify_mode = ssl.CERT_NONE
+                elif cafile is not None:
+                    ctx.load_verify_locations(cafile)
+                else:
+                    ctx.load_default_certs()
+                sock = ctx.wrap_socket(raw, server_hostname=host)
+                if fingerprint is not None:
+                    der = sock.getpeercert(binary_form=True) or b""
+                    if not hmac.compare_digest(hashlib.sha256(der).hexdigest(), fingerprint):
+                        sock.close()
+                        raise RemoteError(f"remote: the certificate of {host}:{port} does not match the pinned "
+                                          "fingerprint; nothing was sent (is it the right server?)",
+                                          "FingerprintMismatch")
+            self.sock = sock
+            self.hello = self.exchange(pack_frame("hello", {"token": token}), DEFAULT_MAX_FRAME)
+        except RemoteError:
+            raw.close()
+            raise
+        except (OSError, ssl.SSLError) as exc:
+            raw.close()
+            raise RemoteError(f"remote: could not connect to {host}:{port}: {type(exc).__name__}: {exc}",
+                              "ConnectionError") from None
+
+    def exchange(self, frame: bytes, max_frame: int) -> Any:
+        """Send ``frame``; return the reply body (an ``err`` reply raises)."""
+        try:
+            self.sock.sendall(frame)
+            header = self._recv(HEADER.size)
+            (n,) = HEADER.unpack(header)
+            if n > max_frame:
+                raise RemoteError(f"remote: the server sent a frame of {n} bytes", "ProtocolError")
+            kind, body = unpack_frame(self._recv(n), max_frame)
+        except (OSError, EOFError, ssl.SSLError) as exc:
+            self.close()
+            raise RemoteError(f"remote: the connection was lost ({type(exc).__name__}: {exc}); the server's "
+                              "tensors of this session are gone", "ConnectionLost") from None
+        if kind == "err":
+            if type(body) is not list or len(body) != 3:
+                raise RemoteError("remote: malformed error reply", "ProtocolError")
+            raise _server_error(*body)
+        return body
+
+    def _recv(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise EOFError("the server closed the connection")
+            buf += chunk
+        return bytes(buf)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None
+
+
+def _server_error(kind: Any, message: Any, index: Any) -> Exception:
+    """The server's error as the ember error of the same name (a typed error crosses the wire), else RemoteError."""
+    kind, message = str(kind), str(message)
+    cls = getattr(ember_errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, ember_errors.EmberError):
+        return cls(f"{message} (on the server)")
+    return RemoteError(f"remote: the server failed: {kind}: {message}", kind)
+
+
+class RemoteBackend(Backend):
+    """The ``remote`` backend: records ops, sends them to an ``ember serve`` server, reads values back."""
+
+    name = "remote"
+    contract_version = 1
+
+    def __init__(self, address: str, token: str | None = None, fingerprint: str | None = None,
+                 insecure: bool = False, timeout: float = 300.0, cafile: str | None = None,
+                 max_pending: int = DEFAULT_MAX_PENDING, flush_bytes: int = DEFAULT_FLUSH_BYTES) -> None:
+        super().__init__(0)
+        self.host, self.port, self.device_name = parse_address(address)
+        self.address = address
+        token = token if token is not None else os.environ.get("EMBER_REMOTE_TOKEN")
+        if not token:
+            raise ValueRangeError("Device.remote: a token is needed (token=... or EMBER_REMOTE_TOKEN)")
+        if insecure and not is_loopback(self.host):
+            raise ValueRangeError(f"Device.remote: insecure=True (plaintext) is allowed for loopback hosts only, "
+                                  f"not {self.host!r}")
+        fingerprint = fingerprint if fingerprint is not None else os.environ.get("EMBER_REMOTE_FINGERPRINT")
+        if fingerprint is not None:
+            fingerprint = fingerprint.replace(":", "").strip().lower()
+            if len(fingerprint) != 64 or any(c not in "0123456789abcdef" for c in fingerprint):
+                raise ValueRangeError("Device.remote: fingerprint must be a SHA-256 digest (64 hex digits, colons "
+                                      "allowed)")
+        self._opts = (token, fingerprint, bool(insecure), float(timeout), cafile)
+        self.max_pending = int(max_pending)
+        self.flush_bytes = int(flush_bytes)
+        self._lock = threading.RLock()
+        self._conn: Connection | None = None
+        self._epoch = 0
+        self._pending: list[OpRecord] = []
+        self._queue: list[list[Any]] = []
+        self._queued_bytes = 0
+        self._specs: dict[int, tuple[tuple[int, ...], DType]] = {}
+        self._live: dict[int, Any] = {}
+        self._released: list[int] = []
+        self._graphs: dict[Any, int] = {}
+        self._ids = itertools.count(1)
+        self._graph_ids = itertools.count(1)
+        self.counts = dict.fromkeys(_COUNTERS, 0)
+        self._connect()
+
+    # -- the connection --------------------------------------------------------------------------------------
+    def _connect(self) -> Connection:
+        token, fingerprint, insecure, timeout, cafile = self._opts
+        conn = Connection(self.host, self.port, token, fingerprint, insecure, timeout, cafile)
+        hello = conn.hello
+        served = hello.get("device") if type(hello) is dict else None
+        if self.device_name and served != self.device_name:
+            conn.close()
+            raise RemoteError(f"remote: {self.host}:{self.port} serves {served!r}, not {self.device_name!r}",
+                              "DeviceMismatch")
+        self.served = served
+        self.server_describe = str(hello.get("describe", ""))
+        self.supported_dtypes = frozenset(dtype_named(n) for n in hello.get("dtypes", ()))
+        self.max_frame = int(hello.get("max_frame", DEFAULT_MAX_FRAME))
+        self._conn = conn
+        return conn
+
+    def _lost(self) -> None:
+        """Forget the session: its tensors are gone on the server."""
+        self._conn = None
+        self._epoch += 1
+        self._pending, self._queue, self._queued_bytes = [], [], 0
+        self._specs.clear()
+        self._live.clear()
+        self._released.clear()
+        self._graphs.clear()
+
+    def _exchange(self, msgs: list[list[Any]]) -> list[Any]:
+        """Send the queue plus ``msgs`` as one batch; return the replies of its reply-bearing messages."""
+        conn = self._conn
+        if conn is None:
+            conn = self._connect()
+            self.counts["reconnects"] += 1
+        release = self._take_released()
+        batch = self._queue + ([["release", list(release)]] if release else []) + msgs
+        self._queue, self._queued_bytes = [], 0
+        frame = pack_frame("batch", batch)
+        self.counts["bytes_sent"] += len(frame)
+        self.counts["round_trips"] += 1
+        try:
+            reply = conn.exchange(frame, self.max_frame)
+        except RemoteError as exc:
+            if exc.kind in ("ConnectionLost", "ProtocolError"):
+                self._lost()
+            raise
+        if type(reply) is not list:
+            raise RemoteError("remote: malformed reply", "ProtocolError")
+        return reply
+
+    def _enqueue(self, msg: list[Any], nbytes: int = 0) -> None:
+        self._queue.append(msg)
+        self._queued_bytes += nbytes
+        if self._queued_bytes >= QUEUE_BYTES or len(self._queue) >= 4096:
+            self._exchange([])
+
+    def _check(self, h: RemoteHandle) -> int:
+        if h.epoch != self._epoch:
+            raise RemoteError(f"remote: tensor %{h.vid} belonged to a session that was lost when the connection "
+                              "dropped; recompute it", "LostState")
+        return h.vid
+
+    def close(self) -> None:
+        """Close the connection (the server frees the session's tensors)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+            self._lost()
+
+    # -- handles ---------------------------------------------------------------------------------------------
+    def _new(self, shape: tuple[int, ...], dtype: DType, vid: int | None = None) -> RemoteHandle:
+        if vid is None:
+            vid = next(self._ids)
+        import weakref
+
+        h = RemoteHandle(shape, dtype, vid, self._epoch, self)
+        self._live[vid] = weakref.ref(h)
+        self._specs[vid] = (shape, dtype)
+        return h
+
+    def _wrap_out(self, r: Any) -> Any:
+        t = type(r)
+        if t is Out:
+            return self._new(tuple(r.shape), r.dtype, r.id)
+        if t is tuple or t is list:
+            return t(self._wrap_out(x) for x in r)
+        return r
+
+    def _ref_of(self, h: Any, inputs: list[int], pos: dict[int, int]) -> Ref:
+        if type(h) is not RemoteHandle:
+            raise RemoteError(f"remote: got a handle of another backend ({type(h).__name__})", "WrongDevice")
+        vid = self._check(h)
+        k = pos.get(vid)
+        if k is None:
+            k = pos[vid] = len(inputs)
+            inputs.append(vid)
+        return Ref(k)
+
+    def _lower_rec(self, a: Any, inputs: list[int], pos: dict[int, int]) -> Any:
+        if type(a) is list or (isinstance(a, tuple) and not hasattr(a, "_fields")):
+            return tuple(self._lower_rec(x, inputs, pos) for x in a)
+        if type(a) is slice:
+            return Slice(a.start, a.stop, a.step)
+        if callable(a) and not isinstance(a, DType) and not _is_handle(a):
+            raise RemoteError("remote: a Python callable cannot be sent to the server", "Unsupported")
+        return self._ref_of(a, inputs, pos) if _is_handle(a) else a
+
+    def _rec_args(self, name: str, args: tuple[Any, ...], inputs: list[int], pos: dict[int, int]) -> tuple[Any, ...]:
+        scalar_pos = SCALAR_OPERANDS.get(name, ())
+        return tuple(Scalar(a) if i in scalar_pos and type(a) in _SCALARS else self._lower_rec(a, inputs, pos)
+                     for i, a in enumerate(args))
+
+    # -- recording -------------------------------------------------------------------------------------------
+    def _record(self, name: str, args: tuple[Any, ...]) -> Any:
+        from ember.capture import IN_PLACE
+
+        with self._lock:
+            if IN_PLACE.get(name) is not None and name != "write_back":
+                inputs: list[int] = []
+                pos: dict[int, int] = {}
+                rec_args = self._rec_args(name, args, inputs, pos)
+                self._pending.append(OpRecord(name, tuple(inputs), (), (), (), rec_args))
+                if len(self._pending) >= self.max_pending:
+                    self.flush()
+                return None
+            rule = SHAPE_RULES.get(name)
+            specs = None
+            if rule is not None:
+                try:
+                    specs = rule(*args)
+                except _NoRule:
+                    specs = None
+            if specs is None:
+                return self._call(name, args)
+            inputs, pos = [], {}
+            rec_args = self._rec_args(name, args, inputs, pos)
+            outs = [self._new(tuple(int(n) for n in shape), dtype) for shape, dtype in specs]
+            self._pending.append(OpRecord(name, tuple(inputs), tuple(o.vid for o in outs),
+                                          tuple(o.shape for o in outs), tuple(o.dtype for o in outs), rec_args))
+            if len(self._pending) >= self.max_pending or any(
+                    prod(o.shape) * o.dtype.itemsize >= self.flush_bytes for o in outs):
+                self.flush()
+            return outs[0] if len(outs) == 1 and not _returns_tuple(name, args) else tuple(outs)
+
+    def _call(self, name: str, args: tuple[Any, ...]) -> Any:
+        """Run ``name`` on the server at once and return its result as this backend's handles."""
+        with self._lock:
+            self.flush()
+            inputs: list[int] = []
+            pos: dict[int, int] = {}
+            lowered = tuple(self._lower_rec(a, inputs, pos) for a in args)
+            self.counts["calls"] += 1
+            (reply,) = self._exchange([["call", name, inputs, encode_value(lowered)]])
+            return self._wrap_out(decode_value(reply))
+
+    def flush(self) -> None:
+        """Queue the accumulated records as one graph (registered once per relative form, then replayed)."""
+        with self._lock:
+            records = self._pending
+            if not records:
+                return
+            self._pending = []
+            produced: set[int] = set()
+            for r in records:
+                produced.update(r.outputs)
+            externals: list[tuple[int, tuple[int, ...], DType]] = []
+            seen: set[int] = set()
+            for r in records:
+                for v in r.inputs:
+                    if v not in produced and v not in seen:
+                        seen.add(v)
+                        shape, dtype = self._specs[v]
+                        externals.append((v, shape, dtype))
+            wanted = [v for r in records for v in r.outputs
+                      if (ref := self._live.get(v)) is not None and ref() is not None]
+            key, bindings = relative_form(records, externals, wanted)
+            gid = self._graphs.get(key)
+            if gid is None:
+                gid = self._graphs[key] = next(self._graph_ids)
+                self._queue.append(["register", gid, encode_value(key)])
+                self.counts["graphs_registered"] += 1
+            else:
+                self.counts["graph_hits"] += 1
+            release = self._take_released(produced)
+            self.counts["replays"] += 1
+            self.counts["ops_sent"] += len(records)
+            self._enqueue(["replay", gid, [v for v, _, _ in externals], wanted,
+                           [list(bindings.dims), encode_value(bindings.scalars)], list(release)])
+
+    def _take_released(self, skip: set[int] = frozenset()) -> tuple[int, ...]:  # type: ignore[assignment]
+        if not self._released:
+            return ()
+        dead, self._released = self._released, []
+        out = []
+        for v in dead:
+            ref = self._live.get(v)
+            if ref is not None and ref() is None:
+                del self._live[v]
+                self._specs.pop(v, None)
+            if v not in skip:
+                out.append(v)
+        return tuple(out)
+
+    # -- plumbing --------------------------------------------------------------------------------------------
+    def to_numpy(self, h: Any) -> np.ndarray:
+        with self._lock:
+            vid = self._check(h)
+            self.flush()
+            self.counts["downloads"] += 1
+            (reply,) = self._exchange([["download", vid]])
+            self.counts["bytes_received"] += len(reply[2]) if type(reply) is list and len(reply) == 3 else 0
+            return decode_array(reply, 1 << 62)
+
+    def from_numpy(self, array: np.ndarray) -> Any:
+        with self._lock:
+            a = np.ascontiguousarray(array)
+            h = self._new(tuple(a.shape), dt.from_numpy_dtype(a.dtype))
+            self.counts["uploads"] += 1
+            # encoded now: a copy of the bytes, so later changes to the caller's array do not travel
+            enc = encode_array(a)
+            enc[2] = bytes(enc[2])
+            self._enqueue(["upload", h.vid, enc], a.nbytes)
+            return h
+
+    def dtype_of(self, h: Any) -> DType:
+        return h.dtype  # type: ignore[no-any-return]
+
+    def may_share_memory(self, a: Any, b: Any) -> bool:
+        return True
+
+    def sync(self) -> None:
+        with self._lock:
+            self.flush()
+            self._exchange([["sync"]])
+
+    def seed(self, seed: int) -> None:
+        with self._lock:
+            self.flush()
+            self._enqueue(["seed", int(seed) % (1 << 64)])
+
+    def memory_report(self) -> dict[str, Any]:
+        with self._lock:
+            self.flush()
+            (stats,) = self._exchange([["stats"]])
+            out = {f"server_{k}": v for k, v in stats.items()} if type(stats) is dict else {}
+            out["in_use"] = out.get("server_bytes", 0)
+            out.update({f"remote_{k}": v for k, v in self.counts.items()})
+            out["remote_pending"] = len(self._pending)
+            return out
+
+    def describe(self) -> str:
+        return f"remote {self.host}:{self.port} serving {self.served} ({self.server_describe})"
+
+    def run_extension(self, call: Any) -> Any:
+        from ember.capture import ExtensionArgs
+
+        spec = call.spec
+        if spec is None:
+            raise ember_errors.UnsupportedError(f"remote: the extension op {call.op.name} declares no output spec, "
+                                                "so it cannot be recorded; declare output= to run it remotely")
+        with self._lock:
+            inputs: list[int] = []
+            pos: dict[int, int] = {}
+            rec = tuple(self._ref_of(a, inputs, pos) if i in call.dtypes else a for i, a in enumerate(call.args))
+            specs = spec if isinstance(spec, tuple) else (spec,)
+            outs = [self._new(tuple(s.shape), s.dtype) for s in specs]
+            ext = ExtensionArgs(call.op.name, rec, tuple(sorted(call.kwargs.items())))
+            self._pending.append(OpRecord("extension", tuple(inputs), tuple(o.vid for o in outs),
+                                          tuple(o.shape for o in outs), tuple(o.dtype for o in outs), (ext,)))
+            if len(self._pending) >= self.max_pending:
+                self.flush()
+            return tuple(outs) if isinstance(spec, tuple) else outs[0]
+
+
+def _recording_method(name: str) -> Any:
+    def method(self: RemoteBackend, *args: Any) -> Any:
+        return self._record(name, args)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"{name}: recorded as an ember.ir.OpRecord and sent to the server at the next sync point."
+    return method
+
+
+#: methods returning a tuple (always, or when the flag at that position is true)
+_TUPLE_RESULTS = {"sort": None, "topk": None, "max_pool": 6, "adaptive_max_pool": 2}
+
+
+def _returns_tuple(name: str, args: tuple[Any, ...]) -> bool:
+    flag = _TUPLE_RESULTS.get(name, -1)
+    return flag is None or (flag >= 0 and len(args) > flag and bool(args[flag]))
+
+
+for _name in sorted(CONTRACT_METHODS - _NOT_RECORDED):
+    setattr(RemoteBackend, _name, _recording_method(_name))
+del _name

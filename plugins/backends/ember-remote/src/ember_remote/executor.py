@@ -1,0 +1,295 @@
+"""The server side of a session: runs validated messages on one device's stack, within the session's limits.
+
+A session holds its tensors by id (positive: allocated by the client; negative: results of calls) and its
+registered graphs (relative forms, :func:`ember.ir.relative_form`). Only contract methods of the backend may be
+named by a record or a call; plumbing methods (``lift``, ``memory_dry_run``, ...) and anything else are refused,
+and no value from the wire is ever a callable. Graphs are checked when registered (every position refers to an
+input or an earlier value, every dtype is an ember dtype) and replays before they run (input and output counts,
+the bytes of every value the graph computes against the session's memory limit).
+
+ember-router's ``Executor`` does the same for its in-process channels; plugins do not import each other, so this
+is ember-remote's own copy (a move of the shared part into core is requested).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from ember.capture import ExtensionArgs
+from ember.decorator import CONTRACT_METHODS
+from ember.dtypes import DType
+from ember.errors import DeviceError, OutOfMemoryError
+from ember.ir import Bindings, Placeholder, Ref, Scalar
+
+from .protocol import Msg, Out, ProtocolError, Slice, encode_array
+
+#: contract methods a client may not name: plumbing that hands out backend objects or host memory views
+_PLUMBING = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run", "describe", "fusion_compile",
+                       "may_share_memory", "from_numpy", "to_numpy", "new_random_stream", "run_extension", "seed",
+                       "grad_hooks", "post_accumulate_grad_hooks", "hook_node"})
+ALLOWED_OPS = frozenset(CONTRACT_METHODS - _PLUMBING)
+
+
+@dataclass
+class Limits:
+    """Per-session limits."""
+
+    #: tensors stored at once
+    max_tensors: int = 100_000
+    #: bytes of stored tensors (and of the values one replay computes)
+    max_bytes: int = 4 << 30
+    #: registered graphs
+    max_graphs: int = 10_000
+    #: records in one graph
+    max_graph_ops: int = 100_000
+
+
+def _nbytes(shape: Sequence[int], dtype: DType) -> int:
+    return int(prod(shape)) * dtype.itemsize
+
+
+class Session:
+    """One client's tensors and graphs on ``stack`` (the served device's backend stack)."""
+
+    def __init__(self, stack: Any, device: Any, limits: Limits) -> None:
+        self.stack = stack
+        self.device = device
+        self.limits = limits
+        self.table: dict[int, Any] = {}
+        self.meta: dict[int, tuple[DType, int]] = {}  # id -> (dtype, bytes)
+        self.bytes = 0
+        self.graphs: dict[int, tuple[Any, ...]] = {}
+        self._ids = itertools.count(-1, -1)
+        self.ops_run = 0
+
+    # -- storage ---------------------------------------------------------------------------------------------
+    def get(self, vid: int) -> Any:
+        try:
+            return self.table[vid]
+        except KeyError:
+            raise DeviceError(f"remote: tensor %{vid} is not on the server (its computation failed earlier, or it "
+                              "was released)") from None
+
+    def put(self, vid: int, h: Any, dtype: DType | None = None) -> None:
+        """Store ``h`` as ``vid``, within the session's tensor-count and memory limits."""
+        d = self.stack.dtype_of(h) if dtype is None else dtype
+        n = _nbytes(h.shape, d)
+        self.drop(vid)
+        if len(self.table) >= self.limits.max_tensors:
+            raise OutOfMemoryError(f"remote: the session already holds {len(self.table)} tensors (limit "
+                                   f"{self.limits.max_tensors})")
+        if self.bytes + n > self.limits.max_bytes:
+            raise OutOfMemoryError(f"remote: storing {d.name}{list(h.shape)} ({n} bytes) would exceed the "
+                                   f"session's memory limit of {self.limits.max_bytes} bytes ({self.bytes} in use)")
+        self.table[vid] = h
+        self.meta[vid] = (d, n)
+        self.bytes += n
+
+    def drop(self, vid: int) -> None:
+        if self.table.pop(vid, None) is not None:
+            self.bytes -= self.meta.pop(vid)[1]
+
+    def close(self) -> None:
+        """Free every tensor and graph of the session."""
+        self.table.clear()
+        self.meta.clear()
+        self.graphs.clear()
+        self.bytes = 0
+
+    # -- messages --------------------------------------------------------------------------------------------
+    def run(self, msg: Msg) -> Any:
+        """Run one message; returns its reply (None for messages without one)."""
+        kind, a = msg.kind, msg.args
+        if kind == "replay":
+            self._replay(*a)
+            return None
+        if kind == "register":
+            if len(self.graphs) >= self.limits.max_graphs and a[0] not in self.graphs:
+                raise OutOfMemoryError(f"remote: the session registered {len(self.graphs)} graphs (limit "
+                                       f"{self.limits.max_graphs})")
+            self.graphs[a[0]] = _check_graph(a[1], self.limits.max_graph_ops)
+            return None
+        if kind == "upload":
+            self.put(a[0], self.stack.from_numpy(a[1]))
+            return None
+        if kind == "download":
+            return encode_array(np.asarray(self.stack.to_numpy(self.get(a[0]))))
+        if kind == "release":
+            for vid in a[0]:
+                self.drop(vid)
+            return None
+        if kind == "call":
+            return self._call(*a)
+        if kind == "seed":
+            self.stack.seed(a[0])
+            return None
+        if kind == "sync":
+            self.stack.sync()
+            return None
+        if kind == "stats":
+            return {"tensors": len(self.table), "bytes": self.bytes, "graphs": len(self.graphs),
+                    "ops_run": self.ops_run}
+        raise ProtocolError(f"remote: unknown message {kind!r}")
+
+    def _call(self, method: str, inputs: tuple[int, ...], args: tuple[Any, ...]) -> Any:
+        if method not in ALLOWED_OPS:
+            raise ProtocolError(f"remote: {method!r} is not a backend method a client may call")
+        ins = [self.get(v) for v in inputs]
+        result = getattr(self.stack, method)(*_resolve(args, ins, (), len(ins)))
+        self.ops_run += 1
+        return self._outs(result)
+
+    def _outs(self, r: Any) -> Any:
+        t = type(r)
+        if t is tuple or t is list:
+            return tuple(self._outs(x) for x in r)
+        if r is None or t in (bool, int, float, str, complex) or isinstance(r, DType) or not hasattr(r, "shape"):
+            if callable(r) and not isinstance(r, DType):
+                raise ProtocolError("remote: a call returned a callable, which cannot cross the wire")
+            return r
+        vid = next(self._ids)
+        self.put(vid, r)
+        return Out(vid, tuple(int(n) for n in r.shape), self.meta[vid][0])
+
+    def _replay(self, gid: int, inputs: tuple[int, ...], outputs: tuple[int, ...], bindings: Bindings,
+                release: tuple[int, ...]) -> None:
+        try:
+            ext, body, outs = self.graphs[gid]
+        except KeyError:
+            raise ProtocolError(f"remote: graph {gid} was never registered in this session") from None
+        if len(inputs) != len(ext) or len(outputs) != len(outs):
+            raise ProtocolError(f"remote: graph {gid} takes {len(ext)} inputs and gives {len(outs)} outputs, the "
+                                f"replay names {len(inputs)} and {len(outputs)}")
+        dims, scalars = bindings.dims, bindings.scalars
+        # the bytes every value of the graph takes, before anything runs (a replay cannot allocate past the limit)
+        total = 0
+        for _op, _pos, shapes, dtypes, _args in body:
+            for s, d in zip(shapes, dtypes):
+                total += _nbytes(_bind_shape(s, dims), d)
+        if self.bytes + total > self.limits.max_bytes:
+            raise OutOfMemoryError(f"remote: graph {gid} computes {total} bytes, past the session's memory limit "
+                                   f"of {self.limits.max_bytes} ({self.bytes} in use)")
+        ins = [self.get(v) for v in inputs]
+        in_dtypes = [self.meta[v][0] for v in inputs]
+        values: list[Any] = []
+        v_dtypes: list[DType] = []
+        stack = self.stack
+        for op, positions, _shapes, dtypes, args in body:
+            hs = [ins[k] if where == "in" else values[k] for where, k in positions]
+            if op == "extension":
+                out = self._extension(args[0], hs, [in_dtypes[k] if w == "in" else v_dtypes[k]
+                                                    for w, k in positions])
+            else:
+                out = getattr(stack, op)(*_resolve(args, hs, scalars, len(hs)))
+            self.ops_run += 1
+            if not dtypes:  # an in-place op: its result is its target, changed in place
+                continue
+            if len(dtypes) == 1 and type(out) is not tuple:
+                values.append(out)
+            else:
+                values.extend(out)
+            v_dtypes.extend(dtypes)
+        for vid, (where, k) in zip(outputs, outs):
+            self.put(vid, ins[k] if where == "in" else values[k], in_dtypes[k] if where == "in" else v_dtypes[k])
+        for vid in release:
+            self.drop(vid)
+
+    def _extension(self, ext: ExtensionArgs, hs: list[Any], dtypes: list[DType]) -> Any:
+        from ember import Tensor, extension
+
+        op = extension.get(ext.name)
+        if op is None:
+            raise DeviceError(f"remote: the extension op {ext.name!r} is not installed on the server")
+        args = _resolve(ext.args, hs, (), len(hs))
+        # the op's own entry point on the served device: its kernel where the server has one, else its composition
+        targs = [Tensor._make(a, dtypes[r.k], self.device) if type(r) is Ref else a for a, r in zip(args, ext.args)]
+        out = op(*targs, **dict(ext.kwargs))
+        return tuple(o._h for o in out) if isinstance(out, tuple) else out._h
+
+
+def _bind_shape(shape: Any, dims: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for n in shape:
+        if type(n) is Placeholder:
+            if n.kind != "dim" or not 0 <= n.k < len(dims):
+                raise ProtocolError(f"remote: shape placeholder {n} has no binding")
+            out.append(dims[n.k])
+        elif type(n) is int and n >= 0:
+            out.append(n)
+        else:
+            raise ProtocolError(f"remote: bad dim {n!r:.30} in a graph shape")
+    return tuple(out)
+
+
+def _check_graph(key: tuple[Any, ...], max_ops: int) -> tuple[Any, ...]:
+    """Validate a graph key (see the module docstring) before it is stored."""
+    ext, body, outs = key
+    if type(ext) is not tuple or type(body) is not tuple or type(outs) is not tuple or len(body) > max_ops:
+        raise ProtocolError(f"remote: a graph key must be three tuples with at most {max_ops} records")
+    n_values = 0
+    for entry in body:
+        if type(entry) is not tuple or len(entry) != 5:
+            raise ProtocolError("remote: a graph record must be (op, positions, shapes, dtypes, args)")
+        op, positions, shapes, dtypes, args = entry
+        if op != "extension" and op not in ALLOWED_OPS:
+            raise ProtocolError(f"remote: {op!r:.40} is not a backend method a graph may record")
+        if op == "extension" and (not args or type(args[0]) is not ExtensionArgs):
+            raise ProtocolError("remote: an extension record needs its ExtensionArgs")
+        if type(positions) is not tuple or type(shapes) is not tuple or type(dtypes) is not tuple \
+                or type(args) is not tuple:
+            raise ProtocolError(f"remote: malformed record of {op}")
+        for p in positions:
+            _check_position(p, len(ext), n_values)
+        if any(not isinstance(d, DType) for d in dtypes) or len(shapes) != len(dtypes) and dtypes:
+            raise ProtocolError(f"remote: record of {op}: one dtype per output shape")
+        for s in shapes:
+            if type(s) is not tuple:
+                raise ProtocolError(f"remote: record of {op}: shapes must be tuples")
+        n_values += len(dtypes)
+        _check_refs(args, len(positions), 0)
+    for p in outs:
+        _check_position(p, len(ext), n_values)
+    return key
+
+
+def _check_position(p: Any, n_in: int, n_values: int) -> None:
+    ok = (type(p) is tuple and len(p) == 2 and type(p[1]) is int and
+          ((p[0] == "in" and 0 <= p[1] < n_in) or (p[0] == "v" and 0 <= p[1] < n_values)))
+    if not ok:
+        raise ProtocolError(f"remote: graph position {p!r:.40} refers to no input or earlier value")
+
+
+def _check_refs(a: Any, n: int, depth: int) -> None:
+    t = type(a)
+    if t is Ref and not 0 <= a.k < n:
+        raise ProtocolError(f"remote: argument reference {a.k} out of range (the record has {n} inputs)")
+    if t is tuple:
+        for x in a:
+            _check_refs(x, n, depth + 1)
+    elif t is ExtensionArgs:
+        _check_refs(a.args, n, depth + 1)
+
+
+def _resolve(a: Any, ins: Sequence[Any], scalars: Sequence[Any], n: int) -> Any:
+    t = type(a)
+    if t is Ref:
+        if not 0 <= a.k < n:
+            raise ProtocolError(f"remote: argument reference {a.k} out of range")
+        return ins[a.k]
+    if t is Placeholder:
+        if not 0 <= a.k < len(scalars):
+            raise ProtocolError(f"remote: scalar placeholder {a.k} has no binding")
+        return scalars[a.k]
+    if t is Scalar:
+        return a.value
+    if t is tuple:
+        return tuple(_resolve(x, ins, scalars, n) for x in a)
+    if t is Slice:
+        return a.to_slice()
+    return a
