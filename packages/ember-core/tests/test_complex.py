@@ -229,6 +229,11 @@ GRAD_FUNCS = {
     "complex": (lambda m, a, b: m.complex(a, b).abs().sum() + m.complex(a, b).imag.sum(),
                 [Z.real.copy(), Z.imag.copy()]),
     "polar": (lambda m, a, b: (m.polar(a, b).real * 3 + m.polar(a, b).imag).sum(), [np.abs(Z.real), Z.imag.copy()]),
+    # complex-by-complex ops: autodiff's rules in torch's convention (g * conj(f'(z)))
+    "mul-div": (lambda m, z, w: ((z * w).real + (z / w).imag).sum(), [Z, W]),
+    "exp-log-sqrt": (lambda m, z: (m.exp(z) + m.log(z) * 2j + m.sqrt(z)).real.sum(), [Z]),
+    "pow": (lambda m, z, w: (z ** w).imag.sum(), [Z, W]),
+    "matmul": (lambda m, z, w: (z @ w.transpose(0, 1)).abs().sum(), [Z, W]),
 }
 
 
