@@ -345,7 +345,9 @@ def lp_normalization(node: Node, x: Tensor) -> Tensor:
     p = node.attr("p", 2)
     norm = ember.sum(ember.abs(x), dim=axis, keepdim=True) if p == 1 else \
         ember.sqrt(ember.sum(x * x, dim=axis, keepdim=True))
-    return x / norm
+    # a zero norm gives zeros, not NaN (ONNX's reference)
+    zero = norm == 0
+    return ember.where(zero, ember.zeros_like(x), x / ember.where(zero, ember.ones_like(norm), norm))
 
 
 @register("MeanVarianceNormalization")

@@ -27,7 +27,7 @@ def _source(mode: str, x: np.ndarray, scale: float, n_in: int, n_out: int, roi: 
         center = n_in / 2
         return center * (1 - adjustment) + (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(x)
+        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.full_like(x, -0.5)
     if mode == "align_corners":
         # ONNX divides by the float output length (scale * n_in) minus one, not the rounded size
         length = scale * n_in
@@ -78,7 +78,9 @@ def axis_matrix(node: Node, n_in: int, n_out: int, scale: float, roi: tuple[floa
         weights[rows, idx] = 1.0
         return weights, valid
     antialias = bool(node.attr("antialias", 0)) and scale < 1
-    base = np.floor(pos)
+    # ONNX takes the ratio in (0, 1]: an integral position counts from the pixel on its left (this moves the
+    # antialiasing window; the plain kernels give the same weights either way)
+    base = np.ceil(pos) - 1 if antialias else np.floor(pos)
     frac = pos - base
     if mode == "linear":
         if antialias:
@@ -101,9 +103,10 @@ def axis_matrix(node: Node, n_in: int, n_out: int, scale: float, roi: tuple[floa
         raise node.fail(f"mode {mode!r} is not one of nearest, linear, cubic")
     idx = base[:, None].astype(np.int64) + offsets[None, :]
     inside = (idx >= 0) & (idx < n_in)
-    if node.attr("exclude_outside", 0) or antialias:
+    if antialias:
+        taps = taps / taps.sum(axis=1, keepdims=True)
+    if node.attr("exclude_outside", 0):
         taps = np.where(inside, taps, 0.0)
-    if antialias or node.attr("exclude_outside", 0):
         sums = taps.sum(axis=1, keepdims=True)
         taps = taps / np.where(sums == 0, 1, sums)
     clipped = np.clip(idx, 0, n_in - 1)

@@ -354,7 +354,8 @@ def depth_to_space(node: Node, x: Tensor) -> Tensor:
 def space_to_depth(node: Node, x: Tensor) -> Tensor:
     b = node.attr("blocksize")
     n, c, h, w = x.shape
-    t = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+    perm = (0, 1, 3, 5, 2, 4) if node.attr("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+    t = x.reshape(n, c, h // b, b, w // b, b).permute(*perm)
     return t.reshape(n, c * b * b, h // b, w // b)
 
 
