@@ -167,3 +167,24 @@ def test_out_of_memory_is_typed(be: CuPyBackend) -> None:
     be.cp.empty = boom
     with pytest.raises(OutOfMemoryError, match="out of device memory .*1099511627776.* in use 1.0 KiB"):
         be.empty((1 << 40,), dt.uint8)
+
+
+def test_fusion_compiles_elementwise_blocks_and_declines_reductions(be: CuPyBackend) -> None:
+    from ember.ir import Instr, Kernel
+
+    f32 = dt.float32
+    k = Kernel(rank=2, inputs=(f32, f32), scalars=1,
+               body=(Instr("load", (0,), f32), Instr("load", (1,), f32), Instr("binary", ("mul", 0, 1), f32),
+                     Instr("scalar", (0,), f32), Instr("binary", ("add", 2, 3), f32)),
+               outputs=(4,))
+    fn = be.fusion_compile(k)
+    assert fn is not None and be.fusion_compile(k) is fn  # memoised per kernel
+    a = np.zeros((3, 4), np.float32)
+    b = np.zeros((1, 4), np.float32)
+    (out,) = fn([a, b], [2.5], (3, 4))
+    assert out.shape == (3, 4)
+    source, name, n, args = be.launches[-1]
+    assert name == "ember_fused" and n == 12 and "__kernel void ember_fused(" in source
+    assert float(args[6]) == 2.5  # the scalar parameter follows the arrays
+    red = k._replace(reduce=("sum", (1,)))
+    assert be.fusion_compile(red) is None

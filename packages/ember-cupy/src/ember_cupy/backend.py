@@ -113,6 +113,13 @@ class CuPyBackend(Backend):
     def may_share_memory(self, a: Any, b: Any) -> bool:
         return bool(self.cp.may_share_memory(a, b)) if a.size and b.size else False  # bounds overlap
 
+    def fusion_compile(self, kernel: Any) -> Any:
+        """One shared-generator CUDA/HIP kernel per elementwise fused block (see :mod:`ember_cupy.fusion`); None
+        for fused reductions and what the generator does not handle."""
+        from . import fusion
+
+        return fusion.fusion_compile(self, kernel)
+
     # -- kernels -------------------------------------------------------------------------------------------------
     def compile_kernel(self, source: str, name: str) -> Any:
         """The ``cupy.RawKernel`` ``name`` of ``source`` (shared vocabulary, see :mod:`ember_kernels.dialect`),
@@ -122,7 +129,8 @@ class CuPyBackend(Backend):
             with self._lock:
                 module = self._modules.get(source)
                 if module is None:
-                    module = self.cp.RawModule(code=self.dialect.program(source), options=("--std=c++17",))
+                    module = self.cp.RawModule(code=self.dialect.program(source),
+                                               options=("--std=c++17", *self.dialect.options(source)))
                     self._modules[source] = module
         return module.get_function(name)
 

@@ -39,7 +39,7 @@ def run_check(target: str, arch: str | None = None, areas: list[str] | None = No
     warned = 0
     for name, source in catalog.all_sources(areas):
         program = lang.program(source)
-        res = comp.compile(program, name)
+        res = comp.compile(program, name, lang.options(source))
         if res.ok:
             ok += 1
             warned += bool(res.log)

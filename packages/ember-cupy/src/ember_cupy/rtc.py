@@ -39,8 +39,9 @@ class Compiler(Protocol):
     version: str
     options_text: str
 
-    def compile(self, source: str, name: str) -> Result:
-        """Compile one program; never raises for a program that does not compile (``ok`` is False)."""
+    def compile(self, source: str, name: str, extra: tuple[str, ...] = ()) -> Result:
+        """Compile one program (``extra``: the dialect's options for it, see ``Dialect.options``); never raises
+        for a program that does not compile (``ok`` is False)."""
         ...
 
 
@@ -65,12 +66,12 @@ class NVRTC:
         self.options = (f"--gpu-architecture={arch}", "--std=c++17")
         self.options_text = " ".join(self.options)
 
-    def compile(self, source: str, name: str) -> Result:
+    def compile(self, source: str, name: str, extra: tuple[str, ...] = ()) -> Result:
         nvrtc = self._nvrtc
         prog = nvrtc.createProgram(source, f"{name.replace('/', '_')}.cu", [], [])
         try:
             try:
-                nvrtc.compileProgram(prog, list(self.options))
+                nvrtc.compileProgram(prog, [*self.options, *extra])
                 ok = True
             except nvrtc.NVRTCError:
                 ok = False
@@ -107,7 +108,7 @@ class HIPRTC:
         self.options = [f"--offload-arch={arch}".encode(), b"-std=c++17"]
         self.options_text = " ".join(o.decode() for o in self.options)
 
-    def compile(self, source: str, name: str) -> Result:
+    def compile(self, source: str, name: str, extra: tuple[str, ...] = ()) -> Result:
         lib = self._lib
         prog = ctypes.c_void_p()
         status = lib.hiprtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name.replace('/', '_')}.hip"
@@ -115,8 +116,9 @@ class HIPRTC:
         if status != 0:
             return Result(False, f"hiprtcCreateProgram: {lib.hiprtcGetErrorString(status).decode()}")
         try:
-            opts = (ctypes.c_char_p * len(self.options))(*self.options)
-            status = lib.hiprtcCompileProgram(prog, len(self.options), opts)
+            options = [*self.options, *(o.encode() for o in extra)]
+            opts = (ctypes.c_char_p * len(options))(*options)
+            status = lib.hiprtcCompileProgram(prog, len(options), opts)
             size = ctypes.c_size_t()
             lib.hiprtcGetProgramLogSize(prog, ctypes.byref(size))
             buf = ctypes.create_string_buffer(max(size.value, 1))

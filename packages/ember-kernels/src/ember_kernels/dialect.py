@@ -192,7 +192,8 @@ __device__ __forceinline__ void vstore_half_rte(double v, size_t i, half* p) {
 }
 """
 
-_PRAGMA = re.compile(r"^#pragma OPENCL EXTENSION[^\n]*\n", re.M)
+_PRAGMA = re.compile(r"^\s*#pragma OPENCL (?:EXTENSION|FP_CONTRACT)[^\n]*\n", re.M)
+_NO_CONTRACT = "#pragma OPENCL FP_CONTRACT OFF"
 _VECTOR_LITERAL = re.compile(r"\((u?(?:char|short|int|long)|float|double)([234])\)\(")
 _LANE = re.compile(r"\.s([0-3])\b")
 _STATIC_INLINE = re.compile(r"\bstatic\s+inline\b")
@@ -215,7 +216,8 @@ class Dialect:
         """The complete program text of ``source`` (kernels in the shared vocabulary) in this dialect."""
         if self.name == "opencl":
             return source
-        source = _PRAGMA.sub("", source)  # OpenCL extension pragmas (cl_khr_fp64): double is core on CUDA/HIP
+        # OpenCL pragmas: double is core on CUDA/HIP; FP_CONTRACT OFF becomes a compile option (see options())
+        source = _PRAGMA.sub("", source)
         source = _STATIC_INLINE.sub("__device__ __forceinline__", source)
         source = _REQD.sub(lambda m: f"__launch_bounds__({int(m[1]) * int(m[2]) * int(m[3])})", source)
         source = _SIGNATURE.sub(_shared_params, source)
@@ -226,6 +228,14 @@ class Dialect:
         source = _LANE.sub(lambda m: "." + "xyzw"[int(m[1])], source)
         half = _HALF_CUDA if self.name == "cuda" else _HALF_HIP
         return f"/* ember: {self.name} dialect prelude */\n{_COMMON}{half}/* ember: kernels */\n{source}"
+
+    def options(self, source: str) -> tuple[str, ...]:
+        """Compiler options ``source`` needs in this dialect: a program asking for no floating-point contraction
+        (``#pragma OPENCL FP_CONTRACT OFF``: a * b + c rounded twice, as the reference computes it) compiles with
+        ``--fmad=false`` on NVRTC and ``-ffp-contract=off`` on hiprtc; OpenCL reads the pragma itself."""
+        if self.name == "opencl" or _NO_CONTRACT not in source:
+            return ()
+        return ("--fmad=false",) if self.name == "cuda" else ("-ffp-contract=off",)
 
     @property
     def shared_memory_note(self) -> str:
