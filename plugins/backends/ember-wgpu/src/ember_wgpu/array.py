@@ -156,9 +156,10 @@ def download(h: WArray) -> np.ndarray:
     start = h.offset * itemsize
     lo, hi = start & ~3, (start + n * itemsize + 3) & ~3  # reads are in whole 32-bit words
     rt = h.rt
-    with rt.lock:
-        rt.flush()
-        raw = np.frombuffer(rt.queue.read_buffer(h.buf, lo, hi - lo), dtype=np.uint8)
+    rt.flush()
+    # not under the runtime's lock: wgpu-py resolves the read on its poll thread, where a garbage-collected Block
+    # may need the lock to return its buffer to the pool
+    raw = np.frombuffer(rt.queue.read_buffer(h.buf, lo, hi - lo), dtype=np.uint8)
     data = raw[start - lo:start - lo + n * itemsize].view(storage).reshape(h.shape)
     if h.dtype is dt.bool_:
         return data != 0

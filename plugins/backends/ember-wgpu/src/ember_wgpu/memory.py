@@ -87,7 +87,8 @@ class Block:
 class MemoryPool:
     """Size-class cache of WebGPU storage buffers for one device."""
 
-    def __init__(self, device: Any, capacity: int, max_alloc: int, label: str = "wgpu") -> None:
+    def __init__(self, device: Any, capacity: int, max_alloc: int, label: str = "wgpu",
+                 lock: Any = None) -> None:
         import wgpu
 
         self._device = device
@@ -95,7 +96,9 @@ class MemoryPool:
         self.capacity = capacity
         self.max_alloc = max_alloc
         self.label = label
-        self._lock = threading.RLock()
+        # the runtime passes its own lock: releasing a buffer flushes the runtime's recorded dispatches, and one
+        # lock for both cannot deadlock (a garbage-collected Block may free memory inside any runtime call)
+        self._lock = lock if lock is not None else threading.RLock()
         self._free_lists: OrderedDict[int, list[Any]] = OrderedDict()  # class -> cached buffers (LRU by class)
         self._in_use = self._held = self._reserved = self._peak = self._peak_reserved = self._peak_held = 0
         self._allocs = self._reuses = self._raw_allocs = self._raw_releases = self._evictions = self._trims = 0

@@ -154,7 +154,7 @@ class Runtime:
         from .memory import MemoryPool
 
         self.pool = MemoryPool(self.device, capacity=self.max_buffer * 8, max_alloc=self.max_binding,
-                               label=f"wgpu:{index}")
+                               label=f"wgpu:{index}", lock=self.lock)
         self.pool.before_release = self.flush  # recorded dispatches may still use a buffer about to be destroyed
 
     def describe(self) -> str:
@@ -280,7 +280,9 @@ class Runtime:
             if self._fence is None:
                 self._fence = self.device.create_buffer(
                     size=4, usage=self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC)
-            self.queue.read_buffer(self._fence, 0, 4)
+        # the wait is outside the lock: the read resolves on wgpu-py's poll thread, where a garbage-collected
+        # Block may need the lock to return its buffer to the pool
+        self.queue.read_buffer(self._fence, 0, 4)
 
 
 _runtimes: dict[tuple[int, str], Runtime] = {}
