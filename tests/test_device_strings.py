@@ -36,8 +36,9 @@ def test_only_installed_decorators_may_be_named(decorators: list[str], name: str
     assert msg.startswith(f"cannot parse device {spec!r}:")
     assert f"{name.partition('(')[0]!r} is not an installed decorator" in msg
     assert f"installed decorators: {', '.join(decorators)}" in msg
-    # flex is a plugin, but of a backend: the hint says so instead of naming an extra
-    hint = ("the installed plugin 'flex' (ember-flex) registers no decorator of that name" if name == "flex"
+    # flex and cuda are plugins, but of backends: the hint says so instead of naming an extra
+    base = name.partition("(")[0]
+    hint = ("registers no decorator of that name" if base in manager.registry.backends
             else "no plugin provides this decorator; see docs/plugins")
     assert hint in msg and "pip install" not in msg
 
@@ -218,3 +219,32 @@ def test_a_decorator_may_take_named_options_by_position() -> None:
         reg._manager().unregister(plugin)
         reg.plugins[:] = [p for p in reg.plugins if p.name != "tagger-test"]
         reg.decorators.pop("tagger", None)
+
+
+def test_a_backend_may_take_named_options_by_position() -> None:
+    """``positional=("address",)``: ``Device.faraway("ember://h:1/flex")`` is ``Device.faraway(address=...)``;
+    other backends keep ``Device.<kind>(index)``."""
+    reg = manager.registry.ensure_loaded()
+
+    class Plugin:
+        @hookimpl
+        def register_backends(self, register: Any) -> None:
+            register("faraway", lambda index, **options: None, contract=CONTRACT_VERSION, positional=("address",))
+
+    plugin = Plugin()
+    reg.register_plugin(plugin, name="faraway-test")
+    try:
+        dev = Device.faraway("ember://h:1/flex", token="t")
+        assert (dev.kind, dev.index, dict(dev.options)) == ("faraway", 0, {"address": "ember://h:1/flex", "token": "t"})
+        assert dev is Device.faraway(address="ember://h:1/flex", token="t")
+        with pytest.raises(DeviceError, match=r"option\(s\) \['address'\] given both by position and by keyword"):
+            Device.faraway("a", address="b")
+        with pytest.raises(DeviceError, match=r"takes 1 positional argument\(s\) \(address\), got 2"):
+            Device.faraway("a", "b")
+        assert Device.flex(0) is Device.flex() is Device.flex(index=0)
+        with pytest.raises(DeviceError, match="takes the device index and keyword options"):
+            Device.flex(0, 1)
+    finally:
+        reg._manager().unregister(plugin)
+        reg.plugins[:] = [p for p in reg.plugins if p.name != "faraway-test"]
+        reg.backends.pop("faraway", None)

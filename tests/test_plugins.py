@@ -563,7 +563,7 @@ def test_every_install_hint_names_an_existing_extra(plugins: manager.PluginRegis
     for what in ("device", "decorator"):
         hint = manager.install_hint(name, what)
         named = _check_hint(hint, extras)
-        if name in ("test", "all", "plot", "cuda", "nosuchthing"):  # extras that install no plugin, or none at all
+        if name in ("test", "all", "plot", "nosuchthing"):  # extras that install no plugin, or none at all
             assert not named and hint == f"no plugin provides this {what}; see docs/plugins"
     if name not in plugins.backends:
         with pytest.raises(PluginError) as err:

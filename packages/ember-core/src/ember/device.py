@@ -129,7 +129,25 @@ class _DeviceType(type):
         if name.startswith("_") or not _BACKEND_ATTR.fullmatch(name):
             raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
 
-        def construct(index: int = 0, **options: Any) -> Device:
+        def construct(*args: Any, **options: Any) -> Device:
+            # a backend may name options that positional arguments fill instead of the index (a remote
+            # device's address: Device.remote("ember://host:7433/flex")); otherwise Device.<kind>(index=0)
+            from .plugins.manager import registry
+
+            spec = registry.ensure_loaded().backends.get(name)
+            positional = spec.positional if spec is not None else ()
+            if positional:
+                if len(args) > len(positional):
+                    raise DeviceError(f"Device.{name}(): takes {len(positional)} positional argument(s) "
+                                      f"({', '.join(positional)}), got {len(args)}")
+                both = sorted(set(positional[:len(args)]) & set(options))
+                if both:
+                    raise DeviceError(f"Device.{name}(): option(s) {both} given both by position and by keyword")
+                named = {**dict(zip(positional, args)), **options}
+                return cls(name, named.pop("index", 0), _freeze(named))._checked()
+            if len(args) > 1:
+                raise DeviceError(f"Device.{name}(): takes the device index and keyword options, got {args!r}")
+            index = args[0] if args else options.pop("index", 0)
             return cls(name, index, _freeze(options))._checked()
 
         construct.__name__ = construct.__qualname__ = name
@@ -195,10 +213,6 @@ class Device(metaclass=_DeviceType):
         so numpy arrays are adopted and read back without copies); the highest priority one when several are.
         ``.cpu()``, ``ember.from_numpy`` and ``records.load_into`` use it, and the device string ``"cpu"`` names it."""
         return host_device()
-
-    @classmethod
-    def remote(cls, address: str, **options: Any) -> Device:
-        return cls("remote", 0, _freeze({"address": address, **options}))._checked()
 
 
     @classmethod

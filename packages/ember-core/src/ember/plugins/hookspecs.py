@@ -42,6 +42,9 @@ def register_backends(register: Callable[..., None]) -> None:
       ``to_numpy`` returns the handle's own memory (keyword ``host=False``). The host device, ``Device.host()``,
       is the installed ``host=True`` backend of highest ``priority``; ``.cpu()``, ``ember.from_numpy``,
       ``records.load_into`` and the device string ``"cpu"`` use it, so core never names a backend.
+    - ``positional``: option names that positional arguments of ``Device.<name>(...)`` fill instead of the index
+      (keyword ``positional=()``): a remote backend with ``positional=("address",)`` makes
+      ``Device.remote("ember://host:7433/flex")`` mean ``Device.remote(address=...)``.
 
     Backend names appear in device strings: lowercase letters, digits, ``_`` and ``-``, starting with a letter.
     """

@@ -54,6 +54,9 @@ class BackendSpec:
     #: ``to_numpy`` returns the handle's own memory. Core's host device (``Device.host()``: ``.cpu()``,
     #: ``ember.from_numpy``, ``records.load_into``, the device string ``"cpu"``) is the highest-priority such backend.
     host: bool = False
+    #: option names that positional arguments of ``Device.<kind>(...)`` fill instead of the index, in order
+    #: (a remote backend: ``Device.remote("ember://host:7433/flex")`` is ``Device.remote(address=...)``)
+    positional: tuple[str, ...] = ()
 
     def kind_of(self, index: int) -> str:
         if self.device_kind is None:
