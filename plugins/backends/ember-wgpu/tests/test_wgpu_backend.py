@@ -238,3 +238,34 @@ def test_fusion_declines_reductions_and_missing_dtypes(dev: ember.Device) -> Non
     assert be.fusion_compile(Kernel(2, (dt.float32,), 0, body, (1,), ("sum", (1,)))) is None
     body64 = (Instr("load", (0,), dt.float32), Instr("cast", (0,), dt.float64))
     assert be.fusion_compile(Kernel(1, (dt.float32,), 0, body64, (1,))) is None
+
+
+def test_threads_reading_while_garbage_cycles_free_memory(dev: ember.Device) -> None:
+    """Reads resolve on wgpu-py's poll thread, where a collected Block returns its buffer to the pool: no thread may
+    hold the pool's lock while waiting for a read (this used to deadlock)."""
+    import gc
+    import threading
+
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(20):
+                a = rng.standard_normal(257).astype(np.float32)
+                x = ember.tensor(a, device=dev)
+                cycle: list[object] = [x * 2]
+                cycle.append(cycle)  # garbage only the cycle collector frees
+                np.testing.assert_allclose((x + 1).numpy(), a + 1, rtol=1e-6)
+                del cycle
+                gc.collect()
+        except BaseException as exc:  # reported below: a thread's failure must fail the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,), daemon=True) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlock: a thread is still waiting"
+    assert not errors, errors
