@@ -125,3 +125,41 @@ def test_walk_catches_a_missing_name(tmp_path: pathlib.Path, monkeypatch: pytest
     refs = _references(bad)
     missing = sorted(text for _, text, root, attrs in refs if attrs and not _resolve(root, attrs))
     assert missing == ["cp.matmull", "cupy.cuda.runtime.nope"]
+
+
+def _accepts(fn: object, keyword: str) -> bool:
+    """Whether callable fn takes ``keyword``: its signature, or for Cython functions the signature line of its
+    docstring (CuPy's compiled functions have no inspectable signature)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        head = (getattr(fn, "__doc__", "") or "").split("\n\n")[0]
+        return keyword in head
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def test_keywords_passed_to_cupy_exist() -> None:
+    """``cp.sum(h, axis=..., keepdims=...)``: every keyword given to a CuPy function is one it takes."""
+    tree = ast.parse((SRC / "backend.py").read_text())
+    bad = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.keywords:
+            continue
+        chain = _chain(node.func)
+        if not chain:
+            continue
+        if chain[:2] == ["self", "cp"]:
+            path = chain[2:]
+        elif chain[0] == "cp":
+            path = chain[1:]
+        else:
+            continue
+        obj: object = cupy
+        for name in path:
+            obj = getattr(obj, name)
+        for kw in node.keywords:
+            if kw.arg and not _accepts(obj, kw.arg):
+                bad.append(f"backend.py:{node.lineno}: {'.'.join(chain)}({kw.arg}=...)")
+    assert not bad, "keywords the installed CuPy does not take:\n" + "\n".join(bad)

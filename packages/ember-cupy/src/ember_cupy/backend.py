@@ -134,11 +134,12 @@ class CuPyBackend(Backend):
                     self._modules[source] = module
         return module.get_function(name)
 
-    def _launch(self, source: str, name: str, n: int, args: Sequence[Any]) -> None:
-        """A grid-stride kernel over n items on this device's stream."""
+    def _launch(self, source: str, name: str, n: int, args: Sequence[Any], shared_mem: int = 0) -> None:
+        """A grid-stride kernel over n items on this device's stream (RawKernel launches on the current stream,
+        which _on() sets); ``shared_mem``: bytes of dynamic shared memory (``__local`` parameters)."""
         blocks = max(1, min(-(-n // _BLOCK), _MAX_BLOCKS))
         with self._on():
-            self.compile_kernel(source, name)((blocks,), (_BLOCK,), tuple(args), stream=self.stream)
+            self.compile_kernel(source, name)((blocks,), (_BLOCK,), tuple(args), shared_mem=shared_mem)
 
     # -- data ----------------------------------------------------------------------------------------------------
     def empty(self, shape: Sequence[int], dtype: DType) -> Any:
