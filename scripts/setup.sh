@@ -87,6 +87,7 @@ RUNTIME=(
     -e "plugins/backends/ember-opencl"
     -e "plugins/decorators/ember-fusion"
     -e "plugins/decorators/ember-router"
+    -e "plugins/backends/ember-remote[init]"
     -e "plugins/extensions/ember-lora"
     -e "plugins/extensions/ember-linalg"
     -e "plugins/extensions/ember-signal"
