@@ -417,3 +417,35 @@ def softmax_cross_entropy(node: Node, scores: Tensor, labels: Tensor, weight: Te
     logp = F.log_softmax(scores, dim=1)
     loss = _nll(node, logp, labels, weight)
     return (loss, logp) if node.wants(1) else loss
+
+
+@register("MaxUnpool")
+def max_unpool(node: Node, x: Tensor, indices: Tensor, output_shape: Tensor | None = None) -> Tensor:
+    kernel = list(node.attr("kernel_shape"))
+    n = len(kernel)
+    strides = list(node.attr("strides") or [1] * n)
+    pads = list(node.attr("pads") or [0] * (2 * n))
+    if output_shape is not None:
+        out = [int(v) for v in np.asarray(output_shape.detach().numpy()).reshape(-1).tolist()]
+    else:
+        spatial = [(i - 1) * s + k - pb - pe for i, s, k, pb, pe in
+                   zip(x.shape[2:], strides, kernel, pads[:n], pads[n:])]
+        out = list(x.shape[:2]) + spatial
+    # MaxPool's indices count over the whole (N, C, spatial...) tensor
+    total = int(np.prod(out, dtype=np.int64))
+    flat = ember.zeros(total, dtype=x.dtype, device=x.device)
+    return ember.scatter(flat, 0, indices.reshape(-1).to(ember.int64), x.reshape(-1)).reshape(out)
+
+
+@register("Col2Im")
+def col2im(node: Node, x: Tensor, image_shape: Tensor, block_shape: Tensor) -> Tensor:
+    image = [int(v) for v in np.asarray(image_shape.detach().numpy()).reshape(-1).tolist()]
+    block = [int(v) for v in np.asarray(block_shape.detach().numpy()).reshape(-1).tolist()]
+    n = len(image)
+    if n != 2:
+        raise node.fail(f"Col2Im over {n} spatial dims is not supported (2 only)")
+    pads = list(node.attr("pads") or [0] * (2 * n))
+    if pads[:n] != pads[n:]:
+        raise node.fail(f"Col2Im with asymmetric pads {pads} is not supported")
+    return F.fold(x, image, block, dilation=list(node.attr("dilations") or [1] * n), padding=pads[:n],
+                  stride=list(node.attr("strides") or [1] * n))
