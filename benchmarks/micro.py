@@ -259,6 +259,63 @@ def bench_elementwise_and_reductions(n: int, repeats: int) -> list[dict[str, Any
     return out
 
 
+def bench_gelu_layer_norm(rows: int, repeats: int) -> list[dict[str, Any]]:
+    """Exact GELU and layer_norm (with weight and bias) over (rows, 512) float32 -- a transformer's feed-forward and
+    residual activations -- forward on ``Device.flex()`` and forward+backward on its autodiff device; each is one
+    extension op per direction on flex (``ember.ops.train_kernels``)."""
+    torch = torch_module()
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((rows, 512), dtype=np.float32)
+    w = rng.uniform(0.5, 1.5, 512).astype(np.float32)
+    bias = rng.standard_normal(512, dtype=np.float32)
+    flex, ad = Device.flex(), Device.flex().autodiff()
+    ex, ew, eb = (ember.tensor(v, device=flex) for v in (x, w, bias))
+    gx, gw, gb = (ember.tensor(v, device=ad, requires_grad=True) for v in (x, w, bias))
+
+    def ember_gelu_fb() -> Any:
+        F.gelu(gx).sum().backward()
+        return gx.grad
+
+    def ember_ln_fb() -> tuple[Any, ...]:
+        F.layer_norm(gx, (512,), gw, gb).sum().backward()
+        return gx.grad, gw.grad, gb.grad
+
+    cases = {"gelu fwd": {EMBER: partial(F.gelu, ex)}, "gelu fwd+bwd": {EMBER_AD: ember_gelu_fb},
+             "layer_norm fwd": {EMBER: partial(F.layer_norm, ex, (512,), ew, eb)},
+             "layer_norm fwd+bwd": {EMBER_AD: ember_ln_fb}}
+    if torch is not None:
+        tF = torch.nn.functional
+        tx, tw, tb = (torch.from_numpy(v.copy()) for v in (x, w, bias))
+        rx, rw, rb = (t.clone().requires_grad_() for t in (tx, tw, tb))
+        pairs = ((F.gelu(ex), tF.gelu(tx)), (F.layer_norm(ex, (512,), ew, eb), tF.layer_norm(tx, (512,), tw, tb)))
+        for ours, ref in pairs:
+            if not np.allclose(ours.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5):
+                raise SystemExit("micro: ember gelu/layer_norm disagrees with torch")
+
+        def torch_gelu_fb() -> Any:
+            tF.gelu(rx).sum().backward()
+            return rx.grad
+
+        def torch_ln_fb() -> tuple[Any, ...]:
+            tF.layer_norm(rx, (512,), rw, rb).sum().backward()
+            return rx.grad, rw.grad, rb.grad
+
+        def no_grad(fn: Callable[..., Any], *args: Any) -> Any:
+            with torch.no_grad():
+                return fn(*args)
+
+        cases["gelu fwd"][TORCH] = partial(no_grad, tF.gelu, tx)
+        cases["gelu fwd+bwd"][TORCH] = torch_gelu_fb
+        cases["layer_norm fwd"][TORCH] = partial(no_grad, tF.layer_norm, tx, (512,), tw, tb)
+        cases["layer_norm fwd+bwd"][TORCH] = torch_ln_fb
+    out = []
+    for name, c in cases.items():
+        ember_case = EMBER_AD if EMBER_AD in c else EMBER
+        out.append(figure("gelu/layer_norm", f"{name} ({rows},512) f32", "ms", measure(c, repeats, 1, warmup=2),
+                          ember_case=ember_case))
+    return out
+
+
 def bench_copy(megabytes: int, repeats: int) -> list[dict[str, Any]]:
     """GB/s of cloning a ``megabytes`` MB float32 tensor (bytes cloned per second; read + write is twice that)."""
     torch = torch_module()
@@ -278,12 +335,14 @@ def run(quick: bool) -> list[dict[str, Any]]:
         figs += bench_matmul((256, 512), 5)
         figs += bench_conv(16, 5)
         figs += bench_elementwise_and_reductions(10**6, 5)
+        figs += bench_gelu_layer_norm(256, 5)
         figs += bench_copy(16, 5)
     else:
         figs = bench_per_op(9, 10000)
         figs += bench_matmul((256, 512, 1024, 2048), 7)
         figs += bench_conv(64, 7)
         figs += bench_elementwise_and_reductions(10**6, 9)
+        figs += bench_gelu_layer_norm(2048, 9)
         figs += bench_copy(64, 9)
     return figs
 
