@@ -41,5 +41,7 @@ def register_backends(register: Callable[..., None]) -> None:
         # not a ranking kind: Device.default() never picks a remote device
         kind="remote",
         priority=-100,
+        # Device.remote("ember://host:7433/flex", token=...): the first positional argument is the address
+        positional=("address",),
         description=f"a device on an `ember serve` server, over TLS 1.3 (ember-remote {__version__})",
     )

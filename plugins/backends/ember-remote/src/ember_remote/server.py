@@ -143,7 +143,7 @@ class Server:
             self._server.close()
         for s in list(self._sessions.values()):
             if not s["busy"]:
-                s["writer"].close()  # an idle session: wake its read
+                s["task"].cancel()  # an idle session: end its read (a busy one replies first, then ends)
         if self._stopped is not None:
             self._stopped.set()
 
@@ -207,7 +207,8 @@ class Server:
             token = body.get("token") if kind == "hello" and type(body) is dict else None
             given = token.encode() if type(token) is str else b""
             ok = hmac.compare_digest(hashlib.sha256(given).digest(), self._token_digest) and bool(given)
-        except (TimeoutError, ProtocolError, asyncio.IncompleteReadError, ConnectionError, OSError, AttributeError, ssl.SSLError) as exc:
+        except (TimeoutError, ProtocolError, asyncio.IncompleteReadError, ConnectionError, OSError, AttributeError,
+                ssl.SSLError) as exc:
             self.stats["auth_failed"] += 1
             _event("auth_failed", session=sid, peer=peer, reason=type(exc).__name__)
             return False

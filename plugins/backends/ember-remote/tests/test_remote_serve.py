@@ -1,0 +1,431 @@
+"""ember-remote over real sockets on 127.0.0.1: results equal flex, graph replay, security refusals, limits,
+lost connections, and a fuzzer of malformed frames (the server stays up and still serves a valid client)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+import ember
+import ember.nn.functional as F
+from ember import Device
+from ember.errors import DeviceError, OutOfMemoryError
+from ember_remote.executor import Limits
+from ember_remote.protocol import VERSION, RemoteError, pack_frame
+from ember_remote.server import Server, fingerprint_of, server_ssl_context, write_self_signed
+
+FLEX = Device.parse("flex")
+
+
+class Running:
+    """A server on its own event loop in a daemon thread."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        def main() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(server.start())
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=main, daemon=True)
+        self.thread.start()
+        assert started.wait(30)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def sessions(self) -> int:
+        return len(self.server._sessions)
+
+    def stop(self) -> None:
+        async def close() -> None:
+            self.server.stop()
+            await self.server._shutdown()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    paths = write_self_signed(tmp_path_factory.mktemp("pki"))
+    return {**paths, "token_text": paths["token"].read_text().strip(), "fp": fingerprint_of(paths["cert"])}
+
+
+@pytest.fixture(scope="module")
+def tls(pki: dict[str, Any]) -> Iterator[Running]:
+    r = Running(Server(FLEX, pki["token_text"], port=0, ssl_context=server_ssl_context(pki["cert"], pki["key"]),
+                       limits=Limits(max_bytes=64 << 20, max_tensors=1000)))
+    yield r
+    r.stop()
+
+
+def _remote(r: Running, pki: dict[str, Any], **kw: Any) -> Device:
+    opts = {"token": pki["token_text"], "fingerprint": pki["fp"], **kw}
+    return Device.remote(f"ember://127.0.0.1:{r.port}/flex", **opts)
+
+
+@pytest.fixture(scope="module")
+def dev(tls: Running, pki: dict[str, Any]) -> Device:
+    return _remote(tls, pki)
+
+
+def _both(fn: Any, dev: Device) -> tuple[Any, Any]:
+    return fn(dev), fn(FLEX)
+
+
+# -- results ---------------------------------------------------------------------------------------------------
+CASES = {
+    "arith": lambda d: ((ember.arange(12.0, device=d).reshape(3, 4) * 3 + 1) / 2).exp().sum(dim=1),
+    "matmul": lambda d: ember.tensor(np.arange(12.0).reshape(3, 4), device=d)
+    @ ember.tensor(np.arange(8.0).reshape(4, 2), device=d),
+    "int_ops": lambda d: (ember.arange(10, device=d) % 3) * ember.arange(10, device=d),
+    "compare_where": lambda d: ember.where(ember.arange(6.0, device=d) > 2, ember.ones(6, device=d),
+                                          ember.zeros(6, device=d)),
+    "indexing": lambda d: ember.arange(24.0, device=d).reshape(2, 3, 4)[1, :, 1:3].permute(1, 0),
+    "setitem": lambda d: _setitem(d),
+    "sort": lambda d: ember.sort(ember.tensor([3.0, 1.0, 2.0, -1.0], device=d)).values,
+    "topk_indices": lambda d: ember.topk(ember.tensor([3.0, 1.0, 2.0, 5.0], device=d), 2).indices,
+    "softmax": lambda d: F.softmax(ember.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], device=d), dim=-1),
+    "cumsum_cat": lambda d: ember.cat([ember.arange(3.0, device=d).cumsum(0), ember.ones(2, device=d)]),
+    "float16": lambda d: (ember.arange(5.0, device=d).to(ember.float16) * 1.5).to(ember.float32),
+    "bool_reduce": lambda d: (ember.arange(5, device=d) > 2).any(),
+}
+
+
+def _setitem(d: Device) -> ember.Tensor:
+    x = ember.zeros(3, 4, device=d)
+    x[1] = ember.arange(4.0, device=d)
+    x[:, 2] += 5
+    return x
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_results_equal_flex(dev: Device, case: str) -> None:
+    got, want = _both(CASES[case], dev)
+    assert got.device == dev and want.device == FLEX
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_random_and_seed_match_flex(dev: Device) -> None:
+    ember.manual_seed(7)
+    a = ember.randn(3, 4, device=dev).numpy()
+    ember.manual_seed(7)
+    b = ember.randn(3, 4, device=FLEX).numpy()
+    np.testing.assert_array_equal(a, b)
+
+
+def test_graph_replay_registers_once(dev: Device) -> None:
+    x = ember.ones(5, device=dev)
+    x.numpy()
+    before = dev.memory_report()
+    out = [round((x * k).exp().sum().item(), 3) for k in (1.0, 2.0, 3.0)]
+    after = dev.memory_report()
+    assert out == [13.591, 36.945, 100.428]
+    assert after["remote_graphs_registered"] - before["remote_graphs_registered"] == 1
+    assert after["remote_graph_hits"] - before["remote_graph_hits"] == 2
+    # one round trip per read (the graph travels with the download), plus the memory_report itself
+    assert after["remote_round_trips"] - before["remote_round_trips"] == 4
+
+
+def test_autodiff_over_remote_matches_torch(dev: Device) -> None:
+    torch = pytest.importorskip("torch")
+    ad = dev.autodiff()
+    x = ember.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]], device=ad, requires_grad=True)
+    w = ember.tensor([[1.0], [2.0], [-1.0]], device=ad, requires_grad=True)
+    loss = ((x @ w).tanh() ** 2).sum()
+    loss.backward()
+    tx = torch.tensor(x.detach().numpy(), requires_grad=True, dtype=torch.float32)
+    tw = torch.tensor(w.detach().numpy(), requires_grad=True, dtype=torch.float32)
+    tl = ((tx @ tw).tanh() ** 2).sum()
+    tl.backward()
+    np.testing.assert_allclose(loss.item(), tl.item(), rtol=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_session_memory_limit_is_typed_and_session_survives(dev: Device) -> None:
+    with pytest.raises(OutOfMemoryError, match="memory limit"):
+        ember.zeros(40 << 20, device=dev, dtype=ember.float32).sum().item()  # 160 MiB > the 64 MiB limit
+    assert ember.ones(3, device=dev).sum().item() == 3.0
+
+
+# -- security ----------------------------------------------------------------------------------------------------
+def test_wrong_token_is_refused_and_nothing_runs(tls: Running, pki: dict[str, Any]) -> None:
+    accepted, failed = tls.server.stats["accepted"], tls.server.stats["auth_failed"]
+    with pytest.raises(DeviceError, match="token is wrong"):
+        _ = Device.remote(f"ember://127.0.0.1:{tls.port}/flex", token="x" * 64, fingerprint=pki["fp"]).stack
+    assert tls.server.stats["accepted"] == accepted and tls.server.stats["auth_failed"] == failed + 1
+
+
+def test_wrong_fingerprint_is_refused_before_the_token_is_sent(tls: Running, pki: dict[str, Any]) -> None:
+    accepted = tls.server.stats["accepted"]
+    with pytest.raises(DeviceError, match="pinned fingerprint"):
+        _ = Device.remote(f"ember://127.0.0.1:{tls.port}/flex", token=pki["token_text"], fingerprint="ab" * 32).stack
+    assert tls.server.stats["accepted"] == accepted
+
+
+def test_plaintext_client_against_tls_server_is_refused(tls: Running, pki: dict[str, Any]) -> None:
+    accepted = tls.server.stats["accepted"]
+    with pytest.raises(DeviceError, match="connection"):
+        _ = Device.remote(f"ember://127.0.0.1:{tls.port}/flex", token=pki["token_text"], insecure=True).stack
+    # a raw plaintext hello followed by a batch: the TLS layer drops the peer, no op runs
+    with socket.create_connection(("127.0.0.1", tls.port), timeout=10) as s:
+        s.sendall(pack_frame("hello", {"token": pki["token_text"]}) + pack_frame("batch", [["sync"]]))
+        data = _drain(s)
+    assert b"\x92" not in data[:1] and tls.server.stats["accepted"] == accepted
+
+
+def test_insecure_only_on_loopback() -> None:
+    from ember.errors import ValueRangeError
+
+    with pytest.raises(ValueRangeError, match="loopback"):
+        Server(FLEX, "t" * 32, host="0.0.0.0", ssl_context=None)  # noqa: S104 - the refusal under test
+    with pytest.raises(DeviceError, match="loopback hosts only"):  # core wraps the factory's error
+        _ = Device.remote("ember://10.1.2.3:7433/flex", token="t" * 32, insecure=True).stack
+
+
+def test_max_sessions_and_killed_client_frees_its_session(pki: dict[str, Any]) -> None:
+    r = Running(Server(FLEX, pki["token_text"], port=0, ssl_context=server_ssl_context(pki["cert"], pki["key"]),
+                       max_sessions=1))
+    try:
+        d1 = _remote(r, pki)
+        ember.ones(1000, device=d1).sum().item()
+        assert r.sessions() == 1
+        with pytest.raises(DeviceError, match="no free session"):
+            _ = _remote(r, pki, timeout=10.0).stack
+        d1.stack._conn.sock.close()  # the client dies without a goodbye
+        _wait(lambda: r.sessions() == 0)
+        d2 = _remote(r, pki, timeout=30.0)
+        assert ember.ones(4, device=d2).sum().item() == 4.0
+    finally:
+        r.stop()
+
+
+def test_idle_timeout_then_reconnect_with_typed_lost_state(pki: dict[str, Any]) -> None:
+    r = Running(Server(FLEX, pki["token_text"], port=0, ssl_context=server_ssl_context(pki["cert"], pki["key"]),
+                       idle_timeout=0.3))
+    try:
+        d = _remote(r, pki, timeout=20.0)
+        x = ember.arange(4.0, device=d)
+        assert x.sum().item() == 6.0
+        _wait(lambda: r.sessions() == 0)
+        with pytest.raises(RemoteError, match="connection was lost"):
+            x.sum().item()
+        with pytest.raises(RemoteError, match="session that was lost"):
+            x.sum().item()
+        assert ember.arange(3.0, device=d).sum().item() == 3.0  # a new session
+        assert d.memory_report()["remote_reconnects"] == 1
+    finally:
+        r.stop()
+
+
+# -- malformed frames ------------------------------------------------------------------------------------------
+def _drain(s: socket.socket) -> bytes:
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except (OSError, TimeoutError):
+        pass
+    return out
+
+
+def _wait(cond: Any, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.02)
+
+
+def _frame(obj: Any) -> bytes:
+    data = msgpack.packb(obj, use_bin_type=True)
+    return struct.pack(">I", len(data)) + data
+
+
+def _malformed_messages(rng: random.Random) -> Iterator[Any]:
+    """Bodies of batch frames that decode but must be refused (messages of wrong shapes, types and ids)."""
+    vals: list[Any] = [None, True, -1, 0, 2**63 - 1, -(2**63), 1.5, float("nan"), "x", b"\x00" * 3, [], {}, [[]],
+                       {"r": 1}, {"d": "float99"}, {"p": ["dim", 10**9]}, {"x": [1, 2, 3]}, {"o": [1, [2], "int8"]},
+                       ["float32", [2, 2], b"\x00" * 15], ["float32", [-1], b""], ["float32", [2**31, 2**31], b""],
+                       [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]
+    kinds = ["register", "replay", "upload", "download", "release", "call", "seed", "sync", "stats", "bogus"]
+    while True:
+        kind = rng.choice(kinds)
+        yield [[kind, *[rng.choice(vals) for _ in range(rng.randrange(0, 6))]]]
+
+
+def _graph_attacks() -> list[Any]:
+    """Registered graphs that try to reach past the protocol: unknown methods, out-of-range positions."""
+    dt = {"d": "float32"}
+    return [
+        [["register", 1, [[], [["__class__", [], [], [], []]], []]]],
+        [["register", 1, [[], [["to_numpy", [], [], [], []]], []]]],
+        [["register", 1, [[[[3], dt]], [["unary", [["in", 5]], [[3]], [dt], ["exp", {"r": 0}]]], [["v", 0]]]]],
+        [["register", 1, [[[[3], dt]], [["unary", [["in", 0]], [[3]], [dt], ["exp", {"r": 7}]]], [["v", 3]]]]],
+        [["replay", 99, [1], [2], [[], []], []]],
+        [["call", "memory_dry_run", [], []]],
+        [["call", "new_random_stream", [], [1]]],
+        [["download", 12345]],
+        [["upload", 5, ["float32", [1000000, 1000000], b""]]],
+    ]
+
+
+def test_fuzzer_malformed_frames_server_stays_up(pki: dict[str, Any]) -> None:
+    """Malformed frames on authenticated and unauthenticated connections; after each kind the server still
+    answers a valid client. EMBER_REMOTE_FUZZ sets the number of malformed frames (10,000 by default)."""
+    total = int(os.environ.get("EMBER_REMOTE_FUZZ", "10000"))
+    token = pki["token_text"]
+    # plaintext loopback for the bulk (no handshake per connection); the TLS server gets its own pass below
+    r = Running(Server(FLEX, token, port=0, ssl_context=None, max_frame=1 << 20, idle_timeout=5))
+    rng = random.Random(0)
+    sent = 0
+
+    def authed() -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", r.port), timeout=10)
+        s.sendall(pack_frame("hello", {"token": token}))
+        _read_reply(s)
+        return s
+
+    try:
+        # 1. message-level garbage on one authenticated connection: every frame gets an err reply, and the
+        #    connection keeps working
+        s = authed()
+        gen = _malformed_messages(rng)
+        attacks = _graph_attacks()
+        n_msgs = total * 8 // 10
+        errors = 0
+        for i in range(n_msgs):
+            body = attacks[i % len(attacks)] if i % 10 == 0 else next(gen)
+            s.sendall(_frame([VERSION, "batch", body]))
+            kind, _ = _read_reply(s)
+            assert kind == "err" or (kind == "ok" and i % 10), body  # a random message may happen to be valid
+            errors += kind == "err"
+            sent += 1
+        assert errors > n_msgs * 0.8
+        s.sendall(pack_frame("batch", [["upload", 1, ["float32", [2], np.float32([1, 2]).tobytes()]],
+                                       ["download", 1]]))
+        kind, reply = _read_reply(s)
+        assert kind == "ok" and np.frombuffer(reply[0][2], np.float32).tolist() == [1.0, 2.0]
+        s.close()
+        # 2. frame-level garbage (each ends its connection): random bytes, oversized and truncated frames, other
+        #    versions and kinds, before and after authentication
+        rest = total - sent
+        for i in range(rest):
+            pre_auth = i % 2 == 0
+            s = socket.create_connection(("127.0.0.1", r.port), timeout=10) if pre_auth else authed()
+            choice = i % 5
+            if choice == 0:
+                payload = rng.randbytes(rng.randrange(1, 64))
+            elif choice == 1:
+                payload = struct.pack(">I", (1 << 20) + 1 + rng.randrange(1 << 30)) + b"\x00" * 8
+            elif choice == 2:
+                full = pack_frame("batch", [["sync"]])
+                payload = full[:rng.randrange(1, len(full) - 1)]
+            elif choice == 3:
+                payload = _frame([VERSION + 1 + rng.randrange(5), "batch", []])
+            else:
+                payload = _frame(rng.choice([[], {}, "x", [VERSION], [VERSION, 3, []], [VERSION, "hello"]]))
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)  # the peer goes away (mid-frame, for short and truncated payloads)
+            _drain(s)
+            s.close()
+            sent += 1
+        assert sent == total
+        _wait(lambda: r.sessions() == 0)
+        d = Device.remote(f"ember://127.0.0.1:{r.port}/flex", token=token, insecure=True)
+        assert (ember.arange(4.0, device=d) * 2).tolist() == [0.0, 2.0, 4.0, 6.0]
+        assert r.server.stats["accepted"] >= 1
+    finally:
+        r.stop()
+
+
+def test_garbage_against_tls_server_then_valid_client(tls: Running, pki: dict[str, Any]) -> None:
+    rng = random.Random(1)
+    for i in range(20):
+        with socket.create_connection(("127.0.0.1", tls.port), timeout=10) as s:
+            if i % 2:
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+                with ctx.wrap_socket(s) as t:
+                    t.sendall(rng.randbytes(100))
+                    _drain(t)
+            else:
+                s.sendall(rng.randbytes(300))
+                _drain(s)
+    assert ember.ones(2, device=_remote(tls, pki)).sum().item() == 2.0
+
+
+def _read_reply(s: socket.socket) -> tuple[str, Any]:
+    head = _recv(s, 4)
+    (n,) = struct.unpack(">I", head)
+    obj = msgpack.unpackb(_recv(s, n), raw=False)
+    assert obj[0] == VERSION
+    return obj[1], obj[2]
+
+
+def _recv(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        assert chunk, "connection closed"
+        buf += chunk
+    return buf
+
+
+# -- the command -------------------------------------------------------------------------------------------------
+def test_ember_serve_subprocess_init_serve_and_sigterm(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    init = subprocess.run([sys.executable, "-m", "ember_remote.server", "--init", str(tmp_path / "srv")],
+                          capture_output=True, text=True, env=env, timeout=120, check=True)
+    fp = init.stdout.split("fingerprint (sha256): ")[1].split()[0]
+    assert fp == fingerprint_of(tmp_path / "srv" / "cert.pem")
+    assert (tmp_path / "srv" / "key.pem").stat().st_mode & 0o077 == 0
+    srv = tmp_path / "srv"
+    p = subprocess.Popen([sys.executable, "-m", "ember_remote.server", "--port", "0", "--token-file",
+                          str(srv / "token"), "--cert", str(srv / "cert.pem"), "--key", str(srv / "key.pem")],
+                         stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = p.stderr.readline()
+        assert '"event": "listening"' in line, line
+        port = int(line.split('"port": ')[1].split(",")[0])
+        d = Device.remote(f"ember://127.0.0.1:{port}/flex", token=(srv / "token").read_text().strip(),
+                          fingerprint=fp)
+        assert (ember.arange(5.0, device=d) ** 2).sum().item() == 30.0
+        p.terminate()
+        assert p.wait(30) == 0
+        rest = p.stderr.read()
+        assert '"event": "stopped"' in rest
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_serve_refuses_plaintext_on_a_public_host(tmp_path: Path) -> None:
+    (tmp_path / "t").write_text("t" * 32)
+    out = subprocess.run([sys.executable, "-m", "ember_remote.server", "--insecure", "--host", "0.0.0.0",
+                          "--token-file", str(tmp_path / "t")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "loopback only" in out.stderr
