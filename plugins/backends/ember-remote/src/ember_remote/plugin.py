@@ -2,7 +2,8 @@
 
 ``Device.remote("ember://host:7433/flex", token=..., fingerprint=..., insecure=False, timeout=300.0,
 cafile=None, max_pending=1024, flush_bytes=2**26)``: the token and fingerprint may also come from
-``EMBER_REMOTE_TOKEN`` and ``EMBER_REMOTE_FINGERPRINT``.
+``EMBER_REMOTE_TOKEN`` and ``EMBER_REMOTE_FINGERPRINT``; the plain device string ``"remote"`` takes the address from
+``EMBER_REMOTE_URL`` (and plaintext from ``EMBER_REMOTE_INSECURE=1``, loopback only).
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ def _factory(index: int = 0, **options: Any) -> Any:
     if unknown:
         raise DeviceError(f"remote: unknown option(s) {unknown}; the options are {list(_OPTIONS)}")
     if "address" not in options:
-        raise DeviceError("remote: use Device.remote('ember://host:7433/flex', token=..., fingerprint=...)")
+        # the device string "remote" (EMBER_DEVICE=remote, the kit's --ember-device=remote) takes it from the env
+        import os
+
+        if not os.environ.get("EMBER_REMOTE_URL"):
+            raise DeviceError("remote: use Device.remote('ember://host:7433/flex', token=..., fingerprint=...), or "
+                              "set EMBER_REMOTE_URL (with EMBER_REMOTE_TOKEN and EMBER_REMOTE_FINGERPRINT)")
+        options["address"] = os.environ["EMBER_REMOTE_URL"]
+        options.setdefault("insecure", os.environ.get("EMBER_REMOTE_INSECURE", "") in ("1", "true", "yes"))
     return RemoteBackend(**options)
 
 
