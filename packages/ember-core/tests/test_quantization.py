@@ -353,12 +353,86 @@ def test_quantize_dynamic_matches_reference_and_reports_size() -> None:
     assert np.abs(out - float_out).max() < 0.05
     with pytest.raises(DTypeError):
         Q.quantize_dynamic(nn.Sequential(nn.Linear(2, 2)), dtype=ember.float16)
-    with pytest.raises(ValueRangeError):
-        Q.quantize_dynamic(nn.Sequential(nn.Linear(2, 2)), {nn.Conv2d})
+    with pytest.raises(ValueRangeError, match="qconfig_spec"):
+        Q.quantize_dynamic(nn.Sequential(nn.Linear(2, 2)), {nn.Embedding})
+    with pytest.raises(ValueRangeError, match="qconfig_spec"):
+        Q.quantize_dynamic(nn.Sequential(nn.Linear(2, 2)), set())
     with pytest.raises(DTypeError):
         Q.quantize_dynamic(nn.Linear(2, 2))
     copy = Q.quantize_dynamic(nn.Sequential(nn.Linear(2, 2)), inplace=False)
     assert isinstance(copy[0], Q.DynamicQuantizedLinear)
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "reflect"])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_dynamic_conv2d_matches_torch_fake_quant(padding_mode: str, groups: int) -> None:
+    """Weights per output channel and activations per sample, symmetric int8 with round half to even: the same as
+    torch's fake quantization with those scales followed by a float convolution."""
+    dev = Device.parse(TOY)
+    ember.manual_seed(3)
+    conv = nn.Conv2d(4, 6, 3, stride=2, padding=1, dilation=1, groups=groups, padding_mode=padding_mode, device=dev)
+    x = np.random.default_rng(4).standard_normal((3, 4, 9, 8)).astype(np.float32)
+    x[1] *= 10  # a sample with another range gets its own scale
+    float_out = conv(t(x)).numpy()
+    model = Q.quantize_dynamic(nn.Sequential(conv), {nn.Conv2d})
+    q = model[0]
+    assert isinstance(q, Q.DynamicQuantizedConv2d) and q.weight.dtype is ember.int8
+    out = q(t(x)).numpy()
+
+    w = torch.from_numpy(conv.weight.detach().numpy())
+    sw = w.abs().amax((1, 2, 3)) / 127
+    wq = torch.fake_quantize_per_channel_affine(w, sw, torch.zeros(6, dtype=torch.int32), 0, -127, 127)
+    xt = torch.from_numpy(x)
+    sx = xt.abs().amax((1, 2, 3)) / 127
+    xq = torch.fake_quantize_per_channel_affine(xt, sx, torch.zeros(3, dtype=torch.int32), 0, -127, 127)
+    ref_conv = torch.nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=groups, padding_mode=padding_mode)
+    with torch.no_grad():
+        ref_conv.weight.copy_(wq)
+        ref_conv.bias.copy_(torch.from_numpy(conv.bias.detach().numpy()))
+        ref = ref_conv(xq).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    # int8 stays close to the float layer: a relative error of a few 1/127 steps
+    assert np.abs(out - float_out).max() < 0.03 * np.abs(float_out).max()
+    # unbatched input: the same as a batch of one
+    np.testing.assert_allclose(q(t(x[1])).numpy(), out[1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(q(t(np.zeros_like(x))).numpy(), np.broadcast_to(
+        conv.bias.detach().numpy().reshape(1, -1, 1, 1), out.shape), atol=0)
+
+
+def test_dynamic_conv2d_bad_input_and_sizes() -> None:
+    dev = Device.parse(TOY)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, device=dev), nn.Flatten(), nn.Linear(4 * 4 * 4, 3, device=dev))
+    before = Q.model_size(model)["weights_bytes"]
+    Q.quantize_dynamic(model, {nn.Linear, nn.Conv2d})
+    assert isinstance(model[0], Q.DynamicQuantizedConv2d) and isinstance(model[2], Q.DynamicQuantizedLinear)
+    assert before == (2 * 4 * 9 + 4 + 64 * 3 + 3) * 4
+    assert Q.model_size(model)["weights_bytes"] == 2 * 4 * 9 + 64 * 3 + (4 + 3) * 4 * 2
+    assert "int8" in repr(model[0])
+    with pytest.raises(ShapeError, match=r"DynamicQuantizedConv2d: expected input of shape \(N, 2, H, W\)"):
+        model[0](t(np.zeros((1, 3, 6, 6), np.float32)))
+    with pytest.raises(DTypeError, match="floating-point input, got int64"):
+        model[0](ember.zeros((1, 2, 6, 6), dtype=ember.int64, device=dev))
+    with pytest.raises(DTypeError, match="expected an nn.Conv2d, got Linear"):
+        Q.DynamicQuantizedConv2d.from_conv(nn.Linear(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(DTypeError, match="model is itself an nn.Conv2d"):
+        Q.quantize_dynamic(nn.Conv2d(1, 1, 1), {nn.Conv2d})
+    # the default (torch's) quantizes Linear layers only
+    plain = Q.quantize_dynamic(nn.Sequential(nn.Conv2d(1, 1, 1), nn.Linear(2, 2)))
+    assert type(plain[0]) is nn.Conv2d and isinstance(plain[1], Q.DynamicQuantizedLinear)
+
+
+def test_quantize_dynamic_leaves_attention_projections_float() -> None:
+    """torch types MultiheadAttention.out_proj NonDynamicallyQuantizableLinear so quantize_dynamic passes it by: the
+    attention reads its weight directly. ember does the same, and an encoder layer still runs after quantization."""
+    dev = Device.parse(TOY)
+    ember.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, 0.0, batch_first=True, device=dev)
+    x = ember.randn(2, 5, 16, device=dev)
+    before = layer(x).numpy()
+    model = Q.quantize_dynamic(nn.Sequential(layer))
+    assert type(model[0].self_attn.out_proj) is nn.Linear
+    assert isinstance(model[0].linear1, Q.DynamicQuantizedLinear)
+    assert np.abs(model(x).numpy() - before).max() < 0.05
 
 
 # -- records -----------------------------------------------------------------------------------------------------------

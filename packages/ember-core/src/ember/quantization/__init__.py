@@ -4,7 +4,8 @@
   per channel, per block) and 4-bit block NF4 / FP4 (bitsandbytes-exact, optional double quantization).
 * ops (``ember.quantization.ops``): ``quantize_4bit``, ``dequantize_4bit`` and ``matmul_4bit`` (the weight
   dequantized on the fly) as extension ops; backends may register kernels (ember-flex does).
-* :class:`Linear4bit` (QLoRA's base layer), :class:`DynamicQuantizedLinear`, :func:`quantize_dynamic`,
+* :class:`Linear4bit` (QLoRA's base layer), :class:`DynamicQuantizedLinear`, :class:`DynamicQuantizedConv2d`,
+  :func:`quantize_dynamic`,
   :func:`model_size`.
 * :func:`save` / :func:`load`: safetensors with scales and format tags (see docs/quantization.md).
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 from . import ops
 from .io import DequantizedOnLoadWarning, load, save
 from .modules import (
+    DynamicQuantizedConv2d,
     DynamicQuantizedLinear,
     Linear4bit,
     QuantizedModule,
@@ -34,6 +36,6 @@ from .tensor import FORMATS, QuantizedTensor, dequantize, quantize, quantize_4bi
 
 __all__ = [
     "FORMATS", "QuantizedTensor", "quantize", "dequantize", "quantize_4bit", "quantize_int8", "Linear4bit",
-    "DynamicQuantizedLinear", "QuantizedModule", "quantize_dynamic", "model_size", "quantized_modules", "save",
-    "load", "DequantizedOnLoadWarning", "ops",
+    "DynamicQuantizedLinear", "DynamicQuantizedConv2d", "QuantizedModule", "quantize_dynamic", "model_size",
+    "quantized_modules", "save", "load", "DequantizedOnLoadWarning", "ops",
 ]

@@ -5,7 +5,12 @@
 * :class:`DynamicQuantizedLinear`: int8 inference (PyTorch's ``torch.ao.nn.quantized.dynamic.Linear``): the
   weight per output channel, symmetric; each input row quantized on the fly with its own absmax scale; the
   integer product is accumulated in float32 (exact while ``in_features * 127 * 127 < 2**24``) and rescaled.
-* :func:`quantize_dynamic` swaps a model's ``nn.Linear`` layers for :class:`DynamicQuantizedLinear` in place.
+* :class:`DynamicQuantizedConv2d`: the same for ``nn.Conv2d``: int8 weight per output channel, symmetric; each
+  sample of the input quantized on the fly with its own absmax scale; the integer convolution accumulated in
+  float32 (exact while ``in_channels / groups * kh * kw * 127 * 127 < 2**24``) and rescaled by both scales.
+* :func:`quantize_dynamic` swaps a model's ``nn.Linear`` (and, when asked, ``nn.Conv2d``) layers for the dynamic
+  int8 layers in place; the ``out_proj`` of a ``MultiheadAttention`` is left alone, as PyTorch does (the attention
+  reads its weight directly).
 """
 
 from __future__ import annotations
@@ -13,14 +18,17 @@ from __future__ import annotations
 from typing import Any
 
 from .. import dtypes as dt
-from ..errors import DTypeError, ValueRangeError
+from ..errors import DTypeError, ShapeError, ValueRangeError
+from ..nn.layers.conv import Conv2d
 from ..nn.layers.linear import Linear
 from ..nn.module import Module, Parameter
+from ..nn.sequence.attention import MultiheadAttention
 from ..tensor import Tensor
 from . import ops as _ops
 from .tensor import QuantizedTensor, quantize_4bit, quantize_int8
 
-__all__ = ["DynamicQuantizedLinear", "Linear4bit", "model_size", "quantize_dynamic", "quantized_modules"]
+__all__ = ["DynamicQuantizedConv2d", "DynamicQuantizedLinear", "Linear4bit", "model_size", "quantize_dynamic",
+           "quantized_modules"]
 
 
 class QuantizedModule(Module):
@@ -149,50 +157,128 @@ class DynamicQuantizedLinear(QuantizedModule):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
 
 
+class DynamicQuantizedConv2d(QuantizedModule):
+    """Dynamic int8 Conv2d for inference (see the module docstring); build it with :meth:`from_conv`.
+
+    The weight is int8, symmetric, one scale per output channel (``scale = absmax / 127``). At each call every
+    sample of the batch is quantized with its own scale (``absmax / 127`` over the sample, 1 for an all-zero
+    sample), the convolution of the integer values runs in float32 and is rescaled by the sample's and the output
+    channel's scales; the bias is added in float32. Stride, padding (every ``padding_mode``), dilation and groups
+    are the original layer's.
+    """
+
+    def __init__(self, q: QuantizedTensor, bias: Tensor | None, conv: Conv2d) -> None:
+        super().__init__()
+        if q.format != "int8" or q.granularity != "per_channel" or q.axis != 0 or len(q.shape) != 4:
+            raise ValueRangeError(f"DynamicQuantizedConv2d: expected a 4-d per-channel (axis 0) int8 weight, got "
+                                  f"{q!r}")
+        self.out_channels, self.in_channels = conv.out_channels, conv.in_channels
+        self.kernel_size, self.stride, self.padding = conv.kernel_size, conv.stride, conv.padding
+        self.dilation, self.groups, self.padding_mode = conv.dilation, conv.groups, conv.padding_mode
+        self._reversed_padding_repeated_twice = list(conv._reversed_padding_repeated_twice)
+        self._set_weight(q)
+        self.bias = Parameter(bias.detach().to(dt.float32), requires_grad=False) if bias is not None else None
+
+    @classmethod
+    def from_conv(cls, conv: Conv2d) -> DynamicQuantizedConv2d:
+        """Quantize ``conv``'s weight per output channel, symmetric int8."""
+        if not isinstance(conv, Conv2d):
+            raise DTypeError(f"DynamicQuantizedConv2d.from_conv: expected an nn.Conv2d, got {type(conv).__name__}")
+        return cls(quantize_int8(conv.weight.detach(), "symmetric", "per_channel", 0), conv.bias, conv)
+
+    def forward(self, x: Tensor) -> Tensor:
+        from ..nn import functional as F
+        from ..ops.pointwise import where
+
+        op = "DynamicQuantizedConv2d"
+        if not x.dtype.is_floating_point:
+            raise DTypeError(f"{op}: expected a floating-point input, got {x.dtype.name}")
+        if x.ndim not in (3, 4) or x.shape[-3] != self.in_channels:
+            raise ShapeError(f"{op}: expected input of shape (N, {self.in_channels}, H, W) or "
+                             f"({self.in_channels}, H, W), got {tuple(x.shape)}")
+        batched = x.ndim == 4
+        xf = (x if batched else x.unsqueeze(0)).to(dt.float32)
+        amax = xf.abs().amax((1, 2, 3), keepdim=True)
+        sx = where(amax > 0, amax / 127, 1.0)  # one scale per sample, from this call's values
+        xq = (xf / sx).round().clamp(-127, 127)
+        padding: Any = self.padding
+        if self.padding_mode != "zeros":
+            # reflect / replicate / circular copy input values, so padding the codes equals coding the padded input
+            xq, padding = F.pad(xq, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
+        w = self._buffers["weight"].to(dt.float32)
+        out = F.conv2d(xq, w, None, self.stride, padding, self.dilation, self.groups)
+        out = out * sx * self._buffers["weight_scale"].reshape(1, -1, 1, 1)
+        if self.bias is not None:
+            out = out + self.bias.reshape(1, -1, 1, 1)
+        out = out if batched else out.squeeze(0)
+        return out.to(x.dtype) if x.dtype is not dt.float32 else out
+
+    def extra_repr(self) -> str:
+        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+             f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+             f"bias={self.bias is not None}")
+        return s + (f", padding_mode={self.padding_mode}" if self.padding_mode != "zeros" else "") + ", int8"
+
+
 def quantized_modules(model: Module) -> list[tuple[str, QuantizedModule]]:
     """(path, module) for every quantized layer of ``model``."""
     return [(p, m) for p, m in model.named_modules() if isinstance(m, QuantizedModule)]
 
 
-def _replace(model: Module, op: str, make: Any, dtype_ok: Any = None) -> Module:
+#: what quantize_dynamic replaces, and with what
+_DYNAMIC: dict[type, Any] = {Linear: DynamicQuantizedLinear.from_linear, Conv2d: DynamicQuantizedConv2d.from_conv}
+
+
+def _replace(model: Module, op: str, types: set[type]) -> Module:
     if not isinstance(model, Module):
         raise DTypeError(f"{op}: model must be an nn.Module, got {type(model).__name__}")
-    if isinstance(model, Linear):
-        raise DTypeError(f"{op}: model is itself an nn.Linear; wrap it in a container (nn.Sequential) so it can "
-                         "be replaced in place")
-    todo = [(p, m) for p, m in model.named_modules() if type(m) is Linear]
+    if type(model) in types:
+        raise DTypeError(f"{op}: model is itself an nn.{type(model).__name__}; wrap it in a container "
+                         "(nn.Sequential) so it can be replaced in place")
+    # a MultiheadAttention reads out_proj's weight itself (PyTorch types it NonDynamicallyQuantizableLinear so
+    # quantize_dynamic passes it by): its projections stay float
+    inside_attention = {id(m) for _, a in model.named_modules() if isinstance(a, MultiheadAttention)
+                        for _, m in a.named_modules()}
+    todo = [(p, m) for p, m in model.named_modules() if type(m) in types and id(m) not in inside_attention]
     for path, m in todo:
         parent_path, _, name = path.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model
-        setattr(parent, name, make(m))
+        setattr(parent, name, _DYNAMIC[type(m)](m))
     return model
 
 
 def quantize_dynamic(model: Module, qconfig_spec: Any = None, dtype: dt.DType = dt.int8,
                      inplace: bool = True) -> Module:
-    """Replace every ``nn.Linear`` of ``model`` with a :class:`DynamicQuantizedLinear` (int8 weights per output
-    channel, dynamic per-row activation scales): PyTorch's ``torch.ao.quantization.quantize_dynamic`` for
-    Linear. For inference (the quantized layers hold no trainable weight). Returns the model.
+    """Replace the ``nn.Linear`` layers of ``model`` with :class:`DynamicQuantizedLinear` (int8 weights per output
+    channel, dynamic per-row activation scales), and with ``qconfig_spec={nn.Linear, nn.Conv2d}`` also its
+    ``nn.Conv2d`` layers with :class:`DynamicQuantizedConv2d` (dynamic per-sample scales): PyTorch's
+    ``torch.ao.quantization.quantize_dynamic``. For inference (the quantized layers hold no trainable weight).
+    ``MultiheadAttention``'s ``out_proj`` stays float, as in PyTorch. Returns the model.
 
-    ``qconfig_spec`` (torch's set of layer types) may be None or ``{nn.Linear}``; ``inplace=False`` quantizes a
-    deep copy.
+    ``qconfig_spec`` (torch's set of layer types) may be None (``{nn.Linear}``, torch's default for these layers)
+    or a non-empty subset of ``{nn.Linear, nn.Conv2d}``; ``inplace=False`` quantizes a deep copy.
 
     >>> import ember
     >>> from ember import nn, quantization as Q
     >>> m = Q.quantize_dynamic(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 4)))
     >>> type(m[0]).__name__, Q.model_size(m)["weights_bytes"]
     ('DynamicQuantizedLinear', 2464)
+    >>> c = Q.quantize_dynamic(nn.Sequential(nn.Conv2d(1, 8, 3), nn.Flatten(), nn.Linear(8 * 4 * 4, 2)),
+    ...                        {nn.Linear, nn.Conv2d})
+    >>> type(c[0]).__name__, tuple(c(ember.randn(2, 1, 6, 6)).shape)
+    ('DynamicQuantizedConv2d', (2, 2))
     """
     op = "quantize_dynamic"
     if dtype is not dt.int8:
         raise DTypeError(f"{op}: only dtype=ember.int8 is supported, got {dtype!r}")
-    if qconfig_spec is not None and set(qconfig_spec) != {Linear}:
-        raise ValueRangeError(f"{op}: qconfig_spec may only name nn.Linear, got {qconfig_spec!r}")
+    types = {Linear} if qconfig_spec is None else set(qconfig_spec)
+    if not types or not types <= set(_DYNAMIC):
+        raise ValueRangeError(f"{op}: qconfig_spec may only name nn.Linear and nn.Conv2d, got {qconfig_spec!r}")
     if not inplace:
         import copy
 
         model = copy.deepcopy(model)
-    return _replace(model, op, DynamicQuantizedLinear.from_linear)
+    return _replace(model, op, types)
 
 
 def model_size(model: Module) -> dict[str, int]:
