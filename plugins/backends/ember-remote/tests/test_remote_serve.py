@@ -111,6 +111,9 @@ CASES = {
     "cumsum_cat": lambda d: ember.cat([ember.arange(3.0, device=d).cumsum(0), ember.ones(2, device=d)]),
     "float16": lambda d: (ember.arange(5.0, device=d).to(ember.float16) * 1.5).to(ember.float32),
     "bool_reduce": lambda d: (ember.arange(5, device=d) > 2).any(),
+    "scalar_0d": lambda d: ember.tensor(3.0, device=d) * ember.tensor([1.0, 2.0], device=d).sum(),
+    "bfloat16_roundtrip": lambda d: ember.tensor([1.5, -2.25, 3.0], device=d, dtype=ember.bfloat16) * 2,
+    "complex": lambda d: ember.tensor([1 + 2j, 3 - 1j], device=d) * ember.tensor([2j, 1.0], device=d),
 }
 
 

@@ -447,7 +447,7 @@ class RemoteBackend(Backend):
 
     def from_numpy(self, array: np.ndarray) -> Any:
         with self._lock:
-            a = np.ascontiguousarray(array)
+            a = array if array.flags.c_contiguous else np.array(array, order="C")  # 0-d stays 0-d
             h = self._new(tuple(a.shape), dt.from_numpy_dtype(a.dtype))
             self.counts["uploads"] += 1
             # encoded now: a copy of the bytes, so later changes to the caller's array do not travel

@@ -187,8 +187,8 @@ def check_shape(shape: Any, what: str) -> tuple[int, ...]:
 # -- arrays ----------------------------------------------------------------------------------------------------
 def encode_array(a: np.ndarray) -> list[Any]:
     """``[dtype name, shape, raw bytes]`` (C order)."""
-    a = np.ascontiguousarray(a)
-    return [dt.from_numpy_dtype(a.dtype).name, list(a.shape), memoryview(a).cast("B") if a.size else b""]
+    a = a if a.flags.c_contiguous else np.array(a, order="C")  # not ascontiguousarray: 0-d stays 0-d
+    return [dt.from_numpy_dtype(a.dtype).name, list(a.shape), memoryview(a.reshape(-1).view(np.uint8)) if a.size else b""]
 
 
 def decode_array(v: Any, max_bytes: int) -> np.ndarray:
