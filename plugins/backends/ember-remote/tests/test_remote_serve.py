@@ -140,6 +140,18 @@ def test_random_and_seed_match_flex(dev: Device) -> None:
     np.testing.assert_array_equal(a, b)
 
 
+def test_sessions_have_their_own_random_streams(tls: Running, pki: dict[str, Any], dev: Device) -> None:
+    other = _remote(tls, pki, timeout=60.0)  # a second session (other options, so another device)
+    dev.seed(11)
+    first = ember.rand(4, device=dev).numpy()
+    other.seed(12)
+    ember.rand(100, device=other).numpy()  # draws between the first session's draws
+    second = ember.randn(3, device=dev).numpy()
+    FLEX.seed(11)
+    np.testing.assert_array_equal(first, ember.rand(4, device=FLEX).numpy())
+    np.testing.assert_array_equal(second, ember.randn(3, device=FLEX).numpy())
+
+
 def test_graph_replay_registers_once(dev: Device) -> None:
     x = ember.ones(5, device=dev)
     x.numpy()

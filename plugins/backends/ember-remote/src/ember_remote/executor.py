@@ -34,6 +34,8 @@ _PLUMBING = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run
                        "may_share_memory", "from_numpy", "to_numpy", "new_random_stream", "run_extension", "seed",
                        "grad_hooks", "post_accumulate_grad_hooks", "hook_node"})
 ALLOWED_OPS = frozenset(CONTRACT_METHODS - _PLUMBING)
+#: drawn from the session's own stream
+_RANDOM = frozenset({"rand", "randn", "randint"})
 
 
 @dataclass
@@ -67,6 +69,9 @@ class Session:
         self.graphs: dict[int, tuple[Any, ...]] = {}
         self._ids = itertools.count(-1, -1)
         self.ops_run = 0
+        # the session's own random stream: one client's seed or draws never change another's (the served
+        # backend's stream is shared); a stream seeded with n draws what the backend's seed(n) would
+        self.stream = stack.new_random_stream(0)
 
     # -- storage ---------------------------------------------------------------------------------------------
     def get(self, vid: int) -> Any:
@@ -127,7 +132,7 @@ class Session:
         if kind == "call":
             return self._call(*a)
         if kind == "seed":
-            self.stack.seed(a[0])
+            self.stream = self.stack.new_random_stream(a[0])
             return None
         if kind == "sync":
             self.stack.sync()
@@ -141,9 +146,12 @@ class Session:
         if method not in ALLOWED_OPS:
             raise ProtocolError(f"remote: {method!r} is not a backend method a client may call")
         ins = [self.get(v) for v in inputs]
-        result = getattr(self.stack, method)(*_resolve(args, ins, (), len(ins)))
+        result = self._method(method)(*_resolve(args, ins, (), len(ins)))
         self.ops_run += 1
         return self._outs(result)
+
+    def _method(self, name: str) -> Any:
+        return getattr(self.stream, name) if name in _RANDOM else getattr(self.stack, name)
 
     def _outs(self, r: Any) -> Any:
         t = type(r)
@@ -186,7 +194,8 @@ class Session:
                 out = self._extension(args[0], hs, [in_dtypes[k] if w == "in" else v_dtypes[k]
                                                     for w, k in positions])
             else:
-                out = getattr(stack, op)(*_resolve(args, hs, scalars, len(hs)))
+                out = (getattr(self.stream, op) if op in _RANDOM else getattr(stack, op))(
+                    *_resolve(args, hs, scalars, len(hs)))
             self.ops_run += 1
             if not dtypes:  # an in-place op: its result is its target, changed in place
                 continue

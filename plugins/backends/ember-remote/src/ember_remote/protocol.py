@@ -188,7 +188,8 @@ def check_shape(shape: Any, what: str) -> tuple[int, ...]:
 def encode_array(a: np.ndarray) -> list[Any]:
     """``[dtype name, shape, raw bytes]`` (C order)."""
     a = a if a.flags.c_contiguous else np.array(a, order="C")  # not ascontiguousarray: 0-d stays 0-d
-    return [dt.from_numpy_dtype(a.dtype).name, list(a.shape), memoryview(a.reshape(-1).view(np.uint8)) if a.size else b""]
+    data = memoryview(a.reshape(-1).view(np.uint8)) if a.size else b""  # raw bytes of any dtype, no copy
+    return [dt.from_numpy_dtype(a.dtype).name, list(a.shape), data]
 
 
 def decode_array(v: Any, max_bytes: int) -> np.ndarray:
