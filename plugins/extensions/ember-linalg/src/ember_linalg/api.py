@@ -128,7 +128,7 @@ def _tol(x: Any) -> float | None:
 
 # -- solvers and inverses ---------------------------------------------------------------------------------------------
 def solve(A: Tensor, B: Tensor, *, left: bool = True) -> Tensor:
-    """X with ``A X = B`` (``left=True``) or ``X A = B``, for square A (*, n, n) and B (*, n, k) or (*, n);
+    """X with ``A X = B`` (``left=True``) or ``X A = B``, for square A ``(*, n, n)`` and B ``(*, n, k)`` or ``(*, n)``;
     batch dims broadcast. A singular A raises :class:`LinAlgError` naming the batch element."""
     A, B = _tensor("solve", A), _tensor("solve", B, "B")
     vector = _is_vector_rhs(A, B)
@@ -166,7 +166,7 @@ def _solve_masked(A: Tensor, B: Tensor, left: bool) -> Tensor:
 
 
 def inv(A: Tensor) -> Tensor:
-    """The inverse of square matrices A (*, n, n); a singular one raises :class:`LinAlgError` (torch's message,
+    """The inverse of square matrices A ``(*, n, n)``; a singular one raises :class:`LinAlgError` (torch's message,
     naming the batch element and the zero pivot)."""
     return call(_ops.inv, _tensor("inv", A))
 
@@ -187,7 +187,7 @@ def inv_ex(A: Tensor, *, check_errors: bool = False) -> InvExResult:
 
 
 def det(A: Tensor) -> Tensor:
-    """The determinant of square matrices A (*, n, n), shape A.shape[:-2]; differentiable also at singular A."""
+    """The determinant of square matrices A ``(*, n, n)``, shape A.shape[:-2]; differentiable also at singular A."""
     return call(_ops.det, _tensor("det", A))
 
 
@@ -219,8 +219,9 @@ def cholesky_ex(A: Tensor, *, upper: bool = False, check_errors: bool = False) -
 
 def solve_triangular(A: Tensor, B: Tensor, *, upper: bool, left: bool = True,
                      unitriangular: bool = False) -> Tensor:
-    """X with ``A X = B`` (``left``) or ``X A = B`` for triangular A (*, n, n), reading only A's upper (``upper``)
-    or lower triangle, with an implicit unit diagonal when ``unitriangular``. B is (*, n, k) (left) or (*, k, n)."""
+    """X with ``A X = B`` (``left``) or ``X A = B`` for triangular A ``(*, n, n)``, reading only A's upper (``upper``)
+    or lower triangle, with an implicit unit diagonal when ``unitriangular``. B is ``(*, n, k)`` (left) or
+    ``(*, k, n)``."""
     A, B = _tensor("solve_triangular", A), _tensor("solve_triangular", B, "B")
     return call(_ops.solve_triangular, A, B, upper=bool(upper), left=bool(left), unitriangular=bool(unitriangular))
 
@@ -265,7 +266,7 @@ def svd(A: Tensor, full_matrices: bool = True, *, driver: str | None = None) -> 
 
 
 def svdvals(A: Tensor, *, driver: str | None = None) -> Tensor:
-    """The singular values of A (*, m, n), descending, shape (*, min(m, n))."""
+    """The singular values of A ``(*, m, n)``, descending, shape ``(*, min(m, n))``."""
     if driver is not None:
         raise ValueRangeError(f"linalg.svdvals: driver= is only supported on CUDA inputs in torch, got {driver!r}")
     return call(_ops.svdvals, _tensor("svdvals", A))
@@ -332,7 +333,7 @@ def lu_factor(A: Tensor, *, pivot: bool = True) -> LUFactorResult:
 
 
 def lu(A: Tensor, *, pivot: bool = True) -> LUResult:
-    """(P, L, U) with A = P L U for A (*, m, n): P a permutation (m x m), L unit lower (m x k), U upper (k x n),
+    """(P, L, U) with A = P L U for A ``(*, m, n)``: P a permutation (m x m), L unit lower (m x k), U upper (k x n),
     k = min(m, n). Differentiable (also for rectangular A)."""
     A = _tensor("lu", A)
     LU, piv, _ = call(_ops.lu_factor_ex, A, pivot=pivot)
@@ -458,7 +459,7 @@ def matrix_power(A: Tensor, n: int) -> Tensor:
 
 
 def matrix_exp(A: Tensor) -> Tensor:
-    """The matrix exponential of square A (*, n, n); differentiable (torch's block-matrix rule)."""
+    """The matrix exponential of square A ``(*, n, n)``; differentiable (torch's block-matrix rule)."""
     return call(_ops.matrix_exp, _tensor("matrix_exp", A))
 
 
@@ -484,7 +485,7 @@ def diagonal(A: Tensor, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> T
 
 
 def vander(x: Tensor, *, N: int | None = None) -> Tensor:
-    """The Vandermonde matrix of x (*, n): columns x^0, x^1, ..., x^(N-1) (increasing powers, torch's order)."""
+    """The Vandermonde matrix of x ``(*, n)``: columns x^0, x^1, ..., x^(N-1) (increasing powers, torch's order)."""
     x = _tensor("vander", x, "x")
     if x.ndim < 1:
         raise ShapeError(f"linalg.vander: x must have at least one dimension, got shape {x.shape}")

@@ -93,7 +93,7 @@ def blackman(M: int, *, sym: bool = True, dtype: Any = None, device: Any = None,
 
 def bartlett(M: int, *, sym: bool = True, dtype: Any = None, device: Any = None,  # noqa: N803
              requires_grad: bool = False) -> ember.Tensor:
-    """Bartlett (triangular) window, 1 - |2n / (M - 1) - 1| (``torch.signal.windows.bartlett``)."""
+    """Bartlett (triangular) window, 1 - abs(2n / (M - 1) - 1) (``torch.signal.windows.bartlett``)."""
     return _make("signal.windows.bartlett", M, sym, _bartlett, dtype, device, requires_grad)
 
 
@@ -123,7 +123,7 @@ def gaussian(M: int, *, std: float = 1.0, sym: bool = True, dtype: Any = None, d
 
 def exponential(M: int, *, center: float | None = None, tau: float = 1.0, sym: bool = True,  # noqa: N803
                 dtype: Any = None, device: Any = None, requires_grad: bool = False) -> ember.Tensor:
-    """Exponential (Poisson) window, exp(-|n - center| / tau), centre (M - 1) / 2 by default
+    """Exponential (Poisson) window, exp(-abs(n - center) / tau), centre (M - 1) / 2 by default
     (``torch.signal.windows.exponential``; a centre needs ``sym=False``)."""
     if tau <= 0:
         raise ValueRangeError(f"signal.windows.exponential: Tau must be positive, got: {tau} instead.")
