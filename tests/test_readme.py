@@ -5,6 +5,7 @@ not contain)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import re
@@ -128,6 +129,11 @@ def _check_command(words: list[str], sessions: set[str] | None) -> str | None:
 
         name = next((a for a in args[1:] if not a.startswith("-")), None)
         return None if name is None or name in _BENCHMARKS else f"ember bench has no benchmark {name!r}"
+    if exe.endswith("ember") and args[:1] != ["bench"]:  # a subcommand: core's or an installed package's
+        from ember.cli import build_parser
+
+        choices = next(a.choices for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+        return None if args and args[0] in choices else f"ember has no subcommand {args[:1]}"
     if exe.endswith("nox"):
         if "-l" in args:
             return None
