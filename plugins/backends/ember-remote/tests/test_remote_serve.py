@@ -152,6 +152,22 @@ def test_sessions_have_their_own_random_streams(tls: Running, pki: dict[str, Any
     np.testing.assert_array_equal(second, ember.randn(3, device=FLEX).numpy())
 
 
+def test_generator_streams_live_on_the_server_and_match_flex(dev: Device) -> None:
+    def draws(d: Device) -> list[np.ndarray]:
+        g = ember.Generator(d).manual_seed(5)
+        a = ember.rand(3, 2, generator=g, device=d).numpy()
+        state = g.get_state()
+        b = ember.randn(4, generator=g, device=d).numpy()
+        g.set_state(state)
+        c = ember.randn(4, generator=g, device=d).numpy()
+        return [a, b, c, ember.randint(0, 9, (5,), generator=g, device=d).numpy()]
+
+    got, want = draws(dev), draws(FLEX)
+    for x, y in zip(got, want):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(got[1], got[2])
+
+
 def test_graph_replay_registers_once(dev: Device) -> None:
     x = ember.ones(5, device=dev)
     x.numpy()

@@ -230,6 +230,7 @@ class RemoteBackend(Backend):
         self._graphs: dict[Any, int] = {}
         self._ids = itertools.count(1)
         self._graph_ids = itertools.count(1)
+        self._stream_ids = itertools.count(1)
         self.counts = dict.fromkeys(_COUNTERS, 0)
         self._connect()
 
@@ -462,6 +463,14 @@ class RemoteBackend(Backend):
     def may_share_memory(self, a: Any, b: Any) -> bool:
         return True
 
+    def new_random_stream(self, seed: int) -> Any:
+        """An ``ember.Generator`` stream kept on the server (the served backend's own kind of stream, so a
+        generator draws there what it draws on that device); draws are queued like records."""
+        with self._lock:
+            sid = next(self._stream_ids)
+            self._enqueue(["stream", sid, int(seed) % (1 << 64)])
+            return _RemoteStream(self, sid, self._epoch)
+
     def sync(self) -> None:
         with self._lock:
             self.flush()
@@ -504,6 +513,48 @@ class RemoteBackend(Backend):
             if len(self._pending) >= self.max_pending:
                 self.flush()
             return tuple(outs) if isinstance(spec, tuple) else outs[0]
+
+
+class _RemoteStream:
+    """An ``ember.Generator`` stream on the server: draws become queued ``draw`` messages (in order with the
+    records, which are flushed first); the state is read and set with a round trip."""
+
+    def __init__(self, backend: RemoteBackend, sid: int, epoch: int) -> None:
+        self.backend = backend
+        self.sid = sid
+        self.epoch = epoch
+
+    def _draw(self, method: str, args: tuple[Any, ...], shape: Any, dtype: DType) -> RemoteHandle:
+        b = self.backend
+        with b._lock:
+            if self.epoch != b._epoch:
+                raise RemoteError("remote: this generator's stream was lost with its session", "LostState")
+            b.flush()
+            h = b._new(tuple(int(n) for n in shape), dtype)
+            b._enqueue(["draw", self.sid, h.vid, method, encode_value(args)])
+            return h
+
+    def rand(self, shape: tuple[int, ...], dtype: DType) -> Any:
+        return self._draw("rand", (tuple(shape), dtype), shape, dtype)
+
+    def randn(self, shape: tuple[int, ...], dtype: DType) -> Any:
+        return self._draw("randn", (tuple(shape), dtype), shape, dtype)
+
+    def randint(self, low: int, high: int, shape: tuple[int, ...], dtype: DType) -> Any:
+        return self._draw("randint", (int(low), int(high), tuple(shape), dtype), shape, dtype)
+
+    def get_state(self) -> bytes:
+        b = self.backend
+        with b._lock:
+            b.flush()
+            (state,) = b._exchange([["stream_state", self.sid]])
+            return bytes(state)
+
+    def set_state(self, state: bytes) -> None:
+        b = self.backend
+        with b._lock:
+            b.flush()
+            b._enqueue(["stream_set", self.sid, bytes(state)])
 
 
 def _recording_method(name: str) -> Any:

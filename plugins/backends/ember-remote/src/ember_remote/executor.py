@@ -50,6 +50,8 @@ class Limits:
     max_graphs: int = 10_000
     #: records in one graph
     max_graph_ops: int = 100_000
+    #: generator streams
+    max_streams: int = 1024
 
 
 def _nbytes(shape: Sequence[int], dtype: DType) -> int:
@@ -72,6 +74,8 @@ class Session:
         # the session's own random stream: one client's seed or draws never change another's (the served
         # backend's stream is shared); a stream seeded with n draws what the backend's seed(n) would
         self.stream = stack.new_random_stream(0)
+        #: the session's generator streams (ember.Generator on a remote device), by client id
+        self.streams: dict[int, Any] = {}
 
     # -- storage ---------------------------------------------------------------------------------------------
     def get(self, vid: int) -> Any:
@@ -105,6 +109,7 @@ class Session:
         self.table.clear()
         self.meta.clear()
         self.graphs.clear()
+        self.streams.clear()
         self.bytes = 0
 
     # -- messages --------------------------------------------------------------------------------------------
@@ -134,6 +139,25 @@ class Session:
         if kind == "seed":
             self.stream = self.stack.new_random_stream(a[0])
             return None
+        if kind == "stream":
+            if len(self.streams) >= self.limits.max_streams and a[0] not in self.streams:
+                raise OutOfMemoryError(f"remote: the session has {len(self.streams)} random streams (limit "
+                                       f"{self.limits.max_streams})")
+            self.streams[a[0]] = self.stack.new_random_stream(a[1])
+            return None
+        if kind == "draw":
+            sid, vid, method, args = a
+            shape, dtype = args[-2], args[-1]
+            if self.bytes + _nbytes(shape, dtype) > self.limits.max_bytes:
+                raise OutOfMemoryError(f"remote: drawing {dtype.name}{list(shape)} would exceed the session's "
+                                       f"memory limit of {self.limits.max_bytes} bytes")
+            self.put(vid, getattr(self._stream(sid), method)(*args), dtype)
+            return None
+        if kind == "stream_state":
+            return bytes(self._stream(a[0]).get_state())
+        if kind == "stream_set":
+            self._stream(a[0]).set_state(a[1])
+            return None
         if kind == "sync":
             self.stack.sync()
             return None
@@ -149,6 +173,12 @@ class Session:
         result = self._method(method)(*_resolve(args, ins, (), len(ins)))
         self.ops_run += 1
         return self._outs(result)
+
+    def _stream(self, sid: int) -> Any:
+        try:
+            return self.streams[sid]
+        except KeyError:
+            raise ProtocolError(f"remote: random stream {sid} was never created in this session") from None
 
     def _method(self, name: str) -> Any:
         return getattr(self.stream, name) if name in _RANDOM else getattr(self.stack, name)

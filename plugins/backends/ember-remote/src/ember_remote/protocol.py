@@ -8,7 +8,8 @@ so decoding is unambiguous and walks a bounded depth. No pickle: a frame can onl
 
 Client -> server kinds: ``hello`` (must be first: the token), ``batch`` (a list of messages run in order, one
 reply). Messages inside a batch: ``register``, ``replay``, ``upload``, ``download``, ``release``, ``call``,
-``seed``, ``sync``, ``stats``. Server -> client: ``ok`` (the replies of the batch's reply-bearing messages) or
+``seed``, ``sync``, ``stats``, and for ``ember.Generator`` streams kept on the server ``stream``, ``draw``,
+``stream_state``, ``stream_set``. Server -> client: ``ok`` (the replies of the batch's reply-bearing messages) or
 ``err`` (``[error type, message, index of the failing message]``).
 """
 
@@ -282,6 +283,18 @@ def decode_message(m: Any, max_bytes: int) -> Msg:
         return Msg(kind, (rest[0], _ints(rest[1], "input ids"), args))
     if kind == "seed" and n == 1:
         return Msg(kind, (_int(rest[0], "seed", 0, (1 << 64) - 1),))
+    if kind == "stream" and n == 2:
+        return Msg(kind, (_int(rest[0], "stream id", 1), _int(rest[1], "seed", 0, (1 << 64) - 1)))
+    if kind == "draw" and n == 4 and rest[2] in ("rand", "randn", "randint"):
+        args = decode_value(rest[3])
+        if type(args) is not tuple or not 2 <= len(args) <= 4 or not isinstance(args[-1], DType):
+            raise ProtocolError("remote: draw arguments must be ([low, high,] shape, dtype)")
+        check_shape(list(args[-2]) if type(args[-2]) is tuple else None, "draw")
+        return Msg(kind, (_int(rest[0], "stream id", 1), _int(rest[1], "tensor id", 1), rest[2], args))
+    if kind == "stream_state" and n == 1:
+        return Msg(kind, (_int(rest[0], "stream id", 1),))
+    if kind == "stream_set" and n == 2 and type(rest[1]) is bytes and len(rest[1]) <= 1 << 16:
+        return Msg(kind, (_int(rest[0], "stream id", 1), rest[1]))
     if kind in ("sync", "stats") and n == 0:
         return Msg(kind, ())
     raise ProtocolError(f"remote: unknown message {kind!r:.30} with {n} field(s)")

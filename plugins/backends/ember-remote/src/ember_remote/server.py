@@ -272,7 +272,7 @@ class Server:
             except Exception as exc:  # noqa: BLE001 - reported to this client only
                 _event("error", session=sid, message=m.kind, error=f"{type(exc).__name__}: {str(exc)[:200]}")
                 return pack_frame("err", [_error_kind(exc), str(exc), i])
-            if m.kind in ("download", "call", "stats"):
+            if m.kind in ("download", "call", "stats", "stream_state"):
                 replies.append(r if m.kind != "call" else encode_value(r))
         return pack_frame("ok", replies)
 
