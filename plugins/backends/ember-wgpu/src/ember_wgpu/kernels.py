@@ -304,47 +304,46 @@ def scan(op: str, h: WArray, dim: int) -> WArray:
 
 
 # -- matmul -------------------------------------------------------------------------------------------------------
-TILE = 16
+#: outputs per invocation along N: each invocation keeps a row strip of C in registers and reuses every A element
+#: for all of them (no workgroup memory and no barriers: lavapipe runs barriers slowly, GPUs cache the re-reads)
+STRIP = 4
+MM_WG = 64
 
 
 @functools.cache
 def matmul_source(dtype: DType) -> str:
     ct = "i32" if dtype is dt.bool_ else wgsl.ctype(dtype)
     load = (lambda raw: f"select(0, 1, {raw} != 0u)") if dtype is dt.bool_ else (lambda raw: wgsl.load(dtype, raw))
-    store = "(acc != 0)" if dtype is dt.bool_ else "acc"
-    t = TILE
+    store = (lambda v: f"select(0u, 1u, {v} != 0)") if dtype is dt.bool_ else (lambda v: wgsl.store(dtype, v))
     body = (f"@group(0) @binding(0) var<storage, read> a: array<{wgsl.stype(dtype)}>;\n"
             f"@group(0) @binding(1) var<storage, read> b: array<{wgsl.stype(dtype)}>;\n"
             f"@group(0) @binding(2) var<storage, read_write> out: array<{wgsl.stype(dtype)}>;\n"
             "@group(0) @binding(3) var<storage, read> p: array<i32>;\n"
-            f"var<workgroup> ta: array<array<{ct}, {t}>, {t}>;\n"
-            f"var<workgroup> tb: array<array<{ct}, {t}>, {t}>;\n"
-            f"@compute @workgroup_size({t}, {t})\n"
-            "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {\n"
+            f"@compute @workgroup_size({MM_WG})\n"
+            "fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n"
             "  let M = p[0]; let N = p[1]; let K = p[2]; let nd = p[3];\n"
-            "  let batch = i32(wid.z) + p[4];\n"
+            f"  let strips = (N + {STRIP - 1}) / {STRIP};\n"
+            "  let t = i32(gid.x);\n"
+            "  if (t >= M * strips) { return; }\n"
+            "  let row = t / strips; let col0 = (t % strips) * " + str(STRIP) + ";\n"
+            "  let batch = i32(gid.y) + p[4];\n"
             "  var ao = p[5]; var bo = p[6];\n"
             "  let ars = p[7]; let acs = p[8]; let brs = p[9]; let bcs = p[10];\n"
             "  var rem = batch;\n"
             "  for (var d = nd - 1; d >= 0; d = d - 1) {\n"
             "    let c = rem % p[11 + d]; rem = rem / p[11 + d];\n"
             "    ao = ao + c * p[11 + nd + d]; bo = bo + c * p[11 + 2 * nd + d];\n  }\n"
-            f"  let row = i32(wid.y) * {t} + i32(lid.y);\n  let col = i32(wid.x) * {t} + i32(lid.x);\n"
-            f"  var acc: {ct} = {ct}(0);\n"
-            f"  let tiles = (K + {t - 1}) / {t};\n"
-            "  for (var tt = 0; tt < tiles; tt = tt + 1) {\n"
-            f"    let ka = tt * {t} + i32(lid.x);\n"
-            f"    var va: {ct} = {ct}(0);\n"
-            f"    if (row < M && ka < K) {{ va = {load('a[ao + row * ars + ka * acs]')}; }}\n"
-            "    ta[lid.y][lid.x] = va;\n"
-            f"    let kb = tt * {t} + i32(lid.y);\n"
-            f"    var vb: {ct} = {ct}(0);\n"
-            f"    if (kb < K && col < N) {{ vb = {load('b[bo + kb * brs + col * bcs]')}; }}\n"
-            "    tb[lid.y][lid.x] = vb;\n"
-            "    workgroupBarrier();\n"
-            f"    for (var k = 0; k < {t}; k = k + 1) {{ acc = acc + ta[lid.y][k] * tb[k][lid.x]; }}\n"
-            "    workgroupBarrier();\n  }\n"
-            f"  if (row < M && col < N) {{ out[batch * M * N + row * N + col] = {wgsl.store(dtype, store)}; }}\n}}\n")
+            f"  var acc: array<{ct}, {STRIP}>;\n"
+            f"  for (var s = 0; s < {STRIP}; s = s + 1) {{ acc[s] = {ct}(0); }}\n"
+            f"  let ncols = min({STRIP}, N - col0);\n"
+            "  let arow = ao + row * ars;\n"
+            "  for (var k = 0; k < K; k = k + 1) {\n"
+            f"    let av = {load('a[arow + k * acs]')};\n"
+            "    let bk = bo + k * brs + col0 * bcs;\n"
+            "    for (var s = 0; s < ncols; s = s + 1) {\n"
+            f"      acc[s] = acc[s] + av * {load('b[bk + s * bcs]')};\n    }}\n  }}\n"
+            "  let obase = batch * M * N + row * N + col0;\n"
+            f"  for (var s = 0; s < ncols; s = s + 1) {{ out[obase + s] = {store('acc[s]')}; }}\n}}\n")
     return _with_library(body, [dtype])
 
 
@@ -362,12 +361,13 @@ def matmul(a: WArray, b: WArray) -> WArray:
         run_map(wgsl.convert("i32(0)", "i32", wgsl.ctype(a.dtype)), [], out)
         return out
     src = matmul_source(a.dtype)
+    threads = M * -(-N // STRIP)
     start = 0
     while start < nb:
         count = min(nb - start, 65535)
         prm = _params(rt, [M, N, K, len(batch), start, a.offset, b.offset, a.estrides[-2], a.estrides[-1],
                            b.estrides[-2], b.estrides[-1], *batch, *a.estrides[:-2], *b.estrides[:-2]])
-        rt.launch(src, [a.buf, b.buf, out.buf, prm.buffer], (_groups(N, TILE), _groups(M, TILE), count))
+        rt.launch(src, [a.buf, b.buf, out.buf, prm.buffer], (_groups(threads, MM_WG), count, 1))
         start += count
     return out
 
