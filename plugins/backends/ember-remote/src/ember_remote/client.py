@@ -191,6 +191,17 @@ def _server_error(kind: Any, message: Any, index: Any) -> Exception:
     return RemoteError(f"remote: the server failed: {kind}: {message}", kind)
 
 
+def _canonical(spec: str) -> str:
+    """A device string as ``str(Device)`` prints it (``flex+fusion(False)`` -> ``flex+fusion(enabled=False)``),
+    where this side knows the names in it; else as given."""
+    try:
+        from ember import Device
+
+        return str(Device.parse(spec))
+    except Exception:  # noqa: BLE001 - a device only the server has: compare the string as given
+        return spec
+
+
 class RemoteBackend(Backend):
     """The ``remote`` backend: records ops, sends them to an ``ember serve`` server, reads values back."""
 
@@ -240,7 +251,7 @@ class RemoteBackend(Backend):
         conn = Connection(self.host, self.port, token, fingerprint, insecure, timeout, cafile)
         hello = conn.hello
         served = hello.get("device") if type(hello) is dict else None
-        if self.device_name and served != self.device_name:
+        if self.device_name and served not in (self.device_name, _canonical(self.device_name)):
             conn.close()
             raise RemoteError(f"remote: {self.host}:{self.port} serves {served!r}, not {self.device_name!r}",
                               "DeviceMismatch")
