@@ -112,6 +112,9 @@ ROWS: list[tuple[str, str, str, tuple[Any, ...]]] = [
     ("micro-conv2d", "micro", "bench_conv", (2, 1)),
     ("micro-elementwise-and-reductions", "micro", "bench_elementwise_and_reductions", (1 << 20, 1)),
     ("micro-copy", "micro", "bench_copy", (4, 1)),
+    # extension ops (nn.gelu, nn.layer_norm and their backward), computed at the call: forward on flex,
+    # forward+backward on flex+autodiff
+    ("micro-gelu-layer-norm", "micro", "bench_gelu_layer_norm", (2, 1)),
     ("overhead-add", "overhead", "bench_add", (1, 1)),
     ("autodiff-per-op", "autodiff", "bench_per_op", (1, 1)),
     ("autodiff-train-step", "autodiff", "bench_train_step", (2, 1, 0)),
