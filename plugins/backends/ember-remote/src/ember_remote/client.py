@@ -383,8 +383,11 @@ class RemoteBackend(Backend):
             outs = [self._new(tuple(int(n) for n in shape), dtype) for shape, dtype in specs]
             self._pending.append(OpRecord(name, tuple(inputs), tuple(o.vid for o in outs),
                                           tuple(o.shape for o in outs), tuple(o.dtype for o in outs), rec_args))
-            if len(self._pending) >= self.max_pending or any(
-                    prod(o.shape) * o.dtype.itemsize >= self.flush_bytes for o in outs):
+            if any(prod(o.shape) * o.dtype.itemsize >= self.flush_bytes for o in outs):
+                # a large allocation runs now, so that running out of memory fails at its own call
+                self.flush()
+                self._exchange([])
+            elif len(self._pending) >= self.max_pending:
                 self.flush()
             return outs[0] if len(outs) == 1 and not _returns_tuple(name, args) else tuple(outs)
 

@@ -268,7 +268,7 @@ def decode_message(m: Any, max_bytes: int) -> Msg:
             raise ProtocolError("remote: a graph key must be (externals, body, outputs)")
         return Msg(kind, (_int(rest[0], "graph id", 1), key))
     if kind == "replay" and n == 5:
-        return Msg(kind, (_int(rest[0], "graph id", 1), _ints(rest[1], "input ids", lo=1),
+        return Msg(kind, (_int(rest[0], "graph id", 1), _ints(rest[1], "input ids"),
                           _ints(rest[2], "output ids", lo=1), _bindings(rest[3]), _ints(rest[4], "release ids")))
     if kind == "upload" and n == 2:
         return Msg(kind, (_int(rest[0], "tensor id", 1), decode_array(rest[1], max_bytes)))
