@@ -492,3 +492,17 @@ def test_recurrent_layers_follow_torch_cpu_autocast(kind: str, input_dtype: str)
     np.testing.assert_allclose(got.float().numpy(), want.float().detach().numpy(), rtol=5e-2, atol=5e-2)
     got.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == ember.float32 for p in mod.parameters())
+
+
+def test_a_backend_without_bfloat16_autocasts_to_float16_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU-kind backend that lacks bfloat16 (WebGPU on lavapipe) gets float16, the dtype it has, not an error."""
+    dev = Device.flex()
+    stack = dev.stack
+    monkeypatch.setattr(stack, "supported_dtypes", frozenset(d for d in stack.supported_dtypes
+                                                             if d is not ember.bfloat16))
+    assert ember.get_autocast_dtype(dev) is ember.float16
+    with ember.autocast(dev):
+        y = ember.ones(2, 3, device=dev) @ ember.ones(3, 2, device=dev)
+    assert y.dtype is ember.float16
+    monkeypatch.undo()
+    assert ember.get_autocast_dtype(dev) is ember.bfloat16

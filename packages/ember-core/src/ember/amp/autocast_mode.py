@@ -80,7 +80,8 @@ def _resolve(device_type: Any) -> Any:
 
 def _defaults(device: Any) -> tuple[DType, str]:
     """(default autocast dtype, op table name) of the device's backend: declared through register_backend_traits,
-    else by the backend's kind (float16 and the GPU lists on a "gpu", bfloat16 and the CPU lists elsewhere)."""
+    else by the backend's kind (float16 and the GPU lists on a "gpu", bfloat16 and the CPU lists elsewhere; the
+    other of the two where the backend lacks that one)."""
     from ..plugins.manager import registry
     from ..runtime import backend_traits
 
@@ -90,7 +91,13 @@ def _defaults(device: Any) -> tuple[DType, str]:
         table = "gpu" if registry.backend(device.kind).kind_of(device.index) == "gpu" else "cpu"
     dtype = traits.autocast_dtype if traits is not None and traits.autocast_dtype is not None else None
     if dtype is None:
-        dtype = dt.float16 if table == "gpu" else dt.bfloat16
+        preferred, other = (dt.float16, dt.bfloat16) if table == "gpu" else (dt.bfloat16, dt.float16)
+        dtype = preferred
+        try:  # a backend without the kind's usual dtype (WebGPU has float16, no bfloat16) gets the other one
+            if not device.supports_dtype(preferred) and device.supports_dtype(other):
+                dtype = other
+        except EmberError:  # no such device here: the policy is still the kind's
+            pass
     return dt.as_dtype(dtype), table
 
 
