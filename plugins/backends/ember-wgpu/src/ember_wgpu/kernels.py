@@ -97,11 +97,16 @@ def map_source(expr: str, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str
     body += "  if (i >= p[0]) { return; }\n  let nd = p[1];\n  var rem = i;\n"
     for k in range(n + 1):
         body += f"  var o{k} = p[2 + nd + {k} * (nd + 1)];\n"
+    # one dim after merging (contiguous and most broadcast operands): no index division at all
+    body += "  if (nd == 1) {\n"
+    for k in range(n + 1):
+        body += f"    o{k} = o{k} + i * p[4 + {k} * 2];\n"
+    body += "  } else {\n"
     body += "  for (var d = nd - 1; d >= 0; d = d - 1) {\n    let len = p[2 + d];\n    let c = rem % len;\n"
     body += "    rem = rem / len;\n"
     for k in range(n + 1):
         body += f"    o{k} = o{k} + c * p[3 + nd + {k} * (nd + 1) + d];\n"
-    body += "  }\n"
+    body += "  }\n  }\n"
     values = {}
     for k, d in enumerate(in_dtypes):
         body += f"  let x{k} = {wgsl.load(d, f'in{k}[o{k}]')};\n"
