@@ -566,10 +566,6 @@ def random(kind: str, rt: Any, shape: tuple[int, ...], dtype: DType, key: int, c
     return out
 
 
-def contiguous_like(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return contiguous_strides(shape)
-
-
 # -- softmax -------------------------------------------------------------------------------------------------------
 @functools.cache
 def softmax_source(dtype: DType, log: bool) -> str:
