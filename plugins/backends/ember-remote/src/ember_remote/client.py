@@ -244,6 +244,7 @@ class RemoteBackend(Backend):
         self._stream_ids = itertools.count(1)
         self.counts = dict.fromkeys(_COUNTERS, 0)
         self._connect()
+        register_extension_kernels()
 
     # -- the connection --------------------------------------------------------------------------------------
     def _connect(self) -> Connection:
@@ -509,19 +510,30 @@ class RemoteBackend(Backend):
         return f"remote {self.host}:{self.port} serving {self.served} ({self.server_describe})"
 
     def run_extension(self, call: Any) -> Any:
-        from ember.capture import ExtensionArgs
+        return self.record_extension(call.op, call.args, call.kwargs, call.spec, call.dtypes)
 
-        spec = call.spec
+    def record_extension(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any = None,
+                         dtypes: dict[int, DType] | None = None) -> Any:
+        """Record extension op ``op`` on ``args`` (this backend's handles where tensors go) as one ``extension``
+        record: the server runs the op on its device, with its own kernel where it has one."""
+        from ember.capture import ExtensionArgs
+        from ember.extension import TensorSpec
+
+        if dtypes is None:
+            dtypes = {i: a.dtype for i, a in enumerate(args) if type(a) is RemoteHandle}
         if spec is None:
-            raise ember_errors.UnsupportedError(f"remote: the extension op {call.op.name} declares no output spec, "
+            spec = op.output_spec(*[TensorSpec(tuple(a.shape), a.dtype) if i in dtypes else a
+                                    for i, a in enumerate(args)], **kwargs)
+        if spec is None:
+            raise ember_errors.UnsupportedError(f"remote: the extension op {op.name} declares no output spec, "
                                                 "so it cannot be recorded; declare output= to run it remotely")
         with self._lock:
             inputs: list[int] = []
             pos: dict[int, int] = {}
-            rec = tuple(self._ref_of(a, inputs, pos) if i in call.dtypes else a for i, a in enumerate(call.args))
+            rec = tuple(self._ref_of(a, inputs, pos) if i in dtypes else a for i, a in enumerate(args))
             specs = spec if isinstance(spec, tuple) else (spec,)
             outs = [self._new(tuple(s.shape), s.dtype) for s in specs]
-            ext = ExtensionArgs(call.op.name, rec, tuple(sorted(call.kwargs.items())))
+            ext = ExtensionArgs(op.name, rec, tuple(sorted(kwargs.items())))
             self._pending.append(OpRecord("extension", tuple(inputs), tuple(o.vid for o in outs),
                                           tuple(o.shape for o in outs), tuple(o.dtype for o in outs), (ext,)))
             if len(self._pending) >= self.max_pending:
@@ -569,6 +581,31 @@ class _RemoteStream:
         with b._lock:
             b.flush()
             b._enqueue(["stream_set", self.sid, bytes(state)])
+
+
+def register_extension_kernels() -> int:
+    """Give every registered extension op that declares its outputs a ``remote`` kernel, so that core sends it
+    to the server as one record (which runs the server's own kernel, e.g. flex's fused cross-entropy) instead of
+    recording its composition here. Ops registered later get theirs the next time this runs (at each new remote
+    backend). Returns the number of ops that got one now."""
+    from ember import extension
+
+    n = 0
+    for op in extension.registered().values():
+        if "remote" in op.kernels or getattr(op, "_output", None) is None:
+            continue
+        op.kernel("remote")(_extension_kernel(op))
+        n += 1
+    return n
+
+
+def _extension_kernel(op: Any) -> Any:
+    def kernel(backend: RemoteBackend, *args: Any, **kwargs: Any) -> Any:
+        return backend.record_extension(op, args, kwargs)
+
+    kernel.__name__ = f"remote_{op.__name__}"
+    kernel.__doc__ = f"{op.name} on a remote device: one extension record, run by the server."
+    return kernel
 
 
 def _recording_method(name: str) -> Any:

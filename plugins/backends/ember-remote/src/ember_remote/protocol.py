@@ -105,8 +105,9 @@ def _enc(v: Any) -> Any:
         return {"c": [v.real, v.imag]}
     if isinstance(v, (tuple, list)):
         return [_enc(x) for x in v]
-    if isinstance(v, (np.integer, np.floating, np.bool_)):
-        return _enc(v.item())
+    if isinstance(v, (np.integer, np.floating, np.bool_, np.complexfloating)):
+        # a numpy scalar keeps its type: numpy promotes np.float32(2) and 2.0 differently
+        return {"n": [dt.from_numpy_dtype(v.dtype).name, _enc(v.item())]}
     raise ProtocolError(f"remote: cannot send a value of type {t.__name__} ({v!r:.60})")
 
 
@@ -131,7 +132,7 @@ def _dec(v: Any, depth: int) -> Any:
             return Placeholder(p[0], _int(p[1], "placeholder"))
         if tag == "s":
             s = _dec(p, depth + 1)
-            if type(s) not in (bool, int, float, complex):
+            if not isinstance(s, (bool, int, float, complex, np.number, np.bool_)):
                 raise ProtocolError("remote: a scalar operand must be a number")
             return Scalar(s)
         if tag == "sl" and type(p) is list and len(p) == 3:
@@ -145,6 +146,14 @@ def _dec(v: Any, depth: int) -> Any:
             return ExtensionArgs(p[0], _dec(p[1], depth + 1), _dec(p[2], depth + 1))
         if tag == "o" and type(p) is list and len(p) == 3:
             return Out(_int(p[0], "tensor id"), check_shape(p[1], "result"), dtype_named(p[2]))
+        if tag == "n" and type(p) is list and len(p) == 2 and type(p[1]) in (bool, int, float, dict):
+            value = _dec(p[1], depth + 1)
+            if type(value) not in (bool, int, float, complex):
+                raise ProtocolError("remote: a numpy scalar must hold a number")
+            try:
+                return np.dtype(dtype_named(p[0]).numpy).type(value)
+            except (OverflowError, ValueError, TypeError):
+                raise ProtocolError(f"remote: {value!r:.30} does not fit {p[0]!r:.20}") from None
         if tag == "e":
             return Ellipsis
         if tag == "c" and type(p) is list and len(p) == 2 and all(type(x) is float for x in p):
@@ -251,7 +260,8 @@ def _bindings(v: Any) -> Bindings:
         raise ProtocolError("remote: bindings must be [dims, scalars]")
     dims = _ints(v[0], "bindings dims", lo=0)
     scalars = decode_value(v[1])
-    if type(scalars) is not tuple or any(type(s) not in (bool, int, float, complex) for s in scalars):
+    if type(scalars) is not tuple or any(not isinstance(s, (bool, int, float, complex, np.number, np.bool_))
+                                         for s in scalars):
         raise ProtocolError("remote: bound scalars must be numbers")
     return Bindings(dims, scalars)
 
