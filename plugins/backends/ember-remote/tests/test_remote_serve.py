@@ -246,6 +246,21 @@ def test_numpy_scalars_keep_their_type() -> None:
         assert type(back) is type(v) and back == v
 
 
+def test_graph_limit_evicts_the_least_recently_used(pki: dict[str, Any]) -> None:
+    r = Running(Server(FLEX, pki["token_text"], port=0, ssl_context=server_ssl_context(pki["cert"], pki["key"]),
+                       limits=Limits(max_graphs=3)))
+    try:
+        d = _remote(r, pki, timeout=30.0)
+        x = ember.arange(4.0, device=d)
+        ops = [lambda t: t + 1, lambda t: t * 2, lambda t: t.exp(), lambda t: t.sin(), lambda t: t - 3]
+        for _ in range(2):
+            for f in ops:  # five distinct graphs through a server that keeps three
+                np.testing.assert_allclose(f(x).numpy(), f(ember.arange(4.0, device=FLEX)).numpy(), rtol=1e-6)
+        assert d.memory_report()["server_graphs"] <= 3
+    finally:
+        r.stop()
+
+
 def test_session_memory_limit_is_typed_and_session_survives(dev: Device) -> None:
     with pytest.raises(OutOfMemoryError, match="memory limit"):
         ember.zeros(40 << 20, device=dev, dtype=ember.float32).sum().item()  # 160 MiB > the 64 MiB limit

@@ -260,6 +260,7 @@ class RemoteBackend(Backend):
         self.server_describe = str(hello.get("describe", ""))
         self.supported_dtypes = frozenset(dtype_named(n) for n in hello.get("dtypes", ()))
         self.max_frame = int(hello.get("max_frame", DEFAULT_MAX_FRAME))
+        self.max_graphs = max(2, int(hello.get("max_graphs", 10_000)))
         self._conn = conn
         return conn
 
@@ -426,10 +427,15 @@ class RemoteBackend(Backend):
             key, bindings = relative_form(records, externals, wanted)
             gid = self._graphs.get(key)
             if gid is None:
+                if len(self._graphs) >= self.max_graphs:
+                    # the least recently used graph goes, here and on the server (within its graph limit)
+                    old_key = next(iter(self._graphs))
+                    self._queue.append(["forget", [self._graphs.pop(old_key)]])
                 gid = self._graphs[key] = next(self._graph_ids)
                 self._queue.append(["register", gid, encode_value(key)])
                 self.counts["graphs_registered"] += 1
             else:
+                self._graphs[key] = self._graphs.pop(key)  # most recently used last
                 self.counts["graph_hits"] += 1
             release = self._take_released(produced)
             self.counts["replays"] += 1

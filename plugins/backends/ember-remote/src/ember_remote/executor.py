@@ -125,6 +125,10 @@ class Session:
                                        f"{self.limits.max_graphs})")
             self.graphs[a[0]] = _check_graph(a[1], self.limits.max_graph_ops)
             return None
+        if kind == "forget":
+            for gid in a[0]:
+                self.graphs.pop(gid, None)
+            return None
         if kind == "upload":
             self.put(a[0], self.stack.from_numpy(a[1]))
             return None

@@ -8,9 +8,9 @@ so decoding is unambiguous and walks a bounded depth. No pickle: a frame can onl
 
 Client -> server kinds: ``hello`` (must be first: the token), ``batch`` (a list of messages run in order, one
 reply). Messages inside a batch: ``register``, ``replay``, ``upload``, ``download``, ``release``, ``call``,
-``seed``, ``sync``, ``stats``, and for ``ember.Generator`` streams kept on the server ``stream``, ``draw``,
-``stream_state``, ``stream_set``. Server -> client: ``ok`` (the replies of the batch's reply-bearing messages) or
-``err`` (``[error type, message, index of the failing message]``).
+``seed``, ``sync``, ``stats``, ``forget`` (graphs), and for ``ember.Generator`` streams kept on the server
+``stream``, ``draw``, ``stream_state``, ``stream_set``. Server -> client: ``ok`` (the replies of the batch's
+reply-bearing messages) or ``err`` (``[error type, message, index of the failing message]``).
 """
 
 from __future__ import annotations
@@ -284,6 +284,8 @@ def decode_message(m: Any, max_bytes: int) -> Msg:
         return Msg(kind, (_int(rest[0], "tensor id", 1), decode_array(rest[1], max_bytes)))
     if kind == "download" and n == 1:
         return Msg(kind, (_int(rest[0], "tensor id"),))
+    if kind == "forget" and n == 1:
+        return Msg(kind, (_ints(rest[0], "graph ids", lo=1),))
     if kind == "release" and n == 1:
         return Msg(kind, (_ints(rest[0], "release ids"),))
     if kind == "call" and n == 3 and type(rest[0]) is str:

@@ -222,7 +222,8 @@ class Server:
         d = self.stack
         writer.write(pack_frame("ok", {"device": str(self.device), "version": VERSION,
                                        "dtypes": sorted(x.name for x in d.supported_dtypes),
-                                       "max_frame": self.max_frame, "describe": d.describe()}))
+                                       "max_frame": self.max_frame, "describe": d.describe(),
+                                       "max_graphs": self.limits.max_graphs}))
         await writer.drain()
         return True
 
