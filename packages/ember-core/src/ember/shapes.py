@@ -271,6 +271,46 @@ __all__ = [
 ]
 
 
+def expand_strides(shape: Shape, strides: Sequence[int], new_shape: Shape) -> tuple[int, ...]:
+    """Strides of a broadcast view of a strided array to ``new_shape``: 0 on new and expanded dims (the shapes are
+    known to broadcast)."""
+    lead = len(new_shape) - len(shape)
+    return (0,) * lead + tuple(s if n == new_shape[lead + d] else 0 for d, (n, s) in enumerate(zip(shape, strides)))
+
+
+def basic_index_layout(shape: Shape, strides: Sequence[int], offset: int,
+                       key: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(shape, strides, offset) of the view a key of ints, slices, None and Ellipsis selects from a strided array
+    (ints already in range), in elements: what a backend with strided handles needs for ``getitem``."""
+    if any(k is Ellipsis for k in key):
+        i = next(j for j, k in enumerate(key) if k is Ellipsis)
+        used = sum(1 for k in key if k is not None and k is not Ellipsis)
+        key = key[:i] + (slice(None),) * (len(shape) - used) + key[i + 1:]
+    out_shape: list[int] = []
+    out_strides: list[int] = []
+    d = 0
+    for k in key:
+        if k is None:
+            out_shape.append(1)
+            out_strides.append(0)
+            continue
+        n, s = shape[d], strides[d]
+        if isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            length = len(range(start, stop, step))
+            if length:
+                offset += start * s
+            out_shape.append(length)
+            out_strides.append(s * step)
+        else:
+            idx = int(k)
+            offset += (idx + n if idx < 0 else idx) * s
+        d += 1
+    out_shape.extend(shape[d:])
+    out_strides.extend(strides[d:])
+    return tuple(out_shape), tuple(out_strides), offset
+
+
 def einsum_labels(equation: str, shapes: Sequence[Shape], op: str = "einsum") -> tuple[list[list[str]], list[str]]:
     """Check an einsum equation against the operands' shapes and label every dim: one label list per operand and
     the output's (``torch.einsum``'s rules: an implicit output is the ellipsis dims, then the labels used once,

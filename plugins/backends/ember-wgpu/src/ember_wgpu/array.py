@@ -20,7 +20,7 @@ import numpy as np
 from ember import dtypes as dt
 from ember.dtypes import DType
 from ember.errors import DTypeError
-from ember.shapes import view_strides
+from ember.shapes import basic_index_layout, expand_strides, view_strides
 
 from .memory import Block
 
@@ -172,11 +172,7 @@ def permute(h: WArray, dims: tuple[int, ...]) -> WArray:
 
 
 def expand(h: WArray, shape: tuple[int, ...]) -> WArray:
-    lead = len(shape) - h.ndim
-    strides = [0] * lead
-    for d, (n, s) in enumerate(zip(h.shape, h.estrides)):
-        strides.append(s if n == shape[lead + d] else 0)
-    return h.view(tuple(shape), tuple(strides), h.offset)
+    return h.view(tuple(shape), expand_strides(h.shape, h.estrides, tuple(shape)), h.offset)
 
 
 def reshape_view(h: WArray, shape: tuple[int, ...]) -> WArray | None:
@@ -189,32 +185,7 @@ def reshape_view(h: WArray, shape: tuple[int, ...]) -> WArray | None:
 
 def basic_index(h: WArray, key: tuple[Any, ...]) -> WArray:
     """A view for a key of ints, slices, None and Ellipsis (ints already in range)."""
-    if any(k is Ellipsis for k in key):
-        i = next(j for j, k in enumerate(key) if k is Ellipsis)
-        used = sum(1 for k in key if k is not None and k is not Ellipsis)
-        key = key[:i] + (slice(None),) * (h.ndim - used) + key[i + 1:]
-    shape, strides, offset, d = [], [], h.offset, 0
-    for k in key:
-        if k is None:
-            shape.append(1)
-            strides.append(0)
-            continue
-        n, s = h.shape[d], h.estrides[d]
-        if isinstance(k, slice):
-            start, stop, step = k.indices(n)
-            length = len(range(start, stop, step))
-            if length:
-                offset += start * s
-            shape.append(length)
-            strides.append(s * step)
-        else:
-            idx = int(k)
-            offset += (idx + n if idx < 0 else idx) * s
-        d += 1
-    for n, s in zip(h.shape[d:], h.estrides[d:]):
-        shape.append(n)
-        strides.append(s)
-    return h.view(tuple(shape), tuple(strides), offset)
+    return h.view(*basic_index_layout(h.shape, h.estrides, h.offset, key))
 
 
 def element_offsets(h: WArray) -> np.ndarray:
