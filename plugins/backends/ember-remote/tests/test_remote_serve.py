@@ -132,6 +132,16 @@ def test_results_equal_flex(dev: Device, case: str) -> None:
     np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
+def test_moves_between_remote_and_local(dev: Device) -> None:
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x = ember.tensor(a, device=FLEX).to(dev)
+    assert x.device == dev
+    back = (x * 2).to(FLEX)
+    assert back.device == FLEX
+    np.testing.assert_array_equal(back.numpy(), a * 2)
+    np.testing.assert_array_equal(x.cpu().numpy(), a)
+
+
 def test_random_and_seed_match_flex(dev: Device) -> None:
     ember.manual_seed(7)
     a = ember.randn(3, 4, device=dev).numpy()
@@ -317,6 +327,27 @@ def test_max_sessions_and_killed_client_frees_its_session(pki: dict[str, Any]) -
         assert ember.ones(4, device=d2).sum().item() == 4.0
     finally:
         r.stop()
+
+
+def test_stop_finishes_the_batch_in_flight(pki: dict[str, Any]) -> None:
+    r = Running(Server(FLEX, pki["token_text"], port=0, ssl_context=server_ssl_context(pki["cert"], pki["key"])))
+    d = _remote(r, pki, timeout=60.0)
+    x = ember.ones(1200, 1200, device=d, dtype=ember.float64)
+    x.sum().item()
+    result: list[Any] = []
+
+    def work() -> None:
+        y = x
+        for _ in range(6):
+            y = (y @ x) / 1200.0
+        result.append(y.sum().item())
+
+    t = threading.Thread(target=work)
+    t.start()
+    _wait(lambda: any(s["busy"] for s in list(r.server._sessions.values())), 30)
+    r.stop()  # stops while the batch runs: its reply still arrives
+    t.join(60)
+    assert result == [1200.0 * 1200.0]
 
 
 def test_idle_timeout_then_reconnect_with_typed_lost_state(pki: dict[str, Any]) -> None:
