@@ -248,3 +248,11 @@ def test_a_backend_may_take_named_options_by_position() -> None:
         reg._manager().unregister(plugin)
         reg.plugins[:] = [p for p in reg.plugins if p.name != "faraway-test"]
         reg.backends.pop("faraway", None)
+
+
+def test_credentials_in_device_options_never_show_in_reprs() -> None:
+    dev = Device("flex", 0, (("address", "ember://h:1/flex"), ("token", "s3cret"), ("api_key", "k")))
+    text = repr(dev) + str(dev)
+    assert "s3cret" not in text and "'k'" not in text
+    assert "'token': '***'" in repr(dev) and "ember://h:1/flex" in repr(dev)
+    assert dict(dev.options)["token"] == "s3cret"  # the backend still gets the value

@@ -188,7 +188,7 @@ class Device(metaclass=_DeviceType):
             dev = _interned.get(key)
         except TypeError:  # a list or dict among the options: devices are interned, so options must hash
             raise DeviceError(f"Device({kind!r}): option values must be hashable (a tuple, not a list or dict), "
-                              f"got options {dict(options)!r} and decorators {decorators!r}") from None
+                              f"got options {_shown(tuple(options))!r} and decorators {decorators!r}") from None
         if dev is None:
             with _lock:
                 dev = _interned.get(key)
@@ -465,10 +465,19 @@ class Device(metaclass=_DeviceType):
         if named and not self.options:  # the named constructor: Device.flex(), Device.opencl(1)
             r = f"Device.{self.kind}({self.index or ''})"
         else:
-            r = f"Device({self.kind!r}, {self.index}" + (f", {dict(self.options)!r})" if self.options else ")")
+            r = f"Device({self.kind!r}, {self.index}" + (f", {_shown(self.options)!r})" if self.options else ")")
         for name, opts in self._labelled_decorators():
             r += f".{name}({', '.join(f'{k}={v!r}' for k, v in opts)})"
         return r
+
+
+#: option names whose values are credentials (a remote device's token): reprs, logs and tracebacks show *** instead
+_SECRET_OPTION = re.compile(r"token|secret|password|passphrase|credential|api_?key", re.I)
+
+
+def _shown(options: _Options) -> dict[str, Any]:
+    """The options as a repr may show them: credentials redacted."""
+    return {k: "***" if _SECRET_OPTION.search(k) else v for k, v in options}
 
 
 def _label_value(value: Any) -> str:
