@@ -7,8 +7,9 @@ and no value from the wire is ever a callable. Graphs are checked when registere
 input or an earlier value, every dtype is an ember dtype) and replays before they run (input and output counts,
 the bytes of every value the graph computes against the session's memory limit).
 
-ember-router's ``Executor`` does the same for its in-process channels; plugins do not import each other, so this
-is ember-remote's own copy (a move of the shared part into core is requested).
+Running a validated graph, resolving record arguments and running extension records is shared with ember-router's
+``Executor`` through :mod:`ember.ir_exec`; the validation above stays here, and always runs before the shared runner
+(this is the server's security boundary).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from ember.capture import ExtensionArgs
 from ember.decorator import CONTRACT_METHODS
 from ember.dtypes import DType
 from ember.errors import DeviceError, OutOfMemoryError
-from ember.ir import Bindings, Placeholder, Ref, Scalar
+from ember.ir import Bindings, Placeholder, Ref
+from ember.ir_exec import resolve_args, run_extension_record, run_graph
 
-from .protocol import Msg, Out, ProtocolError, Slice, encode_array
+from .protocol import Msg, Out, ProtocolError, encode_array
 
 #: contract methods a client may not name: plumbing that hands out backend objects or host memory views
 _PLUMBING = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run", "describe", "fusion_compile",
@@ -174,7 +176,7 @@ class Session:
         if method not in ALLOWED_OPS:
             raise ProtocolError(f"remote: {method!r} is not a backend method a client may call")
         ins = [self.get(v) for v in inputs]
-        result = self._method(method)(*_resolve(args, ins, (), len(ins)))
+        result = self._method(method)(*resolve_args(args, ins, (), _protocol_error))
         self.ops_run += 1
         return self._outs(result)
 
@@ -202,9 +204,10 @@ class Session:
     def _replay(self, gid: int, inputs: tuple[int, ...], outputs: tuple[int, ...], bindings: Bindings,
                 release: tuple[int, ...]) -> None:
         try:
-            ext, body, outs = self.graphs[gid]
+            key = self.graphs[gid]
         except KeyError:
             raise ProtocolError(f"remote: graph {gid} was never registered in this session") from None
+        ext, body, outs = key
         if len(inputs) != len(ext) or len(outputs) != len(outs):
             raise ProtocolError(f"remote: graph {gid} takes {len(ext)} inputs and gives {len(outs)} outputs, the "
                                 f"replay names {len(inputs)} and {len(outputs)}")
@@ -219,41 +222,25 @@ class Session:
                                    f"of {self.limits.max_bytes} ({self.bytes} in use)")
         ins = [self.get(v) for v in inputs]
         in_dtypes = [self.meta[v][0] for v in inputs]
-        values: list[Any] = []
-        v_dtypes: list[DType] = []
-        stack = self.stack
-        for op, positions, _shapes, dtypes, args in body:
-            hs = [ins[k] if where == "in" else values[k] for where, k in positions]
-            if op == "extension":
-                out = self._extension(args[0], hs, [in_dtypes[k] if w == "in" else v_dtypes[k]
-                                                    for w, k in positions])
-            else:
-                out = (getattr(self.stream, op) if op in _RANDOM else getattr(stack, op))(
-                    *_resolve(args, hs, scalars, len(hs)))
-            self.ops_run += 1
-            if not dtypes:  # an in-place op: its result is its target, changed in place
-                continue
-            if len(dtypes) == 1 and type(out) is not tuple:
-                values.append(out)
-            else:
-                values.extend(out)
-            v_dtypes.extend(dtypes)
-        for vid, (where, k) in zip(outputs, outs):
-            self.put(vid, ins[k] if where == "in" else values[k], in_dtypes[k] if where == "in" else v_dtypes[k])
+        results = run_graph(key, ins, in_dtypes, scalars, self._method, self._extension,
+                            _protocol_error, self._count)
+        for vid, (h, d) in zip(outputs, results):
+            self.put(vid, h, d)
         for vid in release:
             self.drop(vid)
 
-    def _extension(self, ext: ExtensionArgs, hs: list[Any], dtypes: list[DType]) -> Any:
-        from ember import Tensor, extension
+    def _count(self) -> None:
+        self.ops_run += 1
 
-        op = extension.get(ext.name)
-        if op is None:
-            raise DeviceError(f"remote: the extension op {ext.name!r} is not installed on the server")
-        args = _resolve(ext.args, hs, (), len(hs))
+    def _extension(self, ext: ExtensionArgs, hs: list[Any], dtypes: list[DType]) -> Any:
         # the op's own entry point on the served device: its kernel where the server has one, else its composition
-        targs = [Tensor._make(a, dtypes[r.k], self.device) if type(r) is Ref else a for a, r in zip(args, ext.args)]
-        out = op(*targs, **dict(ext.kwargs))
-        return tuple(o._h for o in out) if isinstance(out, tuple) else out._h
+        return run_extension_record(ext, hs, dtypes, self.device, None,
+                                    f"remote: the extension op {ext.name!r} is not installed on the server",
+                                    _protocol_error)
+
+
+def _protocol_error(message: str) -> ProtocolError:
+    return ProtocolError(f"remote: {message}")
 
 
 def _bind_shape(shape: Any, dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -317,22 +304,3 @@ def _check_refs(a: Any, n: int, depth: int) -> None:
             _check_refs(x, n, depth + 1)
     elif t is ExtensionArgs:
         _check_refs(a.args, n, depth + 1)
-
-
-def _resolve(a: Any, ins: Sequence[Any], scalars: Sequence[Any], n: int) -> Any:
-    t = type(a)
-    if t is Ref:
-        if not 0 <= a.k < n:
-            raise ProtocolError(f"remote: argument reference {a.k} out of range")
-        return ins[a.k]
-    if t is Placeholder:
-        if not 0 <= a.k < len(scalars):
-            raise ProtocolError(f"remote: scalar placeholder {a.k} has no binding")
-        return scalars[a.k]
-    if t is Scalar:
-        return a.value
-    if t is tuple:
-        return tuple(_resolve(x, ins, scalars, n) for x in a)
-    if t is Slice:
-        return a.to_slice()
-    return a

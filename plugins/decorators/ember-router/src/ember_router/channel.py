@@ -23,7 +23,8 @@ from ember.capture import CapturedGraph, ExtensionArgs, GraphValue
 from ember.dtypes import DType
 from ember.errors import DeviceError
 from ember.extension import TensorSpec
-from ember.ir import Bindings, OpRecord, Placeholder, Ref
+from ember.ir import Bindings, OpRecord, Placeholder
+from ember.ir_exec import resolve_args, run_extension_record, run_graph
 
 from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Sync, Upload
 
@@ -134,7 +135,7 @@ class Executor:
     def _call(self, msg: Call) -> Any:
         ins = [self.get(v) for v in msg.inputs]
         with _grad_mode(msg.grad_enabled):
-            result = getattr(self.stack, msg.method)(*_resolve(msg.args, ins, ()))
+            result = getattr(self.stack, msg.method)(*resolve_args(msg.args, ins, ()))
         return self._outs(result)
 
     def _outs(self, r: Any) -> Any:
@@ -145,76 +146,27 @@ class Executor:
 
     def _replay(self, msg: Replay) -> None:
         try:
-            ext, body, outs = self.graphs[msg.graph_id]
+            key = self.graphs[msg.graph_id]
         except KeyError:
             raise DeviceError(f"router: graph {msg.graph_id} was never registered on this channel") from None
         inputs = [self.get(v) for v in msg.inputs]
         in_dtypes = [self.dtypes.get(v) for v in msg.inputs]
-        values: list[Any] = []
-        v_dtypes: list[DType] = []
-        scalars = msg.bindings.scalars
-        stack = self.stack
         with _grad_mode(msg.grad_enabled):
-            for op, positions, _shapes, dtypes, args in body:
-                ins = [inputs[k] if where == "in" else values[k] for where, k in positions]
-                if op == "extension":
-                    ins_dtypes = [in_dtypes[k] if where == "in" else v_dtypes[k] for where, k in positions]
-                    out = self._extension(args[0], ins, ins_dtypes)
-                else:
-                    out = getattr(stack, op)(*_resolve(args, ins, scalars))
-                if not dtypes:  # an in-place op: its result is its target, changed in place
-                    continue
-                if len(dtypes) == 1 and type(out) is not tuple:
-                    values.append(out)
-                else:
-                    values.extend(out)
-                v_dtypes.extend(dtypes)
-        for vid, (where, k) in zip(msg.outputs, outs):
-            self.table[vid] = inputs[k] if where == "in" else values[k]
-            self.dtypes[vid] = in_dtypes[k] if where == "in" else v_dtypes[k]
+            results = run_graph(key, inputs, in_dtypes, msg.bindings.scalars,
+                                lambda op: getattr(self.stack, op), self._extension)
+        for vid, (h, d) in zip(msg.outputs, results):
+            self.table[vid] = h
+            self.dtypes[vid] = d
         self._release(msg.release)
 
     def _extension(self, ext: ExtensionArgs, ins: list[Any], dtypes: list[DType]) -> Any:
-        from ember import dispatch, extension
+        from ember import extension
 
-        op = extension.get(ext.name)
-        if op is None:
-            raise DeviceError(f"router: the extension op {ext.name!r} is not registered where the channel runs it")
-        if self.device is None:
+        if extension.get(ext.name) is not None and self.device is None:
             raise DeviceError(f"router: {ext.name}: the channel does not know its device yet")
-        args = _resolve(ext.args, ins, ())
-        kwargs = dict(ext.kwargs)
-        kernel = dispatch.extension_kernel(op, self.stack)
-        if kernel is None:  # no kernel on this side: the composition, on the executor's device
-            from ember import Tensor
-
-            targs = [Tensor._make(a, d, self.device) if isinstance(r, Ref) else a
-                     for a, r, d in zip(args, ext.args, _arg_dtypes(ext.args, dtypes))]
-            out = op(*targs, **kwargs)
-            return tuple(o._h for o in out) if isinstance(out, tuple) else out._h
-        positions = {i: d for i, (r, d) in enumerate(zip(ext.args, _arg_dtypes(ext.args, dtypes)))
-                     if isinstance(r, Ref)}
-        spec = op.output_spec(*[TensorSpec(tuple(a.shape), positions[i]) if i in positions else a
-                                for i, a in enumerate(args)], **kwargs)
-        call = extension.ExtensionCall(op, self.device, self.stack, tuple(args), kwargs, kernel, spec, positions)
-        return self.stack.run_extension(call)
-
-
-def _arg_dtypes(args: tuple[Any, ...], dtypes: list[DType]) -> list[DType | None]:
-    return [dtypes[a.k] if isinstance(a, Ref) else None for a in args]
-
-
-def _resolve(a: Any, ins: Sequence[Any], scalars: Sequence[Any]) -> Any:
-    t = type(a)
-    if t is Ref:
-        return ins[a.k]
-    if t is Placeholder:
-        return scalars[a.k]
-    if t is tuple:
-        return tuple(_resolve(x, ins, scalars) for x in a)
-    if t is SliceArg:
-        return a.to_slice()
-    return a
+        return run_extension_record(ext, ins, dtypes, self.device, self.stack,
+                                    f"router: the extension op {ext.name!r} is not registered where the channel "
+                                    "runs it")
 
 
 def _unslice(a: Any) -> Any:

@@ -1,0 +1,114 @@
+"""Running relative-form graphs (:func:`ember.ir.relative_form`) on a backend stack: the receiving side shared by
+every channel that carries op records (ember-router's in-process executor, ember-remote's server sessions).
+
+A graph key is ``(ext, body, outs)``: ``body`` is a sequence of ``(op, positions, shapes, dtypes, args)`` records
+whose ``positions`` name an input (``("in", k)``) or an earlier value (``("v", k)``) and whose ``args`` hold
+:class:`~ember.ir.Ref` for tensor arguments and :class:`~ember.ir.Placeholder` for bound scalars. ``outs`` names the
+positions the graph gives back. These helpers are message-agnostic: they take handles, dtypes and scalars, and the
+caller decides where names resolve (``method``) and how extension records run. Validation of untrusted graphs is the
+caller's job and must happen before :func:`run_graph` (a server checks positions, refs and limits first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .dtypes import DType
+from .errors import DeviceError
+from .ir import Placeholder, Ref, Scalar
+
+if TYPE_CHECKING:
+    from .capture import ExtensionArgs
+
+__all__ = ["resolve_args", "run_graph", "run_extension_record"]
+
+#: builds the error a malformed reference raises, from a message (None: no range checks, trusted input)
+ErrorFactory = Callable[[str], Exception]
+
+
+def resolve_args(a: Any, ins: Sequence[Any], scalars: Sequence[Any], error: ErrorFactory | None = None) -> Any:
+    """Recorded arguments ``a`` with ``Ref(k)`` replaced by ``ins[k]``, ``Placeholder`` slots by ``scalars``,
+    ``Scalar`` by its value and slice markers (any object with ``to_slice()``) by slices, nested tuples included.
+
+    With ``error`` set, a reference or slot out of range raises ``error(message)`` instead of IndexError (for
+    arguments that came from an untrusted peer)."""
+    t = type(a)
+    if t is Ref:
+        if error is not None and not 0 <= a.k < len(ins):
+            raise error(f"argument reference {a.k} out of range")
+        return ins[a.k]
+    if t is Placeholder:
+        if error is not None and not 0 <= a.k < len(scalars):
+            raise error(f"scalar placeholder {a.k} has no binding")
+        return scalars[a.k]
+    if t is Scalar:
+        return a.value
+    if t is tuple:
+        return tuple(resolve_args(x, ins, scalars, error) for x in a)
+    if hasattr(t, "to_slice"):  # a protocol's hashable slice marker (slices are unhashable before Python 3.12)
+        return a.to_slice()
+    return a
+
+
+def run_graph(key: tuple[Any, ...], inputs: Sequence[Any], in_dtypes: Sequence[DType], scalars: Sequence[Any],
+              method: Callable[[str], Callable[..., Any]],
+              extension: Callable[[ExtensionArgs, list[Any], list[DType]], Any],
+              error: ErrorFactory | None = None,
+              on_record: Callable[[], None] | None = None) -> list[tuple[Any, DType]]:
+    """Run graph ``key`` on ``inputs`` (handles, with dtypes ``in_dtypes``) with ``scalars`` bound to its scalar
+    placeholders; returns ``(handle, dtype)`` for each output position of the key.
+
+    ``method(name)`` gives the callable a record of ``name`` runs (usually ``getattr(stack, name)``);
+    ``extension(ext_args, handles, dtypes)`` runs an ``"extension"`` record (see :func:`run_extension_record`);
+    ``error`` is passed to :func:`resolve_args`; ``on_record`` is called after each record ran (counters).
+    A record without dtypes is in place: its target changes and it adds no value."""
+    _ext, body, outs = key
+    values: list[Any] = []
+    v_dtypes: list[DType] = []
+    for op, positions, _shapes, dtypes, args in body:
+        hs = [inputs[k] if where == "in" else values[k] for where, k in positions]
+        if op == "extension":
+            out = extension(args[0], hs, [in_dtypes[k] if where == "in" else v_dtypes[k] for where, k in positions])
+        else:
+            out = method(op)(*resolve_args(args, hs, scalars, error))
+        if on_record is not None:
+            on_record()
+        if not dtypes:  # an in-place op: its result is its target, changed in place
+            continue
+        if len(dtypes) == 1 and type(out) is not tuple:
+            values.append(out)
+        else:
+            values.extend(out)
+        v_dtypes.extend(dtypes)
+    return [(inputs[k], in_dtypes[k]) if where == "in" else (values[k], v_dtypes[k]) for where, k in outs]
+
+
+def run_extension_record(ext: ExtensionArgs, hs: Sequence[Any], dtypes: Sequence[DType], device: Any,
+                         stack: Any = None, missing: str | None = None, error: ErrorFactory | None = None) -> Any:
+    """Run one extension record on ``device`` with tensor inputs ``hs`` (handles of the device's stack, dtypes
+    ``dtypes``); returns the result's handle, or a tuple of handles.
+
+    With ``stack`` given (the stack ``hs`` live on) the op's kernel for that stack runs directly where it has one
+    (a router executor calls below the decorators it stands for); otherwise, and where no kernel exists, the op's
+    own entry point runs on ``device`` (its kernel through dispatch, else its composition). ``missing`` is the
+    message of the :class:`~ember.errors.DeviceError` an unregistered op raises."""
+    from . import Tensor, dispatch, extension
+    from .extension import TensorSpec
+
+    op = extension.get(ext.name)
+    if op is None:
+        raise DeviceError(missing or f"the extension op {ext.name!r} is not registered in this process")
+    args = resolve_args(ext.args, hs, (), error)
+    kwargs = dict(ext.kwargs)
+    arg_dtypes = [dtypes[r.k] if type(r) is Ref else None for r in ext.args]
+    kernel = None if stack is None else dispatch.extension_kernel(op, stack)
+    if kernel is None:
+        targs = [Tensor._make(a, d, device) if type(r) is Ref else a for a, r, d in zip(args, ext.args, arg_dtypes)]
+        out = op(*targs, **kwargs)
+        return tuple(o._h for o in out) if isinstance(out, tuple) else out._h
+    positions = {i: d for i, (r, d) in enumerate(zip(ext.args, arg_dtypes)) if type(r) is Ref}
+    spec = op.output_spec(*[TensorSpec(tuple(a.shape), positions[i]) if i in positions else a
+                            for i, a in enumerate(args)], **kwargs)
+    call = extension.ExtensionCall(op, device, stack, tuple(args), kwargs, kernel, spec, positions)
+    return stack.run_extension(call)
