@@ -77,3 +77,22 @@ def test_unregistered_extension_raises_device_error_naming_it() -> None:
     x = ember.ones(2)
     with pytest.raises(DeviceError, match="no_such_op"):
         run_extension_record(ExtensionArgs("no_such_op", (Ref(0),), ()), [x._h], [x.dtype], x.device)
+
+
+def test_tuple_results_and_recorded_methods() -> None:
+    from ember.decorator import CONTRACT_METHODS
+    from ember.ir_exec import NOT_RECORDED, RECORDED_METHODS, recording_method, returns_tuple
+
+    assert returns_tuple("topk", ()) and returns_tuple("sort", ())
+    assert returns_tuple("max_pool", (0, 0, 0, 0, 0, False, True))
+    assert not returns_tuple("max_pool", (0, 0, 0, 0, 0, False, False))
+    assert not returns_tuple("adaptive_max_pool", (0, 0))
+    assert not returns_tuple("add", (0, 1))
+    assert set(RECORDED_METHODS) == CONTRACT_METHODS - NOT_RECORDED and "from_numpy" not in RECORDED_METHODS
+
+    class Recorder:
+        def _record(self, name: str, args: tuple) -> tuple:
+            return name, args
+
+    m = recording_method("binary", "binary: recorded")
+    assert m(Recorder(), "add", 1) == ("binary", ("add", 1)) and m.__name__ == "binary"

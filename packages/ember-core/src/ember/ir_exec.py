@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .capture import _NOT_RECORDED, _TUPLE_RESULTS
+from .decorator import CONTRACT_METHODS
 from .dtypes import DType
 from .errors import DeviceError
 from .ir import Placeholder, Ref, Scalar
@@ -21,10 +23,38 @@ from .ir import Placeholder, Ref, Scalar
 if TYPE_CHECKING:
     from .capture import ExtensionArgs
 
-__all__ = ["resolve_args", "run_graph", "run_extension_record"]
+__all__ = ["NOT_RECORDED", "RECORDED_METHODS", "TUPLE_RESULTS", "recording_method", "resolve_args",
+           "returns_tuple", "run_extension_record", "run_graph"]
+
+#: contract methods that return a tuple of handles: always (None), or when the argument at that position is true
+#: (``return_indices``); the table :mod:`ember.capture` records with
+TUPLE_RESULTS: dict[str, int | None] = _TUPLE_RESULTS
+#: contract methods a recording stack does not turn into records: plumbing, reads, host transfers and random
+#: streams, which each recorder handles itself
+NOT_RECORDED: frozenset[str] = _NOT_RECORDED
+#: the contract methods a recording stack records, sorted
+RECORDED_METHODS: tuple[str, ...] = tuple(sorted(CONTRACT_METHODS - NOT_RECORDED))
 
 #: builds the error a malformed reference raises, from a message (None: no range checks, trusted input)
 ErrorFactory = Callable[[str], Exception]
+
+
+def returns_tuple(name: str, args: tuple[Any, ...]) -> bool:
+    """Whether contract method ``name`` called with ``args`` returns a tuple of handles (see :data:`TUPLE_RESULTS`)."""
+    flag = TUPLE_RESULTS.get(name, -1)
+    return flag is None or (flag >= 0 and len(args) > flag and bool(args[flag]))
+
+
+def recording_method(name: str, doc: str) -> Callable[..., Any]:
+    """A method for a recording stack class: ``stack.<name>(*args)`` calls ``stack._record(name, args)``.
+    Install one per :data:`RECORDED_METHODS` name; ``doc`` becomes its docstring."""
+
+    def method(self: Any, *args: Any) -> Any:
+        return self._record(name, args)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = doc
+    return method
 
 
 def resolve_args(a: Any, ins: Sequence[Any], scalars: Sequence[Any], error: ErrorFactory | None = None) -> Any:

@@ -30,10 +30,10 @@ from ember import dtypes as dt
 from ember import errors as ember_errors
 from ember.backend import Backend
 from ember.capture import SCALAR_OPERANDS, SHAPE_RULES, _NoRule  # noqa: PLC2701 - the capture's rule protocol
-from ember.decorator import CONTRACT_METHODS
 from ember.dtypes import DType
 from ember.errors import ValueRangeError
 from ember.ir import OpRecord, Ref, Scalar, relative_form
+from ember.ir_exec import RECORDED_METHODS, recording_method, returns_tuple
 
 from .protocol import (
     DEFAULT_MAX_FRAME,
@@ -57,9 +57,6 @@ DEFAULT_FLUSH_BYTES = 1 << 26
 QUEUE_BYTES = 32 << 20
 
 _SCALARS = (bool, int, float)
-_NOT_RECORDED = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run", "describe", "fusion_compile",
-                           "may_share_memory", "from_numpy", "to_numpy", "dtype_of", "new_random_stream",
-                           "run_extension", "seed"})
 _COUNTERS = ("graphs_registered", "graph_hits", "replays", "ops_sent", "bytes_sent", "bytes_received",
              "round_trips", "calls", "uploads", "downloads", "reconnects")
 
@@ -391,7 +388,7 @@ class RemoteBackend(Backend):
                 self._exchange([])
             elif len(self._pending) >= self.max_pending:
                 self.flush()
-            return outs[0] if len(outs) == 1 and not _returns_tuple(name, args) else tuple(outs)
+            return outs[0] if len(outs) == 1 and not returns_tuple(name, args) else tuple(outs)
 
     def _call(self, name: str, args: tuple[Any, ...]) -> Any:
         """Run ``name`` on the server at once and return its result as this backend's handles."""
@@ -614,24 +611,7 @@ def _extension_kernel(op: Any) -> Any:
     return kernel
 
 
-def _recording_method(name: str) -> Any:
-    def method(self: RemoteBackend, *args: Any) -> Any:
-        return self._record(name, args)
-
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = f"{name}: recorded as an ember.ir.OpRecord and sent to the server at the next sync point."
-    return method
-
-
-#: methods returning a tuple (always, or when the flag at that position is true)
-_TUPLE_RESULTS = {"sort": None, "topk": None, "max_pool": 6, "adaptive_max_pool": 2}
-
-
-def _returns_tuple(name: str, args: tuple[Any, ...]) -> bool:
-    flag = _TUPLE_RESULTS.get(name, -1)
-    return flag is None or (flag >= 0 and len(args) > flag and bool(args[flag]))
-
-
-for _name in sorted(CONTRACT_METHODS - _NOT_RECORDED):
-    setattr(RemoteBackend, _name, _recording_method(_name))
+for _name in RECORDED_METHODS:
+    setattr(RemoteBackend, _name, recording_method(
+        _name, f"{_name}: recorded as an ember.ir.OpRecord and sent to the server at the next sync point."))
 del _name

@@ -39,10 +39,11 @@ from ember.capture import (
     ExtensionArgs,
     _NoRule,  # noqa: PLC2701 - the capture's rule protocol: "specs cannot decide"
 )
-from ember.decorator import CONTRACT_METHODS, Decorator
+from ember.decorator import Decorator
 from ember.dtypes import DType
 from ember.errors import DeviceError, UnsupportedError
 from ember.ir import OpRecord, Ref, Scalar, relative_form
+from ember.ir_exec import RECORDED_METHODS, recording_method, returns_tuple
 
 from .channel import Channel
 from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Sync, Upload
@@ -53,10 +54,6 @@ DEFAULT_MAX_PENDING = 1024
 DEFAULT_FLUSH_BYTES = 1 << 26
 
 _SCALARS = (bool, int, float)
-#: contract methods with their own handling here (plumbing, reads, host transfers)
-_NOT_RECORDED = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run", "describe", "fusion_compile",
-                           "may_share_memory", "from_numpy", "to_numpy", "dtype_of", "new_random_stream",
-                           "run_extension", "seed"})
 #: the gradient API (ember.decorator.Differentiable): sync points, sent as Calls
 _GRADIENT_API = ("tracking", "requires_grad", "set_requires_grad", "is_leaf", "grad_fn", "grad_of", "set_grad",
                  "retain_grad", "detach", "backward", "grad")
@@ -206,7 +203,7 @@ class RouterBackend(Decorator):
             if len(self._pending) >= self.max_pending or any(
                     prod(o.shape) * o.dtype.itemsize >= self.flush_bytes for o in outs):
                 self.flush()
-            return outs[0] if len(outs) == 1 and not _returns_tuple(name, args) else tuple(outs)
+            return outs[0] if len(outs) == 1 and not returns_tuple(name, args) else tuple(outs)
 
     def _rec_args(self, name: str, args: tuple[Any, ...], inputs: list[int], pos: dict[int, int]) -> tuple[Any, ...]:
         scalar_pos = SCALAR_OPERANDS.get(name, ())
@@ -422,26 +419,9 @@ def _gradient_method(name: str) -> Callable[..., Any]:
     return method
 
 
-def _recording_method(name: str) -> Callable[..., Any]:
-    def method(self: RouterBackend, *args: Any) -> Any:
-        return self._record(name, args)
-
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = f"{name}: recorded as an ember.ir.OpRecord and sent at the next sync point."
-    return method
-
-
-#: methods returning a tuple (always, or when the flag at that position is true)
-_TUPLE_RESULTS = {"sort": None, "topk": None, "max_pool": 6, "adaptive_max_pool": 2}
-
-
-def _returns_tuple(name: str, args: tuple[Any, ...]) -> bool:
-    flag = _TUPLE_RESULTS.get(name, -1)
-    return flag is None or (flag >= 0 and len(args) > flag and bool(args[flag]))
-
-
-for _name in sorted(CONTRACT_METHODS - _NOT_RECORDED):
-    setattr(RouterBackend, _name, _recording_method(_name))
+for _name in RECORDED_METHODS:
+    setattr(RouterBackend, _name, recording_method(
+        _name, f"{_name}: recorded as an ember.ir.OpRecord and sent at the next sync point."))
 for _name in _GRADIENT_API:
     setattr(RouterBackend, _name, _gradient_method(_name))
 RouterBackend._resolve_policies()
