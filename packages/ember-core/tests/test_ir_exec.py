@@ -3,6 +3,8 @@ execution (including tuple-returning ops and new scalar bindings); argument reso
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -96,3 +98,37 @@ def test_tuple_results_and_recorded_methods() -> None:
 
     m = recording_method("binary", "binary: recorded")
     assert m(Recorder(), "add", 1) == ("binary", ("add", 1)) and m.__name__ == "binary"
+
+
+def test_record_args_lower_arg_and_output_specs() -> None:
+    from ember.dtypes import float32
+    from ember.ir_exec import lower_arg, output_specs, record_args
+
+    x = ember.ones(2, 3)
+    handles = {id(x._h): Ref(0)}
+
+    def lower(a: object) -> object:
+        return lower_arg(a, lambda *s: ("S", *s), lambda v: handles.get(id(v), v))
+
+    # the scalar operand of binary becomes a Scalar; lists become tuples, slices markers, handles refs
+    assert record_args("binary", ("add", x._h, 2.5), lower) == ("add", Ref(0), Scalar(2.5))
+    assert lower([x._h, slice(0, 2, None), [1, 2]]) == (Ref(0), ("S", 0, 2, None), (1, 2))
+    h = SimpleNamespace(shape=(2, 3), dtype=float32)  # a recorder's handle: shape and ember dtype, no data
+    assert output_specs("reshape", (h, (3, 2))) == [((3, 2), float32)]
+    assert output_specs("no_such_method", (h,)) is None
+
+
+def test_graph_interface_orders_externals_and_keeps_live_outputs() -> None:
+    from ember.dtypes import float32
+    from ember.ir import OpRecord
+    from ember.ir_exec import graph_interface
+
+    f = float32
+    records = [OpRecord("binary", (7, 3), (10,), ((2,),), (f,), ("add", Ref(0), Ref(1))),
+               OpRecord("unary", (10,), (11,), ((2,),), (f,), ("neg", Ref(0))),
+               OpRecord("binary", (11, 7), (12,), ((2,),), (f,), ("mul", Ref(0), Ref(1)))]
+    specs = {7: ((2,), f), 3: ((1,), f)}
+    produced, externals, wanted = graph_interface(records, specs.__getitem__, lambda v: v != 11)
+    assert produced == {10, 11, 12}
+    assert externals == [(7, (2,), f), (3, (1,), f)]
+    assert wanted == [10, 12]

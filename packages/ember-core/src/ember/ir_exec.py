@@ -14,17 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .capture import _NOT_RECORDED, _TUPLE_RESULTS
+from .capture import _NOT_RECORDED, _TUPLE_RESULTS, SCALAR_OPERANDS, SHAPE_RULES, _NoRule
 from .decorator import CONTRACT_METHODS
 from .dtypes import DType
 from .errors import DeviceError
-from .ir import Placeholder, Ref, Scalar
+from .ir import OpRecord, Placeholder, Ref, Scalar, Shape
 
 if TYPE_CHECKING:
     from .capture import ExtensionArgs
 
-__all__ = ["NOT_RECORDED", "RECORDED_METHODS", "TUPLE_RESULTS", "recording_method", "resolve_args",
-           "returns_tuple", "run_extension_record", "run_graph"]
+__all__ = ["NOT_RECORDED", "RECORDED_METHODS", "TUPLE_RESULTS", "graph_interface", "lower_arg", "output_specs",
+           "record_args", "recording_method", "resolve_args", "returns_tuple", "run_extension_record", "run_graph"]
 
 #: contract methods that return a tuple of handles: always (None), or when the argument at that position is true
 #: (``return_indices``); the table :mod:`ember.capture` records with
@@ -35,6 +35,7 @@ NOT_RECORDED: frozenset[str] = _NOT_RECORDED
 #: the contract methods a recording stack records, sorted
 RECORDED_METHODS: tuple[str, ...] = tuple(sorted(CONTRACT_METHODS - NOT_RECORDED))
 
+_SCALARS = (bool, int, float)
 #: builds the error a malformed reference raises, from a message (None: no range checks, trusted input)
 ErrorFactory = Callable[[str], Exception]
 
@@ -55,6 +56,58 @@ def recording_method(name: str, doc: str) -> Callable[..., Any]:
     method.__name__ = method.__qualname__ = name
     method.__doc__ = doc
     return method
+
+
+def output_specs(name: str, args: tuple[Any, ...]) -> list[tuple[Shape, DType]] | None:
+    """The ``(shape, dtype)`` of each result of contract method ``name`` on ``args`` by the capture's shape rules
+    (:data:`ember.capture.SHAPE_RULES`), without running it; None where no rule decides (the call must run now)."""
+    rule = SHAPE_RULES.get(name)
+    if rule is None:
+        return None
+    try:
+        return rule(*args)
+    except _NoRule:
+        return None
+
+
+def lower_arg(a: Any, slice_marker: Callable[[Any, Any, Any], Any], leaf: Callable[[Any], Any]) -> Any:
+    """A call argument in record form: lists and plain tuples become tuples (recursively), slices become
+    ``slice_marker(start, stop, step)`` (hashable; a protocol's own type with ``to_slice()``) and everything else
+    goes through ``leaf`` (which turns handles into :class:`~ember.ir.Ref` and may refuse values)."""
+    if type(a) is list or (isinstance(a, tuple) and not hasattr(a, "_fields")):
+        return tuple(lower_arg(x, slice_marker, leaf) for x in a)
+    if type(a) is slice:
+        return slice_marker(a.start, a.stop, a.step)
+    return leaf(a)
+
+
+def record_args(name: str, args: tuple[Any, ...], lower: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """``OpRecord.args`` of a call of ``name``: Python scalar operands (:data:`ember.capture.SCALAR_OPERANDS`)
+    become :class:`~ember.ir.Scalar` (so a graph differing only in them has one relative form), the rest go
+    through ``lower`` (usually :func:`lower_arg`)."""
+    scalar_pos = SCALAR_OPERANDS.get(name, ())
+    return tuple(Scalar(a) if i in scalar_pos and type(a) in _SCALARS else lower(a) for i, a in enumerate(args))
+
+
+def graph_interface(records: Sequence[OpRecord], spec_of: Callable[[int], tuple[Shape, DType]],
+                    is_live: Callable[[int], bool]) -> tuple[set[int], list[tuple[int, Shape, DType]], list[int]]:
+    """What a batch of ``records`` takes and gives: ``(produced, externals, wanted)``. ``produced`` are the ids the
+    records compute; ``externals`` the ids they read that were computed before, as ``(id, shape, dtype)`` in order
+    of first use (``spec_of(id)`` gives shape and dtype) -- the inputs of :func:`ember.ir.relative_form`;
+    ``wanted`` the produced ids still referenced (``is_live(id)``), the outputs to keep."""
+    produced: set[int] = set()
+    for r in records:
+        produced.update(r.outputs)
+    externals: list[tuple[int, Shape, DType]] = []
+    seen: set[int] = set()
+    for r in records:
+        for v in r.inputs:
+            if v not in produced and v not in seen:
+                seen.add(v)
+                shape, dtype = spec_of(v)
+                externals.append((v, shape, dtype))
+    wanted = [v for r in records for v in r.outputs if is_live(v)]
+    return produced, externals, wanted
 
 
 def resolve_args(a: Any, ins: Sequence[Any], scalars: Sequence[Any], error: ErrorFactory | None = None) -> Any:

@@ -29,11 +29,18 @@ import numpy as np
 from ember import dtypes as dt
 from ember import errors as ember_errors
 from ember.backend import Backend
-from ember.capture import SCALAR_OPERANDS, SHAPE_RULES, _NoRule  # noqa: PLC2701 - the capture's rule protocol
 from ember.dtypes import DType
 from ember.errors import ValueRangeError
-from ember.ir import OpRecord, Ref, Scalar, relative_form
-from ember.ir_exec import RECORDED_METHODS, recording_method, returns_tuple
+from ember.ir import OpRecord, Ref, relative_form
+from ember.ir_exec import (
+    RECORDED_METHODS,
+    graph_interface,
+    lower_arg,
+    output_specs,
+    record_args,
+    recording_method,
+    returns_tuple,
+)
 
 from .protocol import (
     DEFAULT_MAX_FRAME,
@@ -342,18 +349,15 @@ class RemoteBackend(Backend):
         return Ref(k)
 
     def _lower_rec(self, a: Any, inputs: list[int], pos: dict[int, int]) -> Any:
-        if type(a) is list or (isinstance(a, tuple) and not hasattr(a, "_fields")):
-            return tuple(self._lower_rec(x, inputs, pos) for x in a)
-        if type(a) is slice:
-            return Slice(a.start, a.stop, a.step)
-        if callable(a) and not isinstance(a, DType) and not _is_handle(a):
-            raise RemoteError("remote: a Python callable cannot be sent to the server", "Unsupported")
-        return self._ref_of(a, inputs, pos) if _is_handle(a) else a
+        def leaf(x: Any) -> Any:
+            if callable(x) and not isinstance(x, DType) and not _is_handle(x):
+                raise RemoteError("remote: a Python callable cannot be sent to the server", "Unsupported")
+            return self._ref_of(x, inputs, pos) if _is_handle(x) else x
+
+        return lower_arg(a, Slice, leaf)
 
     def _rec_args(self, name: str, args: tuple[Any, ...], inputs: list[int], pos: dict[int, int]) -> tuple[Any, ...]:
-        scalar_pos = SCALAR_OPERANDS.get(name, ())
-        return tuple(Scalar(a) if i in scalar_pos and type(a) in _SCALARS else self._lower_rec(a, inputs, pos)
-                     for i, a in enumerate(args))
+        return record_args(name, args, lambda a: self._lower_rec(a, inputs, pos))
 
     # -- recording -------------------------------------------------------------------------------------------
     def _record(self, name: str, args: tuple[Any, ...]) -> Any:
@@ -368,13 +372,7 @@ class RemoteBackend(Backend):
                 if len(self._pending) >= self.max_pending:
                     self.flush()
                 return None
-            rule = SHAPE_RULES.get(name)
-            specs = None
-            if rule is not None:
-                try:
-                    specs = rule(*args)
-                except _NoRule:
-                    specs = None
+            specs = output_specs(name, args)
             if specs is None:
                 return self._call(name, args)
             inputs, pos = [], {}
@@ -408,19 +406,9 @@ class RemoteBackend(Backend):
             if not records:
                 return
             self._pending = []
-            produced: set[int] = set()
-            for r in records:
-                produced.update(r.outputs)
-            externals: list[tuple[int, tuple[int, ...], DType]] = []
-            seen: set[int] = set()
-            for r in records:
-                for v in r.inputs:
-                    if v not in produced and v not in seen:
-                        seen.add(v)
-                        shape, dtype = self._specs[v]
-                        externals.append((v, shape, dtype))
-            wanted = [v for r in records for v in r.outputs
-                      if (ref := self._live.get(v)) is not None and ref() is not None]
+            live = self._live
+            produced, externals, wanted = graph_interface(
+                records, self._specs.__getitem__, lambda v: (ref := live.get(v)) is not None and ref() is not None)
             key, bindings = relative_form(records, externals, wanted)
             gid = self._graphs.get(key)
             if gid is None:

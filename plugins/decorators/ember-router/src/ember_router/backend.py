@@ -32,18 +32,20 @@ import numpy as np
 from ember import dtypes as dt
 from ember.autograd import is_grad_enabled
 from ember.backend import Backend
-from ember.capture import (
-    IN_PLACE,
-    SCALAR_OPERANDS,
-    SHAPE_RULES,
-    ExtensionArgs,
-    _NoRule,  # noqa: PLC2701 - the capture's rule protocol: "specs cannot decide"
-)
+from ember.capture import IN_PLACE, ExtensionArgs
 from ember.decorator import Decorator
 from ember.dtypes import DType
 from ember.errors import DeviceError, UnsupportedError
-from ember.ir import OpRecord, Ref, Scalar, relative_form
-from ember.ir_exec import RECORDED_METHODS, recording_method, returns_tuple
+from ember.ir import OpRecord, Ref, relative_form
+from ember.ir_exec import (
+    RECORDED_METHODS,
+    graph_interface,
+    lower_arg,
+    output_specs,
+    record_args,
+    recording_method,
+    returns_tuple,
+)
 
 from .channel import Channel
 from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Sync, Upload
@@ -159,11 +161,7 @@ class RouterBackend(Decorator):
         return Ref(k)
 
     def _lower_rec(self, a: Any, inputs: list[int], pos: dict[int, int]) -> Any:
-        if type(a) is list or (isinstance(a, tuple) and not hasattr(a, "_fields")):
-            return tuple(self._lower_rec(x, inputs, pos) for x in a)
-        if type(a) is slice:
-            return SliceArg(a.start, a.stop, a.step)
-        return self._ref_of(a, inputs, pos) if _is_handle(a) else a
+        return lower_arg(a, SliceArg, lambda x: self._ref_of(x, inputs, pos) if _is_handle(x) else x)
 
     def _grad_mode(self) -> bool | None:
         return is_grad_enabled() if self.differentiable else None
@@ -186,13 +184,7 @@ class RouterBackend(Decorator):
                     # the error must be raised here, at the call, not at a later sync point
                     self.flush()
                 return None
-            rule = SHAPE_RULES.get(name)
-            specs = None
-            if rule is not None:
-                try:
-                    specs = rule(*args)
-                except _NoRule:
-                    specs = None
+            specs = output_specs(name, args)
             if specs is None:
                 return self._call(name, args)
             inputs, pos = [], {}
@@ -206,9 +198,7 @@ class RouterBackend(Decorator):
             return outs[0] if len(outs) == 1 and not returns_tuple(name, args) else tuple(outs)
 
     def _rec_args(self, name: str, args: tuple[Any, ...], inputs: list[int], pos: dict[int, int]) -> tuple[Any, ...]:
-        scalar_pos = SCALAR_OPERANDS.get(name, ())
-        return tuple(Scalar(a) if i in scalar_pos and type(a) in _SCALARS else self._lower_rec(a, inputs, pos)
-                     for i, a in enumerate(args))
+        return record_args(name, args, lambda a: self._lower_rec(a, inputs, pos))
 
     def _call(self, name: str, args: tuple[Any, ...]) -> Any:
         """Run ``name`` on the channel at once and return its result as this router's handles. A call that changes
@@ -238,24 +228,9 @@ class RouterBackend(Decorator):
             if not records:
                 return
             self._pending = []
-            produced: set[int] = set()
-            for r in records:
-                produced.update(r.outputs)
-            externals: list[tuple[int, tuple[int, ...], DType]] = []
-            seen: set[int] = set()
-            for r in records:
-                for v in r.inputs:
-                    if v not in produced and v not in seen:
-                        seen.add(v)
-                        shape, dtype = self._specs[v]
-                        externals.append((v, shape, dtype))
             live = self._live
-            wanted = []
-            for r in records:
-                for v in r.outputs:
-                    ref = live.get(v)
-                    if ref is not None and ref() is not None:
-                        wanted.append(v)
+            produced, externals, wanted = graph_interface(
+                records, self._specs.__getitem__, lambda v: (ref := live.get(v)) is not None and ref() is not None)
             key, bindings = relative_form(records, externals, wanted)
             gid = self._graphs.get(key)
             if gid is None:
