@@ -7,7 +7,8 @@
 #      alone (`nox -l`, then `nox -s core_flex`: a fresh venv with ember-core and ember-flex only, flex's tests and
 #      the kit on the backend's own ops), which also proves the nox sessions install from a fresh clone
 #   4. the conformance kit against tests/example-backend (toy), which proves the default compositions
-#   5. the conformance kit through the autodiff decorator (flex+autodiff, over fusion): gradients checked
+#   5. the conformance kit through the autodiff decorator (flex+autodiff, over fusion): gradients checked, and
+#      through the router over it (flex+autodiff+router(local))
 #   6. the OpenCL plugin's tests and the conformance kit on (fused) OpenCL (PoCL, the CPU OpenCL runtime setup.sh
 #      installs when there is no GPU driver)
 #   7. the wgpu plugin's tests and the conformance kit on wgpu (lavapipe, the CPU Vulkan driver setup.sh installs)
@@ -52,6 +53,9 @@ step "conformance kit (toy: the third-party example backend, required primitives
 
 step "conformance kit (flex+autodiff: the autodiff decorator over flex)"
 "$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing --ember-device=flex+autodiff -q
+
+step "conformance kit (flex+autodiff+router(local): every op as ember.ir records through the router, graphs replayed)"
+"$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing "--ember-device=flex+autodiff+router(local)" -q
 
 step "OpenCL: plugin tests and conformance kit (generated OpenCL kernels, on whatever OpenCL device 0 is here)"
 if "$PY" -c "import sys, ember_opencl.runtime as r; sys.exit(0 if r.list_devices() else 1)"; then
