@@ -132,3 +132,12 @@ def test_graph_interface_orders_externals_and_keeps_live_outputs() -> None:
     assert produced == {10, 11, 12}
     assert externals == [(7, (2,), f), (3, (1,), f)]
     assert wanted == [10, 12]
+
+
+def test_ref_for_numbers_each_value_once() -> None:
+    from ember.ir_exec import ref_for
+
+    inputs: list[int] = []
+    pos: dict[int, int] = {}
+    assert [ref_for(v, inputs, pos) for v in (5, 9, 5, 2)] == [Ref(0), Ref(1), Ref(0), Ref(2)]
+    assert inputs == [5, 9, 2]

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from .capture import ExtensionArgs
 
 __all__ = ["NOT_RECORDED", "RECORDED_METHODS", "TUPLE_RESULTS", "graph_interface", "lower_arg", "output_specs",
-           "record_args", "recording_method", "resolve_args", "returns_tuple", "run_extension_record", "run_graph"]
+           "record_args", "recording_method", "ref_for", "resolve_args", "returns_tuple", "run_extension_record",
+           "run_graph"]
 
 #: contract methods that return a tuple of handles: always (None), or when the argument at that position is true
 #: (``return_indices``); the table :mod:`ember.capture` records with
@@ -79,6 +80,16 @@ def lower_arg(a: Any, slice_marker: Callable[[Any, Any, Any], Any], leaf: Callab
     if type(a) is slice:
         return slice_marker(a.start, a.stop, a.step)
     return leaf(a)
+
+
+def ref_for(vid: int, inputs: list[int], pos: dict[int, int]) -> Ref:
+    """The :class:`~ember.ir.Ref` of value ``vid`` in a record being built: ``inputs`` are the record's input ids so
+    far and ``pos`` their positions; a new id is appended (each id is one input however often it is used)."""
+    k = pos.get(vid)
+    if k is None:
+        k = pos[vid] = len(inputs)
+        inputs.append(vid)
+    return Ref(k)
 
 
 def record_args(name: str, args: tuple[Any, ...], lower: Callable[[Any], Any]) -> tuple[Any, ...]:

@@ -39,6 +39,7 @@ from ember.ir_exec import (
     output_specs,
     record_args,
     recording_method,
+    ref_for,
     returns_tuple,
 )
 
@@ -342,11 +343,7 @@ class RemoteBackend(Backend):
         if type(h) is not RemoteHandle:
             raise RemoteError(f"remote: got a handle of another backend ({type(h).__name__})", "WrongDevice")
         vid = self._check(h)
-        k = pos.get(vid)
-        if k is None:
-            k = pos[vid] = len(inputs)
-            inputs.append(vid)
-        return Ref(k)
+        return ref_for(vid, inputs, pos)
 
     def _lower_rec(self, a: Any, inputs: list[int], pos: dict[int, int]) -> Any:
         def leaf(x: Any) -> Any:

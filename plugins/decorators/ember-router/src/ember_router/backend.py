@@ -44,6 +44,7 @@ from ember.ir_exec import (
     output_specs,
     record_args,
     recording_method,
+    ref_for,
     returns_tuple,
 )
 
@@ -154,11 +155,7 @@ class RouterBackend(Decorator):
 
     def _ref_of(self, h: Any, inputs: list[int], pos: dict[int, int]) -> Ref:
         vid = h.vid if type(h) is RouterHandle else self._adopt(h).vid
-        k = pos.get(vid)
-        if k is None:
-            k = pos[vid] = len(inputs)
-            inputs.append(vid)
-        return Ref(k)
+        return ref_for(vid, inputs, pos)
 
     def _lower_rec(self, a: Any, inputs: list[int], pos: dict[int, int]) -> Any:
         return lower_arg(a, SliceArg, lambda x: self._ref_of(x, inputs, pos) if _is_handle(x) else x)
