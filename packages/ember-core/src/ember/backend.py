@@ -82,6 +82,12 @@ class Backend:
         stack's). Extension kernels are looked up by its name."""
         return self
 
+    def extension_kernel(self, op: Any) -> Any:
+        """The kernel this backend runs ``op`` with when the op registered none for its name, or None (the
+        composition runs). A backend that runs every op elsewhere (a remote device: one record, the server's own
+        kernel) answers here instead of registering a kernel on every op of the shared registry."""
+        return None
+
     def run_extension(self, call: Any) -> Any:
         """Run an extension op's kernel on this backend: ``call.kernel(self, *call.args, **call.kwargs)``, where
         ``call`` is an :class:`ember.extension.ExtensionCall` whose ``args`` are this backend's handles; returns the

@@ -349,7 +349,7 @@ VIEW_OPS = frozenset({"reshape", "permute", "expand", "getitem"})
 #: contract methods a capture stack does not record: plumbing, reads and host transfers have their own handling
 _NOT_RECORDED = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run", "describe", "fusion_compile",
                            "may_share_memory", "from_numpy", "to_numpy", "dtype_of", "new_random_stream",
-                           "run_extension", "seed"})
+                           "run_extension", "extension_kernel", "seed"})
 
 
 # ----------------------------------------------------------------------------------------------------------------

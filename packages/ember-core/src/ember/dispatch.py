@@ -88,7 +88,10 @@ def extension_kernel(op: ExtensionOp, stack: Any) -> Any:
     except KeyError:
         pass
     chain = list(stack_chain(stack))
-    kernel = op.kernels.get(chain[-1].name)
+    base = chain[-1]
+    kernel = op.kernels.get(base.name)
+    if kernel is None and hasattr(base, "extension_kernel"):
+        kernel = base.extension_kernel(op)
     if kernel is not None and op.fusable and any(getattr(s, "records_lazily", False) for s in chain):
         kernel = None
     _resolved[key] = kernel

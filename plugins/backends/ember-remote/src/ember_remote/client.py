@@ -249,7 +249,6 @@ class RemoteBackend(Backend):
         self._stream_ids = itertools.count(1)
         self.counts = dict.fromkeys(_COUNTERS, 0)
         self._connect()
-        register_extension_kernels()
 
     # -- the connection --------------------------------------------------------------------------------------
     def _connect(self) -> Connection:
@@ -500,6 +499,12 @@ class RemoteBackend(Backend):
     def run_extension(self, call: Any) -> Any:
         return self.record_extension(call.op, call.args, call.kwargs, call.spec, call.dtypes)
 
+    def extension_kernel(self, op: Any) -> Any:
+        """Every extension op that declares its outputs runs on the server as one record (with the server's own
+        kernel, e.g. flex's fused cross-entropy) instead of its composition being recorded here; core asks this for
+        ops that registered no ``remote`` kernel, so the shared op registry is never changed."""
+        return None if getattr(op, "_output", None) is None else _extension_kernel(op)
+
     def record_extension(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any = None,
                          dtypes: dict[int, DType] | None = None) -> Any:
         """Record extension op ``op`` on ``args`` (this backend's handles where tensors go) as one ``extension``
@@ -569,22 +574,6 @@ class _RemoteStream:
         with b._lock:
             b.flush()
             b._enqueue(["stream_set", self.sid, bytes(state)])
-
-
-def register_extension_kernels() -> int:
-    """Give every registered extension op that declares its outputs a ``remote`` kernel, so that core sends it
-    to the server as one record (which runs the server's own kernel, e.g. flex's fused cross-entropy) instead of
-    recording its composition here. Ops registered later get theirs the next time this runs (at each new remote
-    backend). Returns the number of ops that got one now."""
-    from ember import extension
-
-    n = 0
-    for op in extension.registered().values():
-        if "remote" in op.kernels or getattr(op, "_output", None) is None:
-            continue
-        op.kernel("remote")(_extension_kernel(op))
-        n += 1
-    return n
 
 
 def _extension_kernel(op: Any) -> Any:

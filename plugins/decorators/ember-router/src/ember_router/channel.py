@@ -198,6 +198,16 @@ class _grad_mode:
             self.ctx.__exit__(*exc)
 
 
+def _device_of(channel: Channel) -> Device | None:
+    """The router device whose stack sends through ``channel``, when only plain contract calls ran so far and no
+    extension op bound it to the channel."""
+    from ember.device import _interned
+    from ember.dispatch import stack_chain
+
+    return next((d for d in list(_interned.values()) if d._stack is not None
+                 and any(getattr(s, "channel", None) is channel for s in stack_chain(d._stack))), None)
+
+
 class LocalChannel(Channel):
     """Runs the messages on an ember device in this process: ``target`` (a Device), or the router's inner stack.
     Each message is measured as it would be sent (pickled size), so the counters say what a remote channel would
@@ -285,9 +295,9 @@ class CaptureChannel(LocalChannel):
         shape_of = {v.id: v.spec for v in inputs}
         for r in records:
             shape_of.update((o, TensorSpec(s, d)) for o, s, d in zip(r.outputs, r.shapes, r.dtypes))
-        device = self.executor.device
+        device = self.executor.device or _device_of(self)
         if device is None:
-            raise DeviceError("capture channel: the router's device is not known yet (run an op first)")
+            raise DeviceError("capture channel: the device the graphs ran on is not known yet (run an op first)")
         return CapturedGraph(tuple(records), inputs, (), out_ids, tuple(shape_of[o] for o in out_ids),
                              ("seq", tuple, tuple(("t",) for _ in out_ids)), device)
 
