@@ -42,3 +42,13 @@ def test_expand_strides_zero_the_broadcast_dims() -> None:
     assert expand_strides(a.shape, strides, (7, 2, 3, 4, 5)) == (0, 60, 0, 5, 0)
     np.testing.assert_array_equal(np.broadcast_to(a, (7, 2, 3, 4, 5)).strides,
                                   tuple(s * 4 for s in (0, 60, 0, 5, 0)))
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (2, 3, 4), (2, 0, 3), (1, 1, 7)], ids=str)
+def test_contiguous_strides_are_numpys(shape: tuple[int, ...]) -> None:
+    from ember.shapes import contiguous_strides
+
+    a = np.zeros(shape, dtype=np.float32)
+    want = tuple(s // 4 for s in a.strides) if a.size else contiguous_strides(shape)
+    assert contiguous_strides(shape) == want
+    assert contiguous_strides((2, 0, 3)) == (3, 3, 1)

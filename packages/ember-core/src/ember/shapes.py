@@ -271,6 +271,15 @@ __all__ = [
 ]
 
 
+def contiguous_strides(shape: Shape) -> tuple[int, ...]:
+    """Row-major element strides of ``shape`` (a size-0 dim counts as 1, as numpy does)."""
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
 def expand_strides(shape: Shape, strides: Sequence[int], new_shape: Shape) -> tuple[int, ...]:
     """Strides of a broadcast view of a strided array to ``new_shape``: 0 on new and expanded dims (the shapes are
     known to broadcast)."""

@@ -13,17 +13,9 @@ from typing import Any
 import numpy as np
 
 from ember.dtypes import DType
-from ember.shapes import basic_index_layout, expand_strides, view_strides
+from ember.shapes import basic_index_layout, contiguous_strides, expand_strides, view_strides
 
 from .memory import Block
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 class CLArray:

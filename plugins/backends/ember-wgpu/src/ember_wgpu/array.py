@@ -20,7 +20,7 @@ import numpy as np
 from ember import dtypes as dt
 from ember.dtypes import DType
 from ember.errors import DTypeError
-from ember.shapes import basic_index_layout, expand_strides, view_strides
+from ember.shapes import basic_index_layout, contiguous_strides, expand_strides, view_strides
 
 from .memory import Block
 
@@ -59,14 +59,6 @@ def storage_type(dtype: DType, rt: Any, what: str) -> str:
         raise DTypeError(f"{what}: dtype {dtype.name} is not supported by the wgpu backend on {rt.describe()}: "
                          f"{why}; supported: {ok}")
     return entry[0]
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 class WArray:
