@@ -73,3 +73,35 @@ def test_runtime_without_device_reports_the_error(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(detect, "_cupy", lambda: fake)
     assert detect.device_count(platform) == 0
     assert "cudaErrorNoDevice" in detect.unavailable_reason(platform)
+
+
+def _registered(platform: str) -> dict[str, Any]:
+    """What the hooks ember-cuda / ember-rocm are made of register for ``platform``."""
+    from ember.plugins import CONTRACT_VERSION
+    from ember_cupy.plugin_hooks import backend_hooks
+
+    register_backends, plugin_info = backend_hooks(platform, f"{platform} test backend", CONTRACT_VERSION)
+    got: dict[str, Any] = {}
+    register_backends(lambda name, factory, **kw: got.update(name=name, factory=factory, **kw))
+    got["info"] = plugin_info()
+    return got
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_hooks_register_a_gpu_backend_that_names_why_it_is_missing(monkeypatch: pytest.MonkeyPatch,
+                                                                   platform: str) -> None:
+    from ember.errors import DeviceError
+
+    spec = _registered(platform)
+    assert (spec["name"], spec["kind"], spec["description"]) == (platform, "gpu", f"{platform} test backend")
+    assert spec["install_hint"] and isinstance(spec["info"], dict)
+    monkeypatch.setattr(detect, "driver_present", lambda p: False)
+    assert spec["is_available"]() == 0
+    with pytest.raises(DeviceError, match=rf"Device\.{platform}\(0\): only 0 {platform} device\(s\) found \(.*driver"):
+        spec["factory"](0)
+    monkeypatch.setattr(detect, "cupy_installed", lambda: False)
+    detect._probe.cache_clear()
+    with pytest.raises(DeviceError, match=r"CuPy is not installed: pip install cupy-"):
+        spec["factory"](0)
+    with pytest.raises(DeviceError, match=f"{platform} takes no options"):
+        spec["factory"](0, fast=True)

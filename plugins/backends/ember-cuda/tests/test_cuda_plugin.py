@@ -41,16 +41,6 @@ def test_without_driver_device_raises_and_default_skips_it(monkeypatch: pytest.M
     assert Device.default().kind != PLATFORM
 
 
-def test_factory_names_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(detect, "cupy_installed", lambda: False)
-    _factory = registry.backend(PLATFORM).factory
-
-    with pytest.raises(DeviceError, match=r"CuPy is not installed: pip install cupy-"):
-        _factory(0)
-    with pytest.raises(DeviceError, match="takes no options"):
-        _factory(0, fast=True)
-
-
 def test_import_and_info_work_without_a_gpu() -> None:
     """A fresh process: `import ember` does not import CuPy, `ember info` lists the plugin with its reason."""
     code = ("import sys, ember; from ember import Device; Device.default(); "
