@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -178,6 +179,10 @@ def _exit_without_finalize() -> None:
         os._exit(1)
 
 
+# Seconds between printing a failing rank's traceback and aborting the job, for mpiexec to forward it.
+_ABORT_GRACE_S = 0.5
+
+
 def _install_fail_fast(world: Any) -> None:
     """An uncaught exception on one rank aborts the whole job right after its traceback is printed (as torchrun
     tears the other workers down), instead of leaving the other ranks to time out in their next collective. A
@@ -185,9 +190,18 @@ def _install_fail_fast(world: Any) -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        previous(kind, value, tb)
-        if not _broken:
+        if _broken or previous is not sys.__excepthook__:
+            previous(kind, value, tb)
+        else:
+            # One write, then a pause before the abort: mpiexec forwards each rank's stderr through its own proxy,
+            # and an abort that lands while the traceback is still in the pipe loses its last lines (the message).
+            sys.stdout.flush()
             sys.stderr.flush()
+            text = "".join(traceback.format_exception(kind, value, tb)).encode(errors="replace")
+            while text:
+                text = text[os.write(2, text):]
+        if not _broken:
+            time.sleep(_ABORT_GRACE_S)
             world.Abort(1)
 
     sys.excepthook = hook
