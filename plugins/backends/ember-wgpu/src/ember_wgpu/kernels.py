@@ -20,6 +20,7 @@ from ember.dtypes import DType
 
 from . import wgsl
 from .array import WArray, contiguous_strides, empty
+from .reductions import TREE_WG, groups_grid, tree_argreduce_source, tree_reduce_source, use_tree
 from .runtime import WG, ParamWords
 
 _FLAT_ID = "let i = i32(gid.x + gid.y * nwg.x * {wg}u);"
@@ -185,6 +186,10 @@ def reduce_source(op: str, dtype: DType, out_dtype: DType) -> str:
 #: a reduction with fewer outputs than this many invocations, over long rows, runs in two passes
 _PARALLEL = 4096
 _CHUNK = 256
+#: a tree reduction splits rows longer than this into chunks (one workgroup each) and reduces the partials again
+_TREE_ROW = 8 * TREE_WG
+#: ... into at most about this many workgroups in all
+_TREE_GROUPS = 256
 
 
 def _split_view(h: WArray, dims: tuple[int, ...]) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -195,7 +200,11 @@ def _split_view(h: WArray, dims: tuple[int, ...]) -> tuple[list[int], list[int],
 
 
 def reduce(op: str, h: WArray, dims: tuple[int, ...], out_shape: tuple[int, ...], out_dtype: DType) -> WArray:
-    """Reduce ``h`` over ``dims`` into a new contiguous array of ``out_shape`` (one thread per output element)."""
+    """Reduce ``h`` over ``dims`` into a new contiguous array of ``out_shape``.
+
+    Many outputs: one invocation per output. Few outputs over long rows: workgroup trees
+    (:mod:`ember_wgpu.reductions`), one workgroup per output or, for rows longer than ``_TREE_ROW``, per chunk of
+    a row into a partial array that a second pass reduces."""
     rt = h.rt
     out = empty(rt, out_shape, out_dtype)
     n_out = math.prod(out_shape)
@@ -203,17 +212,25 @@ def reduce(op: str, h: WArray, dims: tuple[int, ...], out_shape: tuple[int, ...]
         return out
     ko, ks, ro, rs = _split_view(h, dims)
     n_red = math.prod(ro)
+    tree = use_tree(n_out, n_red, _PARALLEL)
     nchunks = 1
-    if n_out < _PARALLEL and n_red >= 4 * _CHUNK:
-        # few long rows: each invocation reduces one chunk of a row, then a second pass reduces the partials
+    if tree and n_red > _TREE_ROW:
+        # enough workgroups to fill the device, each folding at least _TREE_ROW elements
+        nchunks = min(-(-n_red // _TREE_ROW), max(_TREE_GROUPS // n_out, 1))
+    elif not tree and n_out < _PARALLEL and n_red >= 4 * _CHUNK:
+        # few rows of moderate length: each invocation reduces one chunk of a row, then a second pass
         nchunks = min(-(-n_red // _CHUNK), max(_PARALLEL // n_out, 1))
     chunk = -(-n_red // nchunks) if n_red else 1
     partial = dt.float32 if h.dtype is dt.float16 else h.dtype  # float16 partial sums would round twice
     target = out if nchunks == 1 else empty(rt, (n_out, nchunks), partial)
     prm = _params(rt, [n_out * nchunks, n_red, len(ko), len(ro), h.offset, chunk, nchunks,
                        *ko, *ks, *ro, *rs])
-    rt.launch(reduce_source(op, h.dtype, target.dtype), [h.buf, target.buf, prm.buffer],
-              _groups(n_out * nchunks))
+    if tree:
+        rt.launch(tree_reduce_source(op, h.dtype, target.dtype), [h.buf, target.buf, prm.buffer],
+                  groups_grid(n_out * nchunks))
+    else:
+        rt.launch(reduce_source(op, h.dtype, target.dtype), [h.buf, target.buf, prm.buffer],
+                  _groups(n_out * nchunks))
     if nchunks > 1:
         final = reduce(op, target, (1,), (n_out,), out_dtype)
         return final if final.shape == tuple(out_shape) else final.view(
@@ -259,7 +276,10 @@ def argreduce(op: str, h: WArray, dim: int, out_shape: tuple[int, ...]) -> WArra
     keep = [d for d in range(h.ndim) if d != dim]
     ko, ks = collapse(tuple(h.shape[d] for d in keep), tuple(h.estrides[d] for d in keep))
     prm = _params(rt, [n_out, h.shape[dim], len(ko), h.estrides[dim], h.offset, *ko, *ks[0]])
-    rt.launch(argreduce_source(op, h.dtype), [h.buf, out.buf, prm.buffer], _groups(n_out))
+    if use_tree(n_out, h.shape[dim], _PARALLEL):
+        rt.launch(tree_argreduce_source(op, h.dtype), [h.buf, out.buf, prm.buffer], groups_grid(n_out))
+    else:
+        rt.launch(argreduce_source(op, h.dtype), [h.buf, out.buf, prm.buffer], _groups(n_out))
     return out
 
 
@@ -378,59 +398,11 @@ def matmul(a: WArray, b: WArray) -> WArray:
 
 
 # -- sort ------------------------------------------------------------------------------------------------------------
-@functools.cache
-def sort_source(dtype: DType, descending: bool) -> str:
-    ct = wgsl.ctype(dtype)
-    if ct == "f32":
-        lt = "(!is_nan(x) && (is_nan(y) || x < y))"
-        eq = "(x == y || (is_nan(x) && is_nan(y)))"
-    elif ct == "bool":
-        lt, eq = "(!x && y)", "(x == y)"
-    else:
-        lt, eq = "(x < y)", "(x == y)"
-    first, second = ("vi", "vj") if descending else ("vj", "vi")
-    body = (f"@group(0) @binding(0) var<storage, read> inp: array<{wgsl.stype(dtype)}>;\n"
-            f"@group(0) @binding(1) var<storage, read_write> vals: array<{wgsl.stype(dtype)}>;\n"
-            "@group(0) @binding(2) var<storage, read_write> idx: array<i64>;\n"
-            "@group(0) @binding(3) var<storage, read> p: array<i32>;\n"
-            f"fn before(x: {ct}, y: {ct}) -> bool {{ return {lt}; }}\n"
-            f"fn same(x: {ct}, y: {ct}) -> bool {{ return {eq}; }}\n"
-            + _MAIN.format(wg=WG) + "  " + _FLAT_ID.format(wg=WG) + "\n"
-            "  if (i >= p[0]) { return; }\n"
-            "  let len = p[1]; let ndo = p[2]; let step = p[3];\n"
-            "  let line = i / len; let pos = i % len;\n"
-            "  var base = p[4];\n  var rem = line;\n"
-            "  for (var d = ndo - 1; d >= 0; d = d - 1) {\n"
-            "    let c = rem % p[5 + d]; rem = rem / p[5 + d]; base = base + c * p[5 + ndo + d];\n  }\n"
-            f"  let vi = {wgsl.load(dtype, 'inp[base + pos * step]')};\n"
-            "  var rank = 0;\n"
-            "  for (var j = 0; j < len; j = j + 1) {\n"
-            f"    let vj = {wgsl.load(dtype, 'inp[base + j * step]')};\n"
-            f"    if (before({first}, {second}) || (j < pos && same(vj, vi))) {{ rank = rank + 1; }}\n  }}\n"
-            f"  vals[line * len + rank] = {wgsl.store(dtype, 'vi')};\n"
-            "  idx[line * len + rank] = i64(pos);\n}\n")
-    return _with_library(body, [dtype, dt.int64])
-
-
 def sort(h: WArray, dim: int, descending: bool) -> tuple[WArray, WArray]:
-    """Stable sort along ``dim`` by ranking (each element counts the elements that go before it): O(len) work
-    per element, fully parallel; NaN sorts as the largest value."""
-    rt = h.rt
-    keep = [d for d in range(h.ndim) if d != dim]
-    moved = tuple(h.shape[d] for d in keep) + (h.shape[dim],)
-    vals = empty(rt, moved, h.dtype)
-    idx = empty(rt, moved, dt.int64)
-    if h.size:
-        ko, ks = collapse(tuple(h.shape[d] for d in keep), tuple(h.estrides[d] for d in keep))
-        prm = _params(rt, [h.size, h.shape[dim], len(ko), h.estrides[dim], h.offset, *ko, *ks[0]])
-        rt.launch(sort_source(h.dtype, descending), [h.buf, vals.buf, idx.buf, prm.buffer], _groups(h.size))
-    perm = list(range(h.ndim - 1))
-    perm.insert(dim, h.ndim - 1)
+    """Stable bitonic sort along ``dim`` (see :mod:`ember_wgpu.sorting`)."""
+    from .sorting import sort as bitonic
 
-    def back(x: WArray) -> WArray:
-        return x.view(tuple(x.shape[d] for d in perm), tuple(x.estrides[d] for d in perm), 0)
-
-    return back(vals), back(idx)
+    return bitonic(h, dim, descending)
 
 
 # -- gather / scatter through element offsets ------------------------------------------------------------------------
