@@ -107,7 +107,7 @@ def test_gradients_match_torch_autograd(case: Any, device: str) -> None:
 
 FD_CASES = ["solve", "inv", "det", "slogdet", "cholesky", "eigh", "svd_reduced_wide", "qr_reduced_wide", "lu_wide",
             "lu_tall", "lstsq", "pinv", "matrix_exp", "lu_solve", "solve_triangular_upper_right_unit",
-            "matrix_norm_nuc", "cond_fro"]
+            "matrix_norm_nuc", "cond_fro", "householder_product"]
 
 
 @pytest.mark.parametrize("case", [c for c in GRAD_CASES if c.id in FD_CASES],

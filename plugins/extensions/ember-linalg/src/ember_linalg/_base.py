@@ -22,9 +22,20 @@ from ember.dispatch import stack_chain
 from ember.errors import DTypeError, EmberError, ShapeError
 from ember.extension import ExtensionOp, TensorSpec
 
-__all__ = ["LinAlgError", "batch_shape", "call", "check_float", "check_square", "host_op", "is_zero"]
+__all__ = ["LinAlgError", "batch_shape", "call", "check_float", "check_square", "host_op", "is_zero", "real_dtype"]
 
 FLOATS = (dt.float32, dt.float64)
+#: the dtypes the solvers and decompositions take (torch.linalg's: float32/float64 and complex64/complex128)
+COMPLEX = tuple(d for d in (getattr(dt, "complex64", None), getattr(dt, "complex128", None)) if d is not None)
+LINALG_DTYPES = FLOATS + COMPLEX
+
+
+def real_dtype(d: dt.DType) -> dt.DType:
+    """The real dtype of the same precision (float32 for complex64, float64 for complex128; reals unchanged): the
+    dtype of eigenvalues of Hermitian matrices, singular values, norms and log|det|."""
+    if d in COMPLEX:
+        return dt.float32 if d.name == "complex64" else dt.float64
+    return d
 
 
 class LinAlgError(EmberError, RuntimeError):
@@ -35,13 +46,13 @@ class LinAlgError(EmberError, RuntimeError):
 
 # -- argument checks (used by the shape rules, so bad input fails before any kernel runs) --------------------------
 def check_float(fn: str, *specs: TensorSpec, names: Sequence[str] = ()) -> None:
-    """Refuse anything but float32/float64 (torch's message: "Expected a floating point tensor as input"), and
-    tensors of different dtypes."""
+    """Refuse anything but float32/float64/complex64/complex128 (torch's message: "Expected a floating point or
+    complex tensor as input"), and tensors of different dtypes."""
     for i, s in enumerate(specs):
-        if s.dtype not in FLOATS:
+        if s.dtype not in LINALG_DTYPES:
             what = names[i] if i < len(names) else "input"
-            raise DTypeError(f"Expected a floating point tensor (float32 or float64) as {what}. Got "
-                             f"{s.dtype.name} (shape {s.shape})")
+            raise DTypeError(f"Expected a floating point or complex tensor (float32, float64, complex64 or "
+                             f"complex128) as {what}. Got {s.dtype.name} (shape {s.shape})")
     if len({s.dtype for s in specs}) > 1:
         shown = " and ".join(f"{names[i] if i < len(names) else 'input'} of dtype {s.dtype.name}"
                              for i, s in enumerate(specs))

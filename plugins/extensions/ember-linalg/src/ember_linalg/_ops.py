@@ -9,6 +9,7 @@ eigenvalues, ``svd``'s gauge).
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -18,7 +19,7 @@ from scipy.linalg import lapack
 
 import ember
 from ember import dtypes as dt
-from ember.errors import ShapeError, UnsupportedError
+from ember.errors import AutodiffError, ShapeError, UnsupportedError
 from ember.extension import TensorSpec
 
 from ._base import (
@@ -31,6 +32,7 @@ from ._base import (
     check_square,
     host_op,
     is_zero,
+    real_dtype,
 )
 
 Tensor = ember.Tensor
@@ -77,8 +79,20 @@ def _spec(shape: tuple[int, ...], dtype: dt.DType) -> TensorSpec:
     return TensorSpec(tuple(shape), dtype)
 
 
+def _real_np(a: np.ndarray) -> np.dtype:
+    """The real numpy dtype of ``a``'s precision (singular values, Hermitian eigenvalues, log|det|)."""
+    return np.zeros(0, a.dtype).real.dtype
+
+
 def _t(x: Tensor) -> Tensor:
-    return x.mT
+    """The conjugate transpose of the last two dims (torch's ``mH``; the transpose for real tensors): the vjps below
+    are torch's complex formulas, which reduce to the real ones."""
+    return x.mT.conj() if x.dtype.is_complex else x.mT
+
+
+def _realify(g: Tensor, like: Tensor) -> Tensor:
+    """A gradient for a real input computed in complex arithmetic keeps its real part (torch's handle_r_to_c)."""
+    return ember.real(g) if g.dtype.is_complex and not like.dtype.is_complex else g
 
 
 def _eye_like(n: int, like: Tensor) -> Tensor:
@@ -194,34 +208,45 @@ def _det_vjp(ctx: Any, g: Tensor) -> Tensor:
     #   A = U S Vh  =>  adj(A)^T = det(U) det(Vh) U diag(prod_{j != i} s_j) Vh
     (A,) = ctx.inputs
     (d,) = ctx.outputs
+    # complex A: g * conj(adj(A))^T, i.e. g conj(det) A^{-H} (torch's convention); d.conj() is d for real A
     Ai, info = call(inv_ex, A)
+    dc = d.conj() if d.dtype.is_complex else d
     if not bool((info != 0).any().item()) and bool((d != 0).all().item()):
-        return (g * d).unsqueeze(-1).unsqueeze(-1) * _t(Ai)
+        return (g * dc).unsqueeze(-1).unsqueeze(-1) * _t(Ai)
     U, S, Vh = call(svd, A, full_matrices=False)
     n = A.shape[-1]
     others = ember.where(ember.eye(n, dtype=ember.bool, device=A.device), 1, S.unsqueeze(-2).expand(*S.shape, n))
     adj_s = others.prod(-1)
     sign = call(det, U) * call(det, Vh)
+    if sign.dtype.is_complex:
+        sign = sign.conj()
     return (g * sign).unsqueeze(-1).unsqueeze(-1) * ((U * adj_s.unsqueeze(-2)) @ Vh)
 
 
 def _slogdet_spec(A: TensorSpec) -> tuple[TensorSpec, TensorSpec]:
     _square_spec("slogdet")(A)
-    return _spec(A.shape[:-2], A.dtype), _spec(A.shape[:-2], A.dtype)
+    return _spec(A.shape[:-2], A.dtype), _spec(A.shape[:-2], real_dtype(A.dtype))
 
 
 @host_op("slogdet", _slogdet_spec)
 def slogdet(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sign, log|det|) of square matrices A (*, n, n); a singular matrix gives (0, -inf)."""
+    """(sign, log|det|) of square matrices A (*, n, n); a singular matrix gives (0, -inf). For complex A the sign
+    is det/|det| (complex) and log|det| real."""
     sign, logabs = np.linalg.slogdet(a)
-    return _same(sign, a), _same(logabs, a)
+    return _same(sign, a), np.asarray(logabs, dtype=_real_np(a))
 
 
 @slogdet.vjp
-def _slogdet_vjp(ctx: Any, _gsign: Any, glog: Tensor) -> Tensor:
+def _slogdet_vjp(ctx: Any, gsign: Any, glog: Tensor) -> Tensor:
+    # gA = c A^{-H}: c = g_logabsdet for real A; for complex A, d sign = sign * i Im tr(A^{-1} dA) adds
+    # i Im(g_sign conj(sign)) (torch's slogdet_backward)
     (A,) = ctx.inputs
     Ai, _ = call(inv_ex, A)
-    return glog.unsqueeze(-1).unsqueeze(-1) * _t(Ai)
+    c = glog
+    if A.dtype.is_complex and not is_zero(gsign):
+        sign = ctx.outputs[0]
+        c = ember.complex(glog, ember.imag(gsign * sign.conj()))
+    return c.unsqueeze(-1).unsqueeze(-1) * _t(Ai)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -354,14 +379,14 @@ def _eigh_spec(A: TensorSpec, *, UPLO: str = "L") -> tuple[TensorSpec, TensorSpe
     check_float("eigh", A, names=("A",))
     check_square("eigh", A)
     _check_uplo("eigh", UPLO)
-    return _spec(A.shape[:-1], A.dtype), A
+    return _spec(A.shape[:-1], real_dtype(A.dtype)), A
 
 
 @host_op("eigh", _eigh_spec)
 def eigh(a: np.ndarray, *, UPLO: str = "L") -> tuple[np.ndarray, np.ndarray]:
     """(eigenvalues ascending, eigenvectors as columns) of symmetric A, reading its ``UPLO`` triangle."""
     w, v = np.linalg.eigh(a, UPLO=UPLO)
-    return _same(w, a), _same(v, a)
+    return np.asarray(w, dtype=_real_np(a)), _same(v, a)
 
 
 def _eigh_grad(L: Tensor, V: Tensor, gL: Tensor | None, gV: Tensor | None) -> Tensor:
@@ -389,13 +414,13 @@ def _eigvalsh_spec(A: TensorSpec, *, UPLO: str = "L") -> TensorSpec:
     check_float("eigvalsh", A, names=("A",))
     check_square("eigvalsh", A)
     _check_uplo("eigvalsh", UPLO)
-    return _spec(A.shape[:-1], A.dtype)
+    return _spec(A.shape[:-1], real_dtype(A.dtype))
 
 
 @host_op("eigvalsh", _eigvalsh_spec)
 def eigvalsh(a: np.ndarray, *, UPLO: str = "L") -> np.ndarray:
     """The eigenvalues (ascending) of symmetric A, reading its ``UPLO`` triangle."""
-    return _same(np.linalg.eigvalsh(a, UPLO=UPLO), a)
+    return np.asarray(np.linalg.eigvalsh(a, UPLO=UPLO), dtype=_real_np(a))
 
 
 @eigvalsh.vjp
@@ -411,14 +436,14 @@ def _svd_spec(A: TensorSpec, *, full_matrices: bool = True) -> tuple[TensorSpec,
     *b, m, n = A.shape
     k = min(m, n)
     u, v = (m, n) if full_matrices else (k, k)
-    return _spec((*b, m, u), A.dtype), _spec((*b, k), A.dtype), _spec((*b, v, n), A.dtype)
+    return _spec((*b, m, u), A.dtype), _spec((*b, k), real_dtype(A.dtype)), _spec((*b, v, n), A.dtype)
 
 
 @host_op("svd", _svd_spec)
 def svd(a: np.ndarray, *, full_matrices: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(U, S, Vh) with A = U diag(S) Vh, singular values descending (LAPACK gesdd, as torch on CPU)."""
     u, s, vh = np.linalg.svd(a, full_matrices=full_matrices)
-    return _same(u, a), _same(s, a), _same(vh, a)
+    return _same(u, a), np.asarray(s, dtype=_real_np(a)), _same(vh, a)
 
 
 def _gauge_warning(S: Tensor) -> None:
@@ -434,7 +459,8 @@ def _gauge_warning(S: Tensor) -> None:
 
 
 def _svd_grad(U: Tensor, S: Tensor, Vh: Tensor, gU: Tensor | None, gS: Tensor | None, gVh: Tensor | None) -> Tensor:
-    # torch's svd_backward (real case); U, Vh are the reduced factors
+    # torch's svd_backward; U, Vh are the reduced factors. Complex A adds i Im(diag(U^H gU)) / S on the diagonal
+    # (the phase of the singular vectors)
     m, n = U.shape[-2], Vh.shape[-1]
     has_u, has_v = not is_zero(gU), not is_zero(gVh)
     if not has_u and not has_v:
@@ -453,6 +479,8 @@ def _svd_grad(U: Tensor, S: Tensor, Vh: Tensor, gU: Tensor | None, gS: Tensor | 
         gA = S.unsqueeze(-1) * (VhgV / E)
     if gS is not None:
         gA = gA + ember.diag_embed(gS)
+    if U.dtype.is_complex and has_u:
+        gA = gA + ember.diag_embed(UhgU.diagonal(0, -2, -1) / (2 * S))
     if m > n and has_u:
         gA = U @ gA
         gUSinv = gU / S.unsqueeze(-2)
@@ -479,13 +507,13 @@ def _svd_vjp(ctx: Any, gU: Tensor, gS: Tensor, gVh: Tensor) -> Tensor:
 def _svdvals_spec(A: TensorSpec) -> TensorSpec:
     check_float("svdvals", A, names=("A",))
     check_matrix("svdvals", A)
-    return _spec((*A.shape[:-2], min(A.shape[-2:])), A.dtype)
+    return _spec((*A.shape[:-2], min(A.shape[-2:])), real_dtype(A.dtype))
 
 
 @host_op("svdvals", _svdvals_spec)
 def svdvals(a: np.ndarray) -> np.ndarray:
     """The singular values of A, descending."""
-    return _same(np.linalg.svd(a, compute_uv=False), a)
+    return np.asarray(np.linalg.svd(a, compute_uv=False), dtype=_real_np(a))
 
 
 @svdvals.vjp
@@ -522,8 +550,12 @@ def qr(a: np.ndarray, *, mode: str = "reduced") -> tuple[np.ndarray, np.ndarray]
 
 
 def _copyltu(M: Tensor) -> Tensor:
-    """The symmetric matrix whose lower triangle is M's: tril(M) + tril(M, -1)^T."""
-    return M.tril() + _t(M.tril(-1))
+    """The Hermitian matrix whose strict lower triangle is M's and whose diagonal is Re(diag M):
+    tril(M, -1) + tril(M, -1)^H + diag(Re M) (torch's; tril(M) + tril(M, -1)^T for real M)."""
+    if not M.dtype.is_complex:
+        return M.tril() + _t(M.tril(-1))
+    low = M.tril(-1)
+    return low + _t(low) + ember.diag_embed(ember.real(M.diagonal(0, -2, -1))).to(M.dtype)
 
 
 def _qr_square_grad(Q: Tensor, R: Tensor, gQ: Tensor, gR: Tensor) -> Tensor:
@@ -588,11 +620,11 @@ def pinv(a: np.ndarray, *, atol: float | None = None, rtol: float | None = None,
         tol = _tolerance(s.max(-1, keepdims=True), atol, rtol, m, n, a.dtype)
         with np.errstate(divide="ignore"):
             winv = np.where(s > tol, 1 / np.where(s > tol, w, 1), 0)
-        return _same((v * winv[..., None, :]) @ np.swapaxes(v, -1, -2), a)
+        return _same((v * winv[..., None, :]) @ np.swapaxes(v, -1, -2).conj(), a)
     u, s, vh = np.linalg.svd(a, full_matrices=False)
     tol = _tolerance(s[..., :1], atol, rtol, m, n, a.dtype)
     sinv = np.where(s > tol, 1 / np.where(s > tol, s, 1), 0)
-    return _same(np.swapaxes(vh, -1, -2) @ (sinv[..., :, None] * np.swapaxes(u, -1, -2)), a)
+    return _same(np.swapaxes(vh, -1, -2).conj() @ (sinv[..., :, None] * np.swapaxes(u, -1, -2).conj()), a)
 
 
 def pinv_backward(g: Tensor, pinvA: Tensor, A: Tensor) -> Tensor:
@@ -653,7 +685,8 @@ def _lstsq_spec(A: TensorSpec, B: TensorSpec, *, rcond: float | None = None,
     res = (*batch, k) if m > n and drv != "gelsy" else (0,)
     rank = batch if drv != "gels" else (0,)
     sv = (*batch, min(m, n)) if drv in ("gelsd", "gelss") else (0,)
-    return (_spec((*batch, n, k), A.dtype), _spec(res, A.dtype), _spec(rank, dt.int64), _spec(sv, A.dtype))
+    real = real_dtype(A.dtype)
+    return (_spec((*batch, n, k), A.dtype), _spec(res, real), _spec(rank, dt.int64), _spec(sv, real))
 
 
 @host_op("lstsq", _lstsq_spec)
@@ -670,7 +703,7 @@ def lstsq(a: np.ndarray, b: np.ndarray, *, rcond: float | None = None,
     count = fa.shape[0]
     x = np.zeros((count, n, k), a.dtype)
     ranks = np.zeros(count, np.int64)
-    svs = np.zeros((count, min(m, n)), a.dtype)
+    svs = np.zeros((count, min(m, n)), _real_np(a))
     for i in range(count):
         # gels (QR, assumes full rank) has no scipy driver: gelsy gives the same solution for full-rank A
         sol, _, rank, sv = sla.lstsq(fa[i], fb[i], cond=cond, lapack_driver="gelsy" if drv == "gels" else drv,
@@ -684,8 +717,8 @@ def lstsq(a: np.ndarray, b: np.ndarray, *, rcond: float | None = None,
     else:
         res = np.empty((0,), a.dtype)
     rank_out = ranks.reshape(batch) if drv != "gels" else np.empty((0,), np.int64)
-    sv_out = svs.reshape(*batch, min(m, n)) if drv in ("gelsd", "gelss") else np.empty((0,), a.dtype)
-    return x, _same(res, a), rank_out, sv_out
+    sv_out = svs.reshape(*batch, min(m, n)) if drv in ("gelsd", "gelss") else np.empty((0,), _real_np(a))
+    return x, np.asarray(res.real, dtype=_real_np(a)), rank_out, sv_out
 
 
 @lstsq.vjp(outputs=(0, 1))
@@ -698,7 +731,7 @@ def _lstsq_vjp(ctx: Any, gX: Tensor, gres: Tensor, *_rest: Any) -> tuple[Tensor,
     gA = pinv_backward(gX @ _t(B), pinvA, A)
     gB = _t(pinvA) @ gX
     if not is_zero(gres) and gres.ndim > 0 and gres.shape[-1] == B.shape[-1]:
-        R = (A @ X - B) * (2 * gres.unsqueeze(-2))
+        R = (A @ X - B) * (2 * gres.unsqueeze(-2))  # d|r|^2 = 2 Re(conj(r) dr)
         gA = gA + R @ _t(X)
         gB = gB - R
     return gA, gB
@@ -824,11 +857,21 @@ def lu_solve(lu: np.ndarray, pivots: np.ndarray, b: np.ndarray, *, left: bool = 
     flu = np.broadcast_to(lu, (*batch, n, n)).reshape(-1, n, n)
     fpiv = np.broadcast_to(pivots, (*batch, n)).reshape(-1, n).astype(np.int32) - 1
     fb = np.broadcast_to(b, (*batch, *b.shape[-2:])).reshape(-1, *b.shape[-2:])
-    if not left:  # X op(A) = B  <=>  op(A)^T X^T = B^T
+    # getrs's trans: 0 A, 1 A^T, 2 A^H. X op(A) = B  <=>  op(A)^T X^T = B^T; op(A)^T is A^T, or conj(A) for the
+    # adjoint, solved as conj(A^{-1} conj(B^T))
+    conj = False
+    if not left:
         fb = np.swapaxes(fb, -1, -2)
-    trans = int(adjoint) ^ int(not left)
+        if adjoint and np.iscomplexobj(lu):
+            fb, conj, trans = fb.conj(), True, 0
+        else:
+            trans = 0 if adjoint else 1
+    else:
+        trans = (2 if np.iscomplexobj(lu) else 1) if adjoint else 0
     out = np.stack([sla.lu_solve((flu[i], fpiv[i]), fb[i], trans=trans, check_finite=False)
                     for i in range(flu.shape[0])]) if flu.shape[0] else np.zeros(fb.shape, lu.dtype)
+    if conj:
+        out = out.conj()
     if not left:
         out = np.swapaxes(out, -1, -2)
     return _same(out, lu).reshape(*batch, *b.shape[-2:])
@@ -887,14 +930,15 @@ def _householder_spec(A: TensorSpec, tau: TensorSpec) -> TensorSpec:
     return A
 
 
-@host_op("householder_product", _householder_spec, differentiable=False)
+@host_op("householder_product", _householder_spec)
 def householder_product(a: np.ndarray, tau: np.ndarray) -> np.ndarray:
-    """The first n columns of the product of Householder matrices H_1 ... H_k (LAPACK orgqr)."""
+    """The first n columns of the product of Householder matrices H_1 ... H_k (LAPACK orgqr, ungqr for complex)."""
     m, n = a.shape[-2:]
     fa, ft = _flat(a), tau.reshape(-1, tau.shape[-1])
     out = np.empty_like(fa)
+    name = "ungqr" if np.iscomplexobj(a) else "orgqr"
     for i in range(fa.shape[0]):
-        orgqr = lapack.get_lapack_funcs("orgqr", (fa[i],))
+        orgqr = lapack.get_lapack_funcs(name, (fa[i],))
         t = np.zeros(n, a.dtype)
         t[: ft.shape[1]] = ft[i]
         q, _, info = orgqr(fa[i], t, lwork=max(1, 64 * n))
@@ -902,9 +946,51 @@ def householder_product(a: np.ndarray, tau: np.ndarray) -> np.ndarray:
     return out.reshape(a.shape)
 
 
+@householder_product.vjp
+def _householder_product_vjp(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor]:
+    # Q = (H_1 ... H_k)[:, :n] with H_i = I - tau_i v_i v_i^H, v_i column i of A below a unit diagonal. With
+    # P_i = H_1 ... H_{i-1}, S_i = H_{i+1} ... H_k and gQ padded to m x m, gH_i = P_i^H gQ S_i^H, and from
+    # dH_i = -dtau v v^H - tau (dv v^H + v dv^H) (derived; the same gradient as torch's householder_product_backward,
+    # which needs no inverse of H_i here since the prefix and suffix products are formed explicitly):
+    #   g_tau_i = -v^H gH_i v,   g_v_i = -(conj(tau_i) gH_i + tau_i gH_i^H) v   (its entries below the diagonal)
+    A, tau = ctx.inputs
+    m, n = A.shape[-2:]
+    k = tau.shape[-1]
+    if k == 0 or math.prod(A.shape) == 0:
+        return ember.zeros(A.shape, dtype=A.dtype, device=A.device), ember.zeros(tau.shape, dtype=tau.dtype,
+                                                                                 device=tau.device)
+    eye = ember.eye(m, dtype=A.dtype, device=A.device)
+    V = A.tril(-1) + ember.eye(m, n, dtype=A.dtype, device=A.device)
+    gQ = g if m == n else ember.cat([g, ember.zeros((*g.shape[:-1], m - n), dtype=g.dtype, device=g.device)], -1)
+    vs = [V[..., :, i:i + 1] for i in range(k)]
+    taus = [tau[..., i:i + 1].unsqueeze(-1) for i in range(k)]
+    H = [eye - t * (v @ _t(v)) for v, t in zip(vs, taus)]
+    suffix: list[Tensor] = [eye] * k
+    acc = eye
+    for i in reversed(range(k)):
+        suffix[i] = acc
+        acc = H[i] @ acc
+    prefix = eye
+    gv_cols, gtaus = [], []
+    for i in range(k):
+        v, t = vs[i], taus[i]
+        gH = _t(prefix) @ gQ @ _t(suffix[i])
+        gHv, gHhv = gH @ v, _t(gH) @ v
+        gtaus.append(-(_t(v) @ gHv).squeeze(-1))
+        tc = t.conj() if t.dtype.is_complex else t
+        gv_cols.append(-(tc * gHv) - t * gHhv)
+        prefix = prefix @ H[i]
+    gV = ember.cat(gv_cols, -1)
+    if k < n:
+        gV = ember.cat([gV, ember.zeros((*gV.shape[:-1], n - k), dtype=gV.dtype, device=gV.device)], -1)
+    return gV.tril(-1), ember.cat(gtaus, -1)
+
+
 def _eig_spec(A: TensorSpec) -> tuple[TensorSpec, TensorSpec]:
     check_float("eig", A, names=("A",))
     check_square("eig", A)
+    if A.dtype.is_complex:
+        return _spec(A.shape[:-1], A.dtype), A
     complex_dtype = getattr(ember, "complex64" if A.dtype is dt.float32 else "complex128", None)
     if complex_dtype is None:
         raise UnsupportedError(f"the eigenvalues and eigenvectors of a real matrix are complex in general "
@@ -914,12 +1000,39 @@ def _eig_spec(A: TensorSpec) -> tuple[TensorSpec, TensorSpec]:
     return _spec(A.shape[:-1], complex_dtype), _spec(A.shape, complex_dtype)
 
 
-@host_op("eig", _eig_spec, differentiable=False)
+@host_op("eig", _eig_spec)
 def eig(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(eigenvalues, eigenvectors) of a general square matrix, complex (LAPACK geev)."""
     w, v = np.linalg.eig(a)
-    ctype = np.complex64 if a.dtype == np.float32 else np.complex128
+    ctype = np.complex64 if a.dtype in (np.float32, np.complex64) else np.complex128
     return w.astype(ctype), v.astype(ctype)
+
+
+@eig.vjp
+def _eig_vjp(ctx: Any, gL: Tensor, gV: Tensor) -> Tensor:
+    # torch's linalg_eig_backward (general case): gA = V^{-H} (diag(gL) + (V^H gV - V^H V Re diag(V^H gV)) / E) V^H
+    # with E_ij = conj(L_j) - conj(L_i); the real part for a real A. Eigenvectors are defined up to a phase: a loss
+    # that depends on it (Im diag(V^H gV) != 0) has no gradient, as in torch.
+    (A,) = ctx.inputs
+    L, V = ctx.outputs
+    Vh = _t(V)
+    if is_zero(gV):
+        d = gL if gL is not None else ember.zeros(L.shape, dtype=L.dtype, device=L.device)
+        return _realify(call(solve, Vh, d.unsqueeze(-1) * Vh), A)
+    VhgV = Vh @ gV
+    diag = VhgV.diagonal(0, -2, -1)
+    if not np.allclose(ember.imag(diag).detach().numpy(), 0, rtol=1e-2, atol=1e-2):
+        raise AutodiffError("linalg_eig_backward: The eigenvectors in the complex case are specified up to "
+                            "multiplication by e^{i phi}. The specified loss function depends on this quantity, so "
+                            "it is ill-defined.")
+    VhgV = VhgV - Vh @ (V * ember.real(diag).unsqueeze(-2))
+    Lc = L.conj()
+    n = L.shape[-1]
+    E = ember.where(ember.eye(n, dtype=ember.bool, device=L.device), 1, Lc.unsqueeze(-2) - Lc.unsqueeze(-1))
+    inner = VhgV / E
+    if not is_zero(gL):
+        inner = _set_diag(inner, gL)
+    return _realify(call(solve, Vh, inner @ Vh), A)
 
 
 __all__ = ["LinAlgError", "cholesky", "cholesky_ex", "det", "eig", "eigh", "eigvalsh", "householder_product", "inv",
