@@ -107,7 +107,7 @@ def info() -> dict[str, Any]:
 #: subpackages that cost import time load on first use
 LAZY_SUBMODULES = frozenset({"nn", "testing", "linalg", "plugins", "backend", "dispatch", "extension", "records",
                              "optim", "utils", "cuda", "quantization", "save", "load",
-                             "capture"})  # capture: a callable module (ember.capture(fn, x))
+                             "capture", "compile"})  # callable modules: ember.capture(fn, x), ember.compile(fn)
 
 
 def __getattr__(name: str) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import compile as _compile
 from .. import dtypes as dt
 from ..errors import AutodiffError
 from ..ops import train_kernels as _tk
@@ -30,6 +31,10 @@ class Adam(Optimizer):
                         decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
 
+    #: hyper-parameters passed to kernels as ember.compile bindings: a replayed step reads them anew (a scheduler
+    #: changing lr replays the same graph), so they are no guard of a compiled step
+    _compile_bindings = ("lr",)
+
     def _validate_group(self, group: dict[str, Any]) -> None:
         _check_adam_group(type(self).__name__, group)
 
@@ -37,7 +42,8 @@ class Adam(Optimizer):
         return ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
 
     def _update_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
-        lr, eps, wd = float(group["lr"]), group["eps"], group["weight_decay"]
+        lr, eps, wd = _compile.scalar(float(group["lr"]), lambda: float(group["lr"])), group["eps"], group["weight_decay"]
+        recording = _compile.is_recording()
         beta1, beta2 = group["betas"]
         amsgrad, maximize, decoupled = group["amsgrad"], group["maximize"], group["decoupled_weight_decay"]
         synced: set[Any] = set()
@@ -55,11 +61,20 @@ class Adam(Optimizer):
                 if amsgrad:
                     state["max_exp_avg_sq"] = zeros_like(p)
             step_t = state["step"]
-            step_t.add_(1)
+            if recording:
+                # a replayed step reads the count before its kernels run (then the graph increments it): the
+                # count as a binding instead of a read of the incremented value, which would be a graph break
+                with _compile.binding_read():
+                    step = step_t.item() + 1
+                step = _compile.scalar(step, lambda t=step_t: t.item() + 1)
+                step_t.add_(1)
+            else:
+                step_t.add_(1)
+                step = step_t.item()
             targets = (p, state["exp_avg"], state["exp_avg_sq"]) + ((state["max_exp_avg_sq"],) if amsgrad else ())
             mx = targets[3] if amsgrad else None
             kw = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, decoupled_weight_decay=decoupled,
-                      amsgrad=amsgrad, maximize=maximize, step=step_t.item())
+                      amsgrad=amsgrad, maximize=maximize, step=step)
             if p._dtype in _FUSED_DTYPES and _tk.has_kernel(_tk.adam_step, p):
                 # one kernel updates the parameter and its state in place (ember.ops.train_kernels): first the
                 # device runs whatever pending value may read their old contents, then each result is written back

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import compile as _compile
 from ..errors import ValueRangeError
 from ..tensor import Tensor
 from .optimizer import Optimizer, _check_range
@@ -20,6 +21,9 @@ class SGD(Optimizer):
                         maximize=maximize, foreach=foreach, differentiable=differentiable, fused=fused)
         super().__init__(params, defaults)
 
+    #: passed to kernels as an ember.compile binding (a scheduler's new lr replays the same graph)
+    _compile_bindings = ("lr",)
+
     def _validate_group(self, group: dict[str, Any]) -> None:
         _check_range("SGD", "learning rate (lr)", group["lr"])
         _check_range("SGD", "momentum value", group["momentum"])
@@ -32,7 +36,8 @@ class SGD(Optimizer):
             )
 
     def _update_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
-        lr, momentum, dampening = float(group["lr"]), group["momentum"], group["dampening"]
+        lr = _compile.scalar(float(group["lr"]), lambda: float(group["lr"]))
+        momentum, dampening = group["momentum"], group["dampening"]
         wd, nesterov, maximize = group["weight_decay"], group["nesterov"], group["maximize"]
         for p in params:
             g = self._grad(p, maximize)
