@@ -329,72 +329,12 @@ def scan(op: str, h: WArray, dim: int) -> WArray:
 
 
 # -- matmul -------------------------------------------------------------------------------------------------------
-#: outputs per invocation along N: each invocation keeps a row strip of C in registers and reuses every A element
-#: for all of them (no workgroup memory and no barriers: lavapipe runs barriers slowly, GPUs cache the re-reads)
-STRIP = 4
-MM_WG = 64
-
-
-@functools.cache
-def matmul_source(dtype: DType) -> str:
-    ct = "i32" if dtype is dt.bool_ else wgsl.ctype(dtype)
-    load = (lambda raw: f"select(0, 1, {raw} != 0u)") if dtype is dt.bool_ else (lambda raw: wgsl.load(dtype, raw))
-    store = (lambda v: f"select(0u, 1u, {v} != 0)") if dtype is dt.bool_ else (lambda v: wgsl.store(dtype, v))
-    body = (f"@group(0) @binding(0) var<storage, read> a: array<{wgsl.stype(dtype)}>;\n"
-            f"@group(0) @binding(1) var<storage, read> b: array<{wgsl.stype(dtype)}>;\n"
-            f"@group(0) @binding(2) var<storage, read_write> out: array<{wgsl.stype(dtype)}>;\n"
-            "@group(0) @binding(3) var<storage, read> p: array<i32>;\n"
-            f"@compute @workgroup_size({MM_WG})\n"
-            "fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n"
-            "  let M = p[0]; let N = p[1]; let K = p[2]; let nd = p[3];\n"
-            f"  let strips = (N + {STRIP - 1}) / {STRIP};\n"
-            "  let t = i32(gid.x);\n"
-            "  if (t >= M * strips) { return; }\n"
-            "  let row = t / strips; let col0 = (t % strips) * " + str(STRIP) + ";\n"
-            "  let batch = i32(gid.y) + p[4];\n"
-            "  var ao = p[5]; var bo = p[6];\n"
-            "  let ars = p[7]; let acs = p[8]; let brs = p[9]; let bcs = p[10];\n"
-            "  var rem = batch;\n"
-            "  for (var d = nd - 1; d >= 0; d = d - 1) {\n"
-            "    let c = rem % p[11 + d]; rem = rem / p[11 + d];\n"
-            "    ao = ao + c * p[11 + nd + d]; bo = bo + c * p[11 + 2 * nd + d];\n  }\n"
-            f"  var acc: array<{ct}, {STRIP}>;\n"
-            f"  for (var s = 0; s < {STRIP}; s = s + 1) {{ acc[s] = {ct}(0); }}\n"
-            f"  let ncols = min({STRIP}, N - col0);\n"
-            "  let arow = ao + row * ars;\n"
-            "  for (var k = 0; k < K; k = k + 1) {\n"
-            f"    let av = {load('a[arow + k * acs]')};\n"
-            "    let bk = bo + k * brs + col0 * bcs;\n"
-            "    for (var s = 0; s < ncols; s = s + 1) {\n"
-            f"      acc[s] = acc[s] + av * {load('b[bk + s * bcs]')};\n    }}\n  }}\n"
-            "  let obase = batch * M * N + row * N + col0;\n"
-            f"  for (var s = 0; s < ncols; s = s + 1) {{ out[obase + s] = {store('acc[s]')}; }}\n}}\n")
-    return _with_library(body, [dtype])
-
-
 def matmul(a: WArray, b: WArray) -> WArray:
-    """Batched matmul of (..., M, K) and (..., K, N) views whose batch dims are already broadcast to one shape."""
-    rt = a.rt
-    batch = a.shape[:-2]
-    M, K = a.shape[-2:]
-    N = b.shape[-1]
-    out = empty(rt, (*batch, M, N), a.dtype)
-    nb = math.prod(batch)
-    if out.size == 0:
-        return out
-    if K == 0:
-        run_map(wgsl.convert("i32(0)", "i32", wgsl.ctype(a.dtype)), [], out)
-        return out
-    src = matmul_source(a.dtype)
-    threads = M * -(-N // STRIP)
-    start = 0
-    while start < nb:
-        count = min(nb - start, 65535)
-        prm = _params(rt, [M, N, K, len(batch), start, a.offset, b.offset, a.estrides[-2], a.estrides[-1],
-                           b.estrides[-2], b.estrides[-1], *batch, *a.estrides[:-2], *b.estrides[:-2]])
-        rt.launch(src, [a.buf, b.buf, out.buf, prm.buffer], (_groups(threads, MM_WG), count, 1))
-        start += count
-    return out
+    """Batched matmul of (..., M, K) and (..., K, N) views whose batch dims are already broadcast to one shape
+    (the kernel autotuned per adapter and shape class: see :mod:`ember_wgpu.matmul`)."""
+    from .matmul import matmul as tuned
+
+    return tuned(a, b)
 
 
 # -- sort ------------------------------------------------------------------------------------------------------------

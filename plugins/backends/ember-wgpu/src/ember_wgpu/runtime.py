@@ -160,6 +160,21 @@ class Runtime:
     def describe(self) -> str:
         return describe_adapter(self.adapter)
 
+    @functools.cached_property
+    def key(self) -> str:
+        """This adapter's stable id for on-disk results (see :func:`ember_wgpu.tune.adapter_key`)."""
+        from .tune import adapter_key
+
+        native = getattr(getattr(self.wgpu, "backends", None), "wgpu_native", None)
+        return adapter_key(dict(self.adapter.info), f"{self.wgpu.__version__}/{getattr(native, '__version__', '')}")
+
+    @functools.cached_property
+    def tune(self) -> Any:
+        """The adapter's :class:`~ember_wgpu.tune.TuneStore` (autotune winners under the ember cache directory)."""
+        from .tune import TuneStore
+
+        return TuneStore(None, self.key)
+
     @property
     def is_cpu(self) -> bool:
         return _adapter_type(self.adapter) == "CPU"
