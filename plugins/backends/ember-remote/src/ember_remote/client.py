@@ -9,6 +9,12 @@ wait in a queue and travel with the next one that does, in one batch frame: a re
 
 A dropped connection loses the session's tensors on the server: the next operation reconnects (a new session),
 and using a tensor of the old session raises :class:`~ember_remote.protocol.RemoteError`.
+
+The layout (strides) of a server tensor is asked for when core needs it (``view()`` to a new shape, writes
+through ``index_put``/``scatter_``/``masked_fill_``): one round trip, then kept on the handle, so those checks are
+the served backend's own. Optional kernels the server offers (``conv_input_grad``, ``conv_weight_grad``) become
+methods of the backend, so the autodiff stack here differentiates with the served backend's kernels, as it would
+locally: training over remote gives the bits of training on the served device.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import os
 import socket
 import ssl
 import threading
+import weakref
+from functools import partial
 from math import prod
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,8 +52,10 @@ from ember.ir_exec import (
 )
 
 from .protocol import (
+    COMPRESSIONS,
     DEFAULT_MAX_FRAME,
     HEADER,
+    OPTIONAL_KERNELS,
     Out,
     RemoteError,
     Slice,
@@ -66,13 +76,15 @@ QUEUE_BYTES = 32 << 20
 
 _SCALARS = (bool, int, float)
 _COUNTERS = ("graphs_registered", "graph_hits", "replays", "ops_sent", "bytes_sent", "bytes_received",
-             "round_trips", "calls", "uploads", "downloads", "reconnects")
+             "round_trips", "calls", "uploads", "downloads", "reconnects", "strides_asked")
+#: a handle whose strides were not asked for yet
+_UNASKED: Any = object()
 
 
 class RemoteHandle:
     """A remote tensor: its id in the server session ``epoch``, its shape and dtype."""
 
-    __slots__ = ("shape", "dtype", "vid", "epoch", "backend", "__weakref__")
+    __slots__ = ("shape", "dtype", "vid", "epoch", "backend", "_strides", "__weakref__")
 
     def __init__(self, shape: tuple[int, ...], dtype: DType, vid: int, epoch: int, backend: RemoteBackend) -> None:
         self.shape = shape
@@ -80,8 +92,17 @@ class RemoteHandle:
         self.vid = vid
         self.epoch = epoch
         self.backend = backend
+        self._strides = _UNASKED
 
-    strides = None  # the layout on the server is unknown here
+    @property
+    def strides(self) -> tuple[int, ...] | None:
+        """The tensor's strides on the server, in bytes as the served backend reports them (None where it does
+        not): asked for on first use (a round trip, after sending what is pending), then kept -- a handle's layout
+        never changes."""
+        s = self._strides
+        if s is _UNASKED:
+            s = self._strides = self.backend.strides_of(self)
+        return s  # type: ignore[no-any-return]
 
     def __del__(self) -> None:
         try:
@@ -117,8 +138,11 @@ class Connection:
     """One authenticated session with a server: blocking socket, one batch frame out, one reply frame in."""
 
     def __init__(self, host: str, port: int, token: str, fingerprint: str | None, insecure: bool,
-                 timeout: float, cafile: str | None = None) -> None:
+                 timeout: float, cafile: str | None = None, device: tuple[str, ...] = (),
+                 compress: bool = False) -> None:
         self.sock: Any = None
+        #: the compression the greeting negotiated (None: frames travel as they are)
+        self.compress: str | None = None
         raw = socket.create_connection((host, port), timeout=timeout)
         try:
             if insecure:
@@ -142,7 +166,12 @@ class Connection:
                                           "fingerprint; nothing was sent (is it the right server?)",
                                           "FingerprintMismatch")
             self.sock = sock
-            self.hello = self.exchange(pack_frame("hello", {"token": token}), DEFAULT_MAX_FRAME)
+            hello: dict[str, Any] = {"token": token, "device": list(device)}
+            if compress:
+                hello["compress"] = list(COMPRESSIONS)
+            self.hello = self.exchange(pack_frame("hello", hello), DEFAULT_MAX_FRAME)
+            chosen = self.hello.get("compress") if type(self.hello) is dict else None
+            self.compress = chosen if compress and chosen in COMPRESSIONS else None
         except RemoteError:
             raw.close()
             raise
@@ -159,7 +188,7 @@ class Connection:
             (n,) = HEADER.unpack(header)
             if n > max_frame:
                 raise RemoteError(f"remote: the server sent a frame of {n} bytes", "ProtocolError")
-            kind, body = unpack_frame(self._recv(n), max_frame)
+            kind, body = unpack_frame(self._recv(n), max_frame, self.compress is not None)
         except (OSError, EOFError, ssl.SSLError) as exc:
             self.close()
             raise RemoteError(f"remote: the connection was lost ({type(exc).__name__}: {exc}); the server's "
@@ -215,7 +244,8 @@ class RemoteBackend(Backend):
 
     def __init__(self, address: str, token: str | None = None, fingerprint: str | None = None,
                  insecure: bool = False, timeout: float = 300.0, cafile: str | None = None,
-                 max_pending: int = DEFAULT_MAX_PENDING, flush_bytes: int = DEFAULT_FLUSH_BYTES) -> None:
+                 max_pending: int = DEFAULT_MAX_PENDING, flush_bytes: int = DEFAULT_FLUSH_BYTES,
+                 compress: bool = False) -> None:
         super().__init__(0)
         self.host, self.port, self.device_name = parse_address(address)
         self.address = address
@@ -232,6 +262,7 @@ class RemoteBackend(Backend):
                 raise ValueRangeError("Device.remote: fingerprint must be a SHA-256 digest (64 hex digits, colons "
                                       "allowed)")
         self._opts = (token, fingerprint, bool(insecure), float(timeout), cafile)
+        self.compress = bool(compress)
         self.max_pending = int(max_pending)
         self.flush_bytes = int(flush_bytes)
         self._lock = threading.RLock()
@@ -253,7 +284,9 @@ class RemoteBackend(Backend):
     # -- the connection --------------------------------------------------------------------------------------
     def _connect(self) -> Connection:
         token, fingerprint, insecure, timeout, cafile = self._opts
-        conn = Connection(self.host, self.port, token, fingerprint, insecure, timeout, cafile)
+        # the address's device as written and as this side prints it: the server matches either against its own
+        names = tuple(dict.fromkeys((self.device_name, _canonical(self.device_name)))) if self.device_name else ()
+        conn = Connection(self.host, self.port, token, fingerprint, insecure, timeout, cafile, names, self.compress)
         hello = conn.hello
         served = hello.get("device") if type(hello) is dict else None
         if self.device_name and served not in (self.device_name, _canonical(self.device_name)):
@@ -261,6 +294,12 @@ class RemoteBackend(Backend):
             raise RemoteError(f"remote: {self.host}:{self.port} serves {served!r}, not {self.device_name!r}",
                               "DeviceMismatch")
         self.served = served
+        offered = hello.get("kernels", ())
+        for k in OPTIONAL_KERNELS:  # a method only where the server has the kernel: autodiff probes with getattr
+            if type(offered) is list and k in offered:
+                setattr(self, k, partial(self._record_kernel, k))
+            else:
+                self.__dict__.pop(k, None)
         self.server_describe = str(hello.get("describe", ""))
         self.supported_dtypes = frozenset(dtype_named(n) for n in hello.get("dtypes", ()))
         self.max_frame = int(hello.get("max_frame", DEFAULT_MAX_FRAME))
@@ -287,7 +326,7 @@ class RemoteBackend(Backend):
         release = self._take_released()
         batch = self._queue + ([["release", list(release)]] if release else []) + msgs
         self._queue, self._queued_bytes = [], 0
-        frame = pack_frame("batch", batch)
+        frame = pack_frame("batch", batch, conn.compress)
         self.counts["bytes_sent"] += len(frame)
         self.counts["round_trips"] += 1
         try:
@@ -323,8 +362,6 @@ class RemoteBackend(Backend):
     def _new(self, shape: tuple[int, ...], dtype: DType, vid: int | None = None) -> RemoteHandle:
         if vid is None:
             vid = next(self._ids)
-        import weakref
-
         h = RemoteHandle(shape, dtype, vid, self._epoch, self)
         self._live[vid] = weakref.ref(h)
         self._specs[vid] = (shape, dtype)
@@ -356,7 +393,8 @@ class RemoteBackend(Backend):
         return record_args(name, args, lambda a: self._lower_rec(a, inputs, pos))
 
     # -- recording -------------------------------------------------------------------------------------------
-    def _record(self, name: str, args: tuple[Any, ...]) -> Any:
+    def _record(self, name: str, args: tuple[Any, ...],
+                specs: list[tuple[tuple[int, ...], DType]] | None = None) -> Any:
         from ember.capture import IN_PLACE
 
         with self._lock:
@@ -368,7 +406,8 @@ class RemoteBackend(Backend):
                 if len(self._pending) >= self.max_pending:
                     self.flush()
                 return None
-            specs = output_specs(name, args)
+            if specs is None:
+                specs = output_specs(name, args)
             if specs is None:
                 return self._call(name, args)
             inputs, pos = [], {}
@@ -437,6 +476,28 @@ class RemoteBackend(Backend):
             if v not in skip:
                 out.append(v)
         return tuple(out)
+
+    def _record_kernel(self, name: str, *args: Any) -> Any:
+        """An optional kernel the server offers (:data:`~ember_remote.protocol.OPTIONAL_KERNELS`), recorded like a
+        contract method: ``conv_input_grad(grad_y, w, x_shape, ...)`` gives x_shape, ``conv_weight_grad(x,
+        grad_y, w_shape, ...)`` w_shape, in the dtype of the first argument."""
+        return self._record(name, args, [(tuple(int(n) for n in args[2]), args[0].dtype)])
+
+    def strides_of(self, h: RemoteHandle) -> tuple[int, ...] | None:
+        """The strides of ``h``'s tensor on the server (what :attr:`RemoteHandle.strides` returns): sends what is
+        pending, then asks (one round trip)."""
+        with self._lock:
+            vid = self._check(h)
+            self.flush()
+            self.counts["strides_asked"] += 1
+            (reply,) = self._exchange([["strides", vid]])
+            if reply is None:
+                return None
+            st = tuple(reply) if type(reply) is list else ()
+            if len(st) != len(h.shape) or any(type(x) is not int for x in st):
+                raise RemoteError(f"remote: malformed strides {reply!r:.60} for a tensor of shape {h.shape}",
+                                  "ProtocolError")
+            return st
 
     # -- plumbing --------------------------------------------------------------------------------------------
     def to_numpy(self, h: Any) -> np.ndarray:

@@ -1,9 +1,10 @@
 """The server side of a session: runs validated messages on one device's stack, within the session's limits.
 
 A session holds its tensors by id (positive: allocated by the client; negative: results of calls) and its
-registered graphs (relative forms, :func:`ember.ir.relative_form`). Only contract methods of the backend may be
-named by a record or a call; plumbing methods (``lift``, ``memory_dry_run``, ...) and anything else are refused,
-and no value from the wire is ever a callable. Graphs are checked when registered (every position refers to an
+registered graphs (relative forms, :func:`ember.ir.relative_form`). Only contract methods of the backend, and the
+optional kernels of :data:`~ember_remote.protocol.OPTIONAL_KERNELS` the served stack has, may be named by a record
+or a call; plumbing methods (``lift``, ``memory_dry_run``, ...) and anything else are refused, and no value from the
+wire is ever a callable. Graphs are checked when registered (every position refers to an
 input or an earlier value, every dtype is an ember dtype) and replays before they run (input and output counts,
 the bytes of every value the graph computes against the session's memory limit).
 
@@ -29,7 +30,7 @@ from ember.errors import DeviceError, OutOfMemoryError
 from ember.ir import Bindings, Placeholder, Ref
 from ember.ir_exec import resolve_args, run_extension_record, run_graph
 
-from .protocol import Msg, Out, ProtocolError, encode_array
+from .protocol import OPTIONAL_KERNELS, Msg, Out, ProtocolError, encode_array
 
 #: contract methods a client may not name: plumbing that hands out backend objects or host memory views
 _PLUMBING = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run", "describe", "fusion_compile",
@@ -56,6 +57,12 @@ class Limits:
     max_streams: int = 1024
 
 
+def offered_kernels(stack: Any) -> tuple[str, ...]:
+    """The optional kernels (:data:`~ember_remote.protocol.OPTIONAL_KERNELS`) that ``stack`` has: the hello lists
+    them, and a session allows records of them."""
+    return tuple(k for k in OPTIONAL_KERNELS if callable(getattr(stack, k, None)))
+
+
 def _nbytes(shape: Sequence[int], dtype: DType) -> int:
     return int(prod(shape)) * dtype.itemsize
 
@@ -67,12 +74,16 @@ class Session:
         self.stack = stack
         self.device = device
         self.limits = limits
+        #: the methods records and calls may name: the contract's (less plumbing) and the stack's optional kernels
+        self.allowed = ALLOWED_OPS | frozenset(offered_kernels(stack))
         self.table: dict[int, Any] = {}
         self.meta: dict[int, tuple[DType, int]] = {}  # id -> (dtype, bytes)
         self.bytes = 0
         self.graphs: dict[int, tuple[Any, ...]] = {}
         self._ids = itertools.count(-1, -1)
         self.ops_run = 0
+        #: the compression the greeting negotiated for this session's frames (None: none)
+        self.compress: str | None = None
         # the session's own random stream: one client's seed or draws never change another's (the served
         # backend's stream is shared); a stream seeded with n draws what the backend's seed(n) would
         self.stream = stack.new_random_stream(0)
@@ -125,7 +136,7 @@ class Session:
             if len(self.graphs) >= self.limits.max_graphs and a[0] not in self.graphs:
                 raise OutOfMemoryError(f"remote: the session registered {len(self.graphs)} graphs (limit "
                                        f"{self.limits.max_graphs})")
-            self.graphs[a[0]] = _check_graph(a[1], self.limits.max_graph_ops)
+            self.graphs[a[0]] = _check_graph(a[1], self.limits.max_graph_ops, self.allowed)
             return None
         if kind == "forget":
             for gid in a[0]:
@@ -136,6 +147,11 @@ class Session:
             return None
         if kind == "download":
             return encode_array(np.asarray(self.stack.to_numpy(self.get(a[0]))))
+        if kind == "strides":
+            # the layout core checks before view() and in-place writes (a broadcast view is refused), as the served
+            # backend reports it (bytes, numpy's convention); None where the backend does not say
+            st = getattr(self.get(a[0]), "strides", None)
+            return None if st is None else [int(x) for x in st]
         if kind == "release":
             for vid in a[0]:
                 self.drop(vid)
@@ -173,7 +189,7 @@ class Session:
         raise ProtocolError(f"remote: unknown message {kind!r}")
 
     def _call(self, method: str, inputs: tuple[int, ...], args: tuple[Any, ...]) -> Any:
-        if method not in ALLOWED_OPS:
+        if method not in self.allowed:
             raise ProtocolError(f"remote: {method!r} is not a backend method a client may call")
         ins = [self.get(v) for v in inputs]
         result = self._method(method)(*resolve_args(args, ins, (), _protocol_error))
@@ -257,8 +273,9 @@ def _bind_shape(shape: Any, dims: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _check_graph(key: tuple[Any, ...], max_ops: int) -> tuple[Any, ...]:
-    """Validate a graph key (see the module docstring) before it is stored."""
+def _check_graph(key: tuple[Any, ...], max_ops: int, allowed: frozenset[str] = ALLOWED_OPS) -> tuple[Any, ...]:
+    """Validate a graph key (see the module docstring) before it is stored; ``allowed``: the method names a record
+    may name."""
     ext, body, outs = key
     if type(ext) is not tuple or type(body) is not tuple or type(outs) is not tuple or len(body) > max_ops:
         raise ProtocolError(f"remote: a graph key must be three tuples with at most {max_ops} records")
@@ -267,7 +284,7 @@ def _check_graph(key: tuple[Any, ...], max_ops: int) -> tuple[Any, ...]:
         if type(entry) is not tuple or len(entry) != 5:
             raise ProtocolError("remote: a graph record must be (op, positions, shapes, dtypes, args)")
         op, positions, shapes, dtypes, args = entry
-        if op != "extension" and op not in ALLOWED_OPS:
+        if op != "extension" and op not in allowed:
             raise ProtocolError(f"remote: {op!r:.40} is not a backend method a graph may record")
         if op == "extension" and (not args or type(args[0]) is not ExtensionArgs):
             raise ProtocolError("remote: an extension record needs its ExtensionArgs")

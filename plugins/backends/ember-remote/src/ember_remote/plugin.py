@@ -1,7 +1,7 @@
 """ember plugin entry point for the remote backend (entry-point group ``ember``, name ``remote``).
 
 ``Device.remote("ember://host:7433/flex", token=..., fingerprint=..., insecure=False, timeout=300.0,
-cafile=None, max_pending=1024, flush_bytes=2**26)``: the token and fingerprint may also come from
+cafile=None, max_pending=1024, flush_bytes=2**26, compress=False)``: the token and fingerprint may also come from
 ``EMBER_REMOTE_TOKEN`` and ``EMBER_REMOTE_FINGERPRINT``; the plain device string ``"remote"`` takes the address from
 ``EMBER_REMOTE_URL`` (and plaintext from ``EMBER_REMOTE_INSECURE=1``, loopback only).
 """
@@ -15,7 +15,8 @@ from ember.plugins import hookimpl
 
 from . import CONTRACT, __version__
 
-_OPTIONS = ("address", "token", "fingerprint", "insecure", "timeout", "cafile", "max_pending", "flush_bytes")
+_OPTIONS = ("address", "token", "fingerprint", "insecure", "timeout", "cafile", "max_pending", "flush_bytes",
+            "compress")
 
 
 def _factory(index: int = 0, **options: Any) -> Any:

@@ -6,16 +6,23 @@ are nested tuples of plain values; the few ember objects inside them (``Ref``, `
 slices, dtypes, extension arguments) are encoded as one-entry maps ``{tag: payload}`` -- maps appear nowhere else,
 so decoding is unambiguous and walks a bounded depth. No pickle: a frame can only ever decode to plain data.
 
-Client -> server kinds: ``hello`` (must be first: the token), ``batch`` (a list of messages run in order, one
-reply). Messages inside a batch: ``register``, ``replay``, ``upload``, ``download``, ``release``, ``call``,
-``seed``, ``sync``, ``stats``, ``forget`` (graphs), and for ``ember.Generator`` streams kept on the server
-``stream``, ``draw``, ``stream_state``, ``stream_set``. Server -> client: ``ok`` (the replies of the batch's
-reply-bearing messages) or ``err`` (``[error type, message, index of the failing message]``).
+Client -> server kinds: ``hello`` (must be first: the token, the device the client wants and the compressions it
+reads), ``batch`` (a list of messages run in order, one reply). Messages inside a batch: ``register``, ``replay``,
+``upload``, ``download``, ``release``, ``call``, ``seed``, ``sync``, ``stats``, ``forget`` (graphs), ``strides``
+(of a stored tensor: the server's layout, which core checks before ``view`` and in-place writes), and for
+``ember.Generator`` streams kept on the server ``stream``, ``draw``, ``stream_state``, ``stream_set``. Server ->
+client: ``ok`` (the replies of the batch's reply-bearing messages) or ``err`` (``[error type, message, index of the
+failing message]``).
+
+Compression (negotiated in the greeting, never before authentication): a frame whose msgpack is at least
+:data:`COMPRESS_MIN` bytes and that zlib shrinks by at least 1/8 travels as ``[VERSION, "z", zlib bytes]``, the
+compressed ``[VERSION, kind, body]``; the receiver inflates it to at most its frame limit (no decompression bombs).
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 from dataclasses import dataclass
 from math import prod
 from typing import Any
@@ -30,7 +37,8 @@ from ember.errors import DeviceError
 from ember.ir import Bindings, Placeholder, Ref, Scalar
 
 #: bumped on every incompatible change of the frames below; both sides refuse another version
-VERSION = 1
+#: (2: the hello names a device and compressions, the ``strides`` message, ``z`` frames, optional kernels)
+VERSION = 2
 HEADER = struct.Struct(">I")
 #: frames larger than this are refused before reading them (the client splits its uploads below it)
 DEFAULT_MAX_FRAME = 256 << 20
@@ -42,6 +50,13 @@ MAX_DEPTH = 32
 MAX_RANK = 64
 #: messages in one batch
 MAX_BATCH = 1 << 16
+#: the compressions this version reads (``zlib``: the standard library's, so no extra dependency)
+COMPRESSIONS = ("zlib",)
+#: frames smaller than this are sent as they are (compressing a few kB buys nothing)
+COMPRESS_MIN = 16 << 10
+#: backend methods outside the contract that a server may offer (autodiff uses them where the backend has them:
+#: flex's and OpenCL's convolution gradient kernels); the hello lists those the served stack has
+OPTIONAL_KERNELS = ("conv_input_grad", "conv_weight_grad")
 
 _DTYPES: dict[str, DType] = {d.name: d for d in dt.ALL_DTYPES + dt.COMPLEX_DTYPES}
 
@@ -219,15 +234,51 @@ def decode_array(v: Any, max_bytes: int) -> np.ndarray:
 
 
 # -- frames ----------------------------------------------------------------------------------------------------
-def pack_frame(kind: str, body: Any) -> bytes:
-    """One frame: the length prefix and ``[VERSION, kind, body]`` as msgpack."""
+def pack_frame(kind: str, body: Any, compress: str | None = None) -> bytes:
+    """One frame: the length prefix and ``[VERSION, kind, body]`` as msgpack; with ``compress="zlib"`` (what the
+    greeting negotiated) a large frame travels zlib-compressed when that saves at least 1/8 of it."""
     data = msgpack.packb([VERSION, kind, body], use_bin_type=True)
+    if compress is not None and len(data) >= COMPRESS_MIN:
+        if compress != "zlib":
+            raise ProtocolError(f"remote: unknown compression {compress!r}")
+        z = zlib.compress(data, 1)  # level 1: most of the gain on structured data, a fraction of the time
+        if len(z) <= len(data) - (len(data) >> 3):
+            data = msgpack.packb([VERSION, "z", z], use_bin_type=True)
     return HEADER.pack(len(data)) + data
 
 
-def unpack_frame(data: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> tuple[str, Any]:
+def _inflate(z: Any, max_frame: int) -> bytes:
+    """A ``z`` frame's payload, inflated to at most ``max_frame`` bytes (more is refused unread)."""
+    if type(z) is not bytes:
+        raise ProtocolError("remote: a compressed frame must hold bytes")
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(z, max_frame + 1)
+    except zlib.error as exc:
+        raise ProtocolError(f"remote: undecodable compressed frame ({exc})") from None
+    if len(out) > max_frame or d.unconsumed_tail:
+        raise ProtocolError(f"remote: a compressed frame inflates past the limit of {max_frame} bytes")
+    if not d.eof or d.unused_data:
+        raise ProtocolError("remote: a compressed frame is truncated or has trailing data")
+    return out
+
+
+def unpack_frame(data: bytes, max_frame: int = DEFAULT_MAX_FRAME, compressed: bool = False) -> tuple[str, Any]:
     """``(kind, body)`` of a frame's payload (without its length prefix); a :class:`ProtocolError` for anything
-    malformed. msgpack's own limits bound container and string sizes to the frame's."""
+    malformed. msgpack's own limits bound container and string sizes to the frame's. ``compressed``: whether a
+    ``z`` frame is allowed (the greeting negotiated compression); its content is inflated and decoded the same way
+    (it cannot nest another ``z`` frame)."""
+    kind, body = _unpack(data, max_frame)
+    if kind == "z":
+        if not compressed:
+            raise ProtocolError("remote: a compressed frame, but no compression was negotiated")
+        kind, body = _unpack(_inflate(body, max_frame), max_frame)
+        if kind == "z":
+            raise ProtocolError("remote: a compressed frame inside a compressed frame")
+    return kind, body
+
+
+def _unpack(data: bytes, max_frame: int) -> tuple[str, Any]:
     if len(data) > max_frame:
         raise ProtocolError(f"remote: frame of {len(data)} bytes exceeds {max_frame}")
     try:
@@ -282,7 +333,7 @@ def decode_message(m: Any, max_bytes: int) -> Msg:
                           _ints(rest[2], "output ids", lo=1), _bindings(rest[3]), _ints(rest[4], "release ids")))
     if kind == "upload" and n == 2:
         return Msg(kind, (_int(rest[0], "tensor id", 1), decode_array(rest[1], max_bytes)))
-    if kind == "download" and n == 1:
+    if kind in ("download", "strides") and n == 1:
         return Msg(kind, (_int(rest[0], "tensor id"),))
     if kind == "forget" and n == 1:
         return Msg(kind, (_ints(rest[0], "graph ids", lo=1),))

@@ -1,11 +1,13 @@
-"""``ember serve``: one ember device behind an asyncio TLS 1.3 server (stdlib ``ssl``).
+"""``ember serve``: ember devices behind an asyncio TLS 1.3 server (stdlib ``ssl``).
 
 Why TLS over TCP with stdlib ``ssl`` rather than QUIC: no extra dependency, the platform's audited TLS 1.3, and
 the traffic is request/reply on one stream (batches until a read), which gains nothing from QUIC's streams.
 
 Per connection: the TLS handshake (``ssl_handshake_timeout``), then the first frame must be ``hello`` with the
 token, compared with :func:`hmac.compare_digest` on SHA-256 digests (constant time, length hidden) before anything
-else is read or run; a peer that fails is logged and dropped. Then each ``batch`` frame runs in order on the
+else is read or run; a peer that fails is logged and dropped. The hello also names the device (the address's path:
+one of those served, the first when empty) and the compressions the client reads; the reply names the device, the
+compression both sides use and the optional kernels the device has. Then each ``batch`` frame runs in order on the
 session's :class:`~ember_remote.executor.Session` (in a worker thread, so the event loop keeps serving other
 sessions) and gets one reply frame. A malformed message gets an ``err`` reply; a frame that breaks the framing
 (oversized, truncated, another protocol version) ends the connection. Every failure is confined to its session.
@@ -28,6 +30,7 @@ import signal
 import ssl
 import sys
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from typing import Any
 from ember.errors import DeviceError, EmberError, ValueRangeError
 
 from .protocol import (
+    COMPRESSIONS,
     DEFAULT_MAX_FRAME,
     HEADER,
     MAX_HELLO_FRAME,
@@ -47,6 +51,9 @@ from .protocol import (
 )
 
 log = logging.getLogger("ember.serve")
+
+#: message kinds whose reply goes into the batch's ``ok`` frame
+_REPLYING = frozenset({"download", "call", "stats", "stream_state", "strides"})
 
 
 def _event(event: str, **fields: Any) -> None:
@@ -73,7 +80,8 @@ def server_ssl_context(cert: str | os.PathLike[str], key: str | os.PathLike[str]
 
 
 class Server:
-    """Serves ``device`` (an :class:`ember.Device`) to clients that present ``token``.
+    """Serves ``device`` (an :class:`ember.Device`, or a sequence of them: the address's path picks one, the first
+    by default) to clients that present ``token``.
 
     ``ssl_context`` None means plaintext, allowed only on a loopback ``host``. ``idle_timeout`` closes sessions
     that send nothing for that many seconds; ``max_sessions`` refuses connections beyond it; ``limits`` are the
@@ -91,9 +99,23 @@ class Server:
         token_b = token.encode() if isinstance(token, str) else bytes(token)
         if len(token_b) < 16:
             raise ValueRangeError("ember serve: the token must have at least 16 characters")
-        self.device = device
+        # a mapping gives each device the spec it was parsed from ("opencl:0"), a name clients may use as well
+        named = list(device.items()) if isinstance(device, Mapping) else [
+            (None, d) for d in (device if isinstance(device, (list, tuple)) else [device])]
+        devices = list(dict.fromkeys(d for _, d in named))
+        if not devices:
+            raise ValueRangeError("ember serve: no device to serve")
+        #: the served devices by every name a client may give: str(device) and the spec it was parsed from
+        self.devices: dict[str, Any] = {}
+        for spec, d in named:
+            for alias in (str(d), spec):
+                if alias:
+                    self.devices.setdefault(str(alias), d)
+        self.device = devices[0]
+        self._all = devices
         # resolved now: resolving a device takes core's lock, which an in-process client may hold while connecting
-        self.stack = device.stack
+        self.stacks = {id(d): d.stack for d in devices}
+        self.stack = self.stacks[id(self.device)]
         self._token_digest = hashlib.sha256(token_b).digest()
         self.host, self.port = host, port
         self.ssl_context = ssl_context
@@ -120,7 +142,7 @@ class Server:
             limit=1 << 16)
         self.port = self._server.sockets[0].getsockname()[1]
         _event("listening", host=self.host, port=self.port, device=str(self.device),
-               tls=self.ssl_context is not None)
+               devices=[str(d) for d in self._all], tls=self.ssl_context is not None)
 
     async def serve_forever(self) -> None:
         """Start, serve until :meth:`stop` (or SIGTERM/SIGINT), then shut down gracefully."""
@@ -171,14 +193,17 @@ class Server:
         session = None
         why = "closed by client"
         try:
-            if not await self._authenticate(reader, writer, sid, peer):
+            chosen = await self._authenticate(reader, writer, sid, peer)
+            if chosen is None:
                 why = "authentication failed"
                 return
             from .executor import Session
 
-            session = Session(self.stack, self.device, self.limits)
+            device, compress = chosen
+            session = Session(self.stacks[id(device)], device, self.limits)
+            session.compress = compress
             self.stats["accepted"] += 1
-            _event("session", session=sid, peer=peer)
+            _event("session", session=sid, peer=peer, device=str(device), compress=compress)
             why = await self._serve(reader, writer, session, state, sid)
         except Exception as exc:  # noqa: BLE001 - one session's failure must never reach the server
             why = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -191,17 +216,20 @@ class Server:
                 await asyncio.wait_for(writer.wait_closed(), 5)
             _event("end", session=sid, reason=why)
 
-    async def _read_frame(self, reader: asyncio.StreamReader, limit: int, timeout: float) -> tuple[str, Any]:
+    async def _read_frame(self, reader: asyncio.StreamReader, limit: int, timeout: float,
+                          compressed: bool = False) -> tuple[str, Any]:
         header = await asyncio.wait_for(reader.readexactly(HEADER.size), timeout)
         (n,) = HEADER.unpack(header)
         if n > limit:
             raise ProtocolError(f"remote: frame of {n} bytes exceeds the limit of {limit}")
         # the body must follow promptly: a peer that trickles bytes holds no session forever
         data = await asyncio.wait_for(reader.readexactly(n), max(timeout, 30.0))
-        return unpack_frame(data, limit)
+        return unpack_frame(data, limit, compressed)
 
     async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sid: int,
-                            peer: Any) -> bool:
+                            peer: Any) -> tuple[Any, str | None] | None:
+        """Check the hello's token (before anything else); then pick the device and the compression. Returns
+        ``(device, compression)``, or None when the peer is dropped."""
         try:
             kind, body = await self._read_frame(reader, MAX_HELLO_FRAME, self.handshake_timeout)
             token = body.get("token") if kind == "hello" and type(body) is dict else None
@@ -211,28 +239,53 @@ class Server:
                 ssl.SSLError) as exc:
             self.stats["auth_failed"] += 1
             _event("auth_failed", session=sid, peer=peer, reason=type(exc).__name__)
-            return False
+            return None
         if not ok:
             self.stats["auth_failed"] += 1
             _event("auth_failed", session=sid, peer=peer, reason="bad token")
             with contextlib.suppress(Exception):
                 writer.write(pack_frame("err", ["AuthenticationError", "the token is wrong", -1]))
                 await writer.drain()
-            return False
-        d = self.stack
-        writer.write(pack_frame("ok", {"device": str(self.device), "version": VERSION,
+            return None
+        device = self._pick_device(body.get("device"))
+        if device is None:
+            self.stats["refused"] += 1
+            served = [str(d) for d in self._all]
+            _event("refused", session=sid, peer=peer, reason="device not served", device=str(body.get("device"))[:80])
+            with contextlib.suppress(Exception):
+                writer.write(pack_frame("err", ["DeviceNotServed", f"remote: the server does not serve "
+                                                f"{body.get('device')!r:.80}; it serves {served}", -1]))
+                await writer.drain()
+            return None
+        wanted = body.get("compress")
+        compress = next((c for c in COMPRESSIONS if type(wanted) is list and c in wanted), None)
+        from .executor import offered_kernels
+
+        d = self.stacks[id(device)]
+        writer.write(pack_frame("ok", {"device": str(device), "version": VERSION,
                                        "dtypes": sorted(x.name for x in d.supported_dtypes),
                                        "max_frame": self.max_frame, "describe": d.describe(),
-                                       "max_graphs": self.limits.max_graphs}))
+                                       "max_graphs": self.limits.max_graphs, "compress": compress,
+                                       "kernels": list(offered_kernels(d))}))
         await writer.drain()
-        return True
+        return device, compress
+
+    def _pick_device(self, wanted: Any) -> Any:
+        """The served device the hello names (a list of names: the address's path and its canonical form; empty:
+        the first served device), or None when none of the names is served."""
+        names = [wanted] if type(wanted) is str else wanted if type(wanted) is list else []
+        names = [n for n in names[:4] if type(n) is str and n]
+        if not names:
+            return self.device
+        return next((self.devices[n] for n in names if n in self.devices), None)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: Any,
                      state: dict[str, Any], sid: int) -> str:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             try:
-                kind, body = await self._read_frame(reader, self.max_frame, self.idle_timeout)
+                kind, body = await self._read_frame(reader, self.max_frame, self.idle_timeout,
+                                                    session.compress is not None)
             except TimeoutError:
                 return "idle timeout"
             except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError):
@@ -267,15 +320,16 @@ class Server:
             _event("protocol_error", session=sid, error=str(exc)[:200])
             return pack_frame("err", ["ProtocolError", str(exc), -1])
         replies = []
+        compress = session.compress
         for i, m in enumerate(msgs):
             try:
                 r = session.run(m)
             except Exception as exc:  # noqa: BLE001 - reported to this client only
                 _event("error", session=sid, message=m.kind, error=f"{type(exc).__name__}: {str(exc)[:200]}")
                 return pack_frame("err", [_error_kind(exc), str(exc), i])
-            if m.kind in ("download", "call", "stats", "stream_state"):
+            if m.kind in _REPLYING:
                 replies.append(r if m.kind != "call" else encode_value(r))
-        return pack_frame("ok", replies)
+        return pack_frame("ok", replies, compress)
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -348,7 +402,9 @@ def _self_signed_cryptography(cert: Path, key: Path, host: str) -> None:
 
 # -- the command -----------------------------------------------------------------------------------------------
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="flex", help="the device to serve (a device string; default flex)")
+    p.add_argument("--device", action="append", default=None,
+                   help="a device to serve (a device string; default flex); repeat it to serve several, the address's "
+                   "path picks one (ember://host:7433/opencl:0), the first by default")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7433, help="port (default 7433; 0 picks a free one)")
     p.add_argument("--token-file", help="file holding the token clients must present (required)")
@@ -400,7 +456,12 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     token = Path(args.token_file).read_text().strip()
-    server = Server(Device.parse(args.device), token, args.host, args.port,
+    specs = args.device or ["flex"]
+    devices = {spec: Device.parse(spec) for spec in specs}
+    if len({str(d) for d in devices.values()}) != len(specs):
+        print(f"ember serve: a device is given twice in --device {specs}", file=sys.stderr)
+        return 2
+    server = Server(devices, token, args.host, args.port,
                     None if args.insecure else server_ssl_context(args.cert, args.key),
                     max_sessions=args.max_sessions, idle_timeout=args.idle_timeout,
                     max_frame=args.max_frame_mb << 20,
