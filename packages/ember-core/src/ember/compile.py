@@ -226,7 +226,7 @@ class _Trace:
 
     def call(self, name: str, args: tuple[Any, ...]) -> Any:
         nargs = tuple(self.norm_arg(a) for a in args)
-        out = getattr(self.base, name)(*nargs)
+        out = getattr(self.base, name)(*_plain(nargs))
         if self.broken is None:
             self.record(name, nargs, out)
         return out
@@ -263,6 +263,17 @@ class _Trace:
 _PLUMBING = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run", "describe", "fusion_compile",
                        "may_share_memory", "from_numpy", "to_numpy", "dtype_of", "new_random_stream",
                        "run_extension", "extension_kernel", "seed"})
+
+
+def _plain(a: Any) -> Any:
+    """``a`` with every Bound replaced by its plain float: kernels get exactly what eager passes (numpy treats a
+    float subclass as a float64 scalar, a plain float as a weak one)."""
+    t = type(a)
+    if t is Bound:
+        return float(a)
+    if t is tuple or t is list:
+        return t(_plain(x) for x in a) if any(type(x) is Bound or type(x) in (tuple, list) for x in a) else a
+    return a
 
 
 def _trace() -> _Trace:
@@ -347,7 +358,9 @@ class TraceStack(Decorator):
         t = _trace()
         nargs = tuple(t.norm_arg(a) for a in call.args)
         base_call = call.with_args(nargs, self.inner)
-        out = self.inner.run_extension(base_call)
+        kwargs = {k: _plain(v) for k, v in call.kwargs.items()}
+        out = self.inner.run_extension(ExtensionCall(call.op, call.device, self.inner, _plain(nargs), kwargs,
+                                                     call.kernel, call.spec, call.dtypes))
         if t.broken is None:
             t.record("extension", nargs, out, base_call)
         return out
