@@ -16,6 +16,7 @@ from ember import quantization as Q
 from ember.errors import DTypeError, ValueRangeError
 from ember_lora import (
     LoraConfig,
+    LoraMultiheadAttention,
     QLoraLinear,
     apply_lora,
     apply_qlora,
@@ -220,20 +221,24 @@ def test_qlora_linear_refuses_a_float_base() -> None:
         QLoraLinear(nn.Linear(2, 2))
 
 
-def test_seed_transformer_all_linear_skips_attention_projections() -> None:
-    # MultiheadAttention reads out_proj.weight itself: "all-linear" leaves it out (an adapter there would never
-    # run), and naming it is refused; the feed-forward layers get QLoRA and the model trains
+def test_seed_transformer_all_linear_adapts_attention_projections_on_float_weights() -> None:
+    # "all-linear" under QLoRA: the feed-forward Linears become 4-bit with adapters; the attention projections
+    # (MultiheadAttention's packed in_proj_weight and out_proj, read by the module itself) get adapters on their
+    # float weights, which stay float and frozen
     ember.manual_seed(0)
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
     model = nn.Sequential(nn.TransformerEncoder(layer, 2), nn.Flatten(), nn.Linear(32 * 6, 3)).to(DEV)
-    apply_qlora(model, LoraConfig(r=4, target_modules="all-linear"))
+    apply_qlora(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     wrapped = sorted(p for p, m in model.named_modules() if isinstance(m, QLoraLinear))
     assert wrapped == [f"0.layers.{i}.linear{j}" for i in range(2) for j in (1, 2)]
+    attn = model[0].layers[0].self_attn
+    assert isinstance(attn, LoraMultiheadAttention)
+    assert attn.projections["default"] == ("q_proj", "k_proj", "v_proj", "out_proj")
+    assert attn.base_layer.in_proj_weight.dtype == ember.float32 and not attn.base_layer.in_proj_weight.requires_grad
     x = ember.randn(4, 6, 32, device=DEV)
     loss = model(x).pow(2).mean()
     loss.backward()
     assert model[0].layers[0].linear1.lora_A["default"].weight.grad is not None
-    with pytest.raises(DTypeError, match="MultiheadAttention"):
-        apply_qlora(model, LoraConfig(r=4, target_modules=["self_attn.out_proj"]), adapter="attn")
-    with pytest.raises(DTypeError, match="MultiheadAttention"):
-        apply_lora(model, LoraConfig(r=4, target_modules=r".*out_proj"), adapter="attn")
+    assert attn.lora_A["default"]["q_proj"].weight.grad is not None
+    assert attn.lora_B["default"]["out_proj"].weight.grad is not None
+    assert attn.base_layer.in_proj_weight.grad is None

@@ -15,7 +15,15 @@ CONTRACT = 1
 
 from .config import LoraConfig  # noqa: E402 - after __version__, which .io reads
 from .io import load_adapter, save_adapter  # noqa: E402
-from .layers import LoraConv2d, LoraEmbedding, LoraLayer, LoraLinear, ModulesToSaveWrapper, QLoraLinear  # noqa: E402
+from .layers import (  # noqa: E402
+    LoraConv2d,
+    LoraEmbedding,
+    LoraLayer,
+    LoraLinear,
+    LoraMultiheadAttention,
+    ModulesToSaveWrapper,
+    QLoraLinear,
+)
 from .model import (  # noqa: E402
     active_adapter,
     adapters,
@@ -38,5 +46,5 @@ __all__ = [
     "LoraConfig", "apply_lora", "set_adapter", "delete_adapter", "disable_adapters", "merge", "unmerge",
     "merge_and_unload", "unload", "trainable_parameters", "print_trainable_parameters", "lora_param_groups",
     "lora_layers", "adapters", "active_adapter", "save_adapter", "load_adapter", "LoraLayer", "LoraLinear",
-    "LoraConv2d", "LoraEmbedding", "ModulesToSaveWrapper", "apply_qlora", "QLoraLinear",
+    "LoraConv2d", "LoraEmbedding", "LoraMultiheadAttention", "ModulesToSaveWrapper", "apply_qlora", "QLoraLinear",
 ]

@@ -24,7 +24,7 @@ from ember.tensor import Tensor
 
 from . import __version__
 from .config import LoraConfig
-from .layers import LoraEmbedding, LoraLayer, wrapper_for
+from .layers import LoraEmbedding, LoraLayer, LoraMultiheadAttention, wrapper_for
 from .model import (
     _check_adapter_name,
     _check_model,
@@ -34,6 +34,7 @@ from .model import (
     _saved_wrappers,
     _walk,
     delete_adapter,
+    target_candidates,
 )
 
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -49,6 +50,11 @@ def _adapter_state(model: nn.Module, adapter: str) -> OrderedDict[str, Tensor]:
     for path, m in _walk(model):
         if isinstance(m, LoraLayer) and adapter in m.adapter_names:
             wrapped.append((path, m))
+            if isinstance(m, LoraMultiheadAttention):  # one (A, B) pair per projection, named as a layer
+                for proj in m.projections[adapter]:
+                    for container in m.adapter_containers:
+                        out[f"{path}.{proj}.{container}.weight"] = getattr(m, container)[adapter][proj].weight
+                continue
             for container in m.adapter_containers:
                 p = getattr(m, container)[adapter]
                 suffix = "" if isinstance(m, LoraEmbedding) else ".weight"
@@ -64,16 +70,19 @@ def _adapter_state(model: nn.Module, adapter: str) -> OrderedDict[str, Tensor]:
                 out[name] = p
     elif config.bias == "lora_only":
         for path, layer in wrapped:
-            if getattr(layer.base_layer, "bias", None) is not None:
-                out[f"{path}.base_layer.bias"] = layer.base_layer.bias
+            for name, bias in layer.base_biases().items():
+                out[f"{path}.base_layer.{name}"] = bias
     return out
 
 
 def _config_json(model: nn.Module, config: LoraConfig, adapter: str, peft_format: bool) -> dict[str, Any]:
     data = config.to_dict()
     if isinstance(config.target_modules, ParamGroup):  # not serialisable: store the layers it selected
-        data["target_modules"] = [p for p, m in _walk(model)
-                                  if isinstance(m, LoraLayer) and adapter in m.adapter_names]
+        data["target_modules"] = []
+        for p, m in _walk(model):
+            if isinstance(m, LoraLayer) and adapter in m.adapter_names:
+                data["target_modules"] += ([f"{p}.{proj}" for proj in m.projections[adapter]]
+                                           if isinstance(m, LoraMultiheadAttention) else [p])
     if peft_format:
         # the fields PEFT's LoraConfig reads, at the values that reproduce what ember-lora computes
         return {
@@ -123,6 +132,13 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike[str], adapter: s
     d = os.fspath(directory)
     if os.path.exists(d) and not os.path.isdir(d):
         raise ValueRangeError(f"{op}: {d!r} exists and is not a directory")
+    if peft_format:
+        # PEFT adapts torch's MultiheadAttention through its packed in_proj_weight (one A for q, k and v together),
+        # not per projection: a PEFT user could not load these keys
+        attention = [p for p, m in _walk(model) if isinstance(m, LoraMultiheadAttention) and adapter in m.r]
+        if attention:
+            raise ValueRangeError(f"{op}: peft_format=True cannot express LoRA on MultiheadAttention projections "
+                                  f"(adapter {adapter!r} adapts {attention}); save without peft_format")
     os.makedirs(d, exist_ok=True)
     prefix = PEFT_PREFIX if peft_format else ""
     state = OrderedDict((prefix + k, v.detach()) for k, v in _adapter_state(model, adapter).items())
@@ -188,7 +204,7 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike[str], adapter: s
     configs = _configs(model)
     created = adapter not in configs
     if created:
-        modules = dict(_walk(model))
+        modules = dict(target_candidates(model))
         paths = _layer_paths(list(state))
         unknown = [p for p in paths if p not in modules or wrapper_for(_plain(modules[p])) is None]
         if unknown:

@@ -1,5 +1,5 @@
-"""The wrapped layers: ``LoraLinear``, ``LoraConv2d``, ``LoraEmbedding`` (a frozen base layer plus named low-rank
-adapters) and ``ModulesToSaveWrapper`` (a frozen module plus a trainable copy per adapter).
+"""The wrapped layers: ``LoraLinear``, ``LoraConv2d``, ``LoraEmbedding``, ``LoraMultiheadAttention`` (a frozen base
+layer plus named low-rank adapters) and ``ModulesToSaveWrapper`` (a frozen module plus a trainable copy per adapter).
 
 Parameter names follow PEFT's, so state dicts line up: ``<path>.base_layer.weight``, ``<path>.lora_A.<adapter>.weight``,
 ``<path>.lora_B.<adapter>.weight``, and for embeddings ``<path>.lora_embedding_A.<adapter>`` /
@@ -106,18 +106,10 @@ class LoraLayer(nn.Module):
         return self.lora_A[adapter].weight, self.lora_B[adapter].weight
 
     def _initialise(self, adapter: str, mode: bool | str) -> None:
-        a, b = self._ab(adapter)
-        if mode is False:  # both random (kaiming-uniform, nn.Linear's default): the model starts changed
-            init.kaiming_uniform_(a, a=math.sqrt(5))
-            init.kaiming_uniform_(b, a=math.sqrt(5))
-        elif mode == "pissa":
+        if mode == "pissa":
             self._pissa(adapter)
         else:
-            if mode is True:
-                init.kaiming_uniform_(a, a=math.sqrt(5))
-            else:  # "gaussian"
-                init.normal_(a, std=1 / self.r[adapter])
-            init.zeros_(b)
+            _init_pair(*self._ab(adapter), mode, self.r[adapter])
 
     def _delta_matrix_shape(self) -> tuple[int, int]:
         """(rows of B, columns of A) of the 2-d view of the base weight the update ``B @ A`` is added to."""
@@ -130,11 +122,7 @@ class LoraLayer(nn.Module):
         w = self._weight()
         r, scale = self.r[adapter], self.scaling[adapter]
         mat = self._to_matrix(w.detach().numpy().astype(np.float64))
-        u, s, vh = np.linalg.svd(mat, full_matrices=False)
-        sr = np.sqrt(s[:r] / scale)
-        b_np = u[:, :r] * sr[None, :]
-        a_np = sr[:, None] * vh[:r]
-        residual = mat - scale * (b_np @ a_np)
+        b_np, a_np, residual = _pissa_factors(mat, r, scale)
         a, b = self._ab(adapter)
         with ember.no_grad():
             a.copy_(ember.tensor(a_np.reshape(a.shape), dtype=a.dtype, device=a.device))
@@ -222,8 +210,41 @@ class LoraLayer(nn.Module):
             result = result + self._lora_term(adapter, x)
         return result
 
+    def base_biases(self) -> dict[str, Tensor]:
+        """The base layer's biases by their names under it (what ``bias="lora_only"`` trains)."""
+        bias = getattr(self.base_layer, "bias", None)
+        return {"bias": bias} if bias is not None else {}
+
+    def release_base(self) -> nn.Module:
+        """The base layer, to be put back into the model in this wrapper's place (unload, last adapter deleted)."""
+        return self.base_layer
+
     def extra_repr(self) -> str:
         return f"adapters={self.adapter_names}, active={self.active_adapters}, merged={self.merged_adapters}"
+
+
+def _init_pair(a: Tensor, b: Tensor, mode: bool | str, r: int) -> None:
+    """PEFT's initialisations of one (A, B) pair other than PiSSA: A Kaiming-uniform (True) or normal with std 1/r
+    ("gaussian") and B zero, so the adapter starts as a no-op; False: both Kaiming-uniform."""
+    if mode is False:  # both random (kaiming-uniform, nn.Linear's default): the model starts changed
+        init.kaiming_uniform_(a, a=math.sqrt(5))
+        init.kaiming_uniform_(b, a=math.sqrt(5))
+        return
+    if mode is True:
+        init.kaiming_uniform_(a, a=math.sqrt(5))
+    else:  # "gaussian"
+        init.normal_(a, std=1 / r)
+    init.zeros_(b)
+
+
+def _pissa_factors(mat: np.ndarray, r: int, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PiSSA's (B, A, residual) of a 2-d float64 matrix: the top-r singular triplets split evenly between B and A,
+    so ``residual + scale * B @ A == mat``."""
+    u, s, vh = np.linalg.svd(mat, full_matrices=False)
+    sr = np.sqrt(s[:r] / scale)
+    b_np = u[:, :r] * sr[None, :]
+    a_np = sr[:, None] * vh[:r]
+    return b_np, a_np, mat - scale * (b_np @ a_np)
 
 
 def _params_of(obj: Any) -> list[nn.Parameter]:
@@ -426,6 +447,215 @@ class LoraEmbedding(LoraLayer):
         return out.to(self._weight().dtype) if out.dtype != self._weight().dtype else out
 
 
+#: the projections of ``nn.MultiheadAttention`` LoRA can adapt, named as PEFT's ``target_modules`` name them on
+#: models with separate projection layers; the hook names ``MultiheadAttention.projection_hook`` passes
+ATTENTION_PROJECTIONS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "out_proj")
+_HOOK_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "out": "out_proj"}
+
+
+class LoraMultiheadAttention(LoraLayer):
+    """LoRA on the projections of an ``nn.MultiheadAttention``: per adapter, a pair ``lora_A[adapter][proj]``
+    (``Linear(in, r)``) and ``lora_B[adapter][proj]`` (``Linear(r, embed_dim)``) for each adapted projection
+    ``proj`` in ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``.
+
+    The attention module keeps its packed ``in_proj_weight`` (one GEMM for q, k and v): the adapters' terms
+    ``scaling · B(A(dropout(x)))`` are added to each projection's output through the module's
+    ``projection_hook``, so the forward is LoRA's ``x W^T + s · x A^T B^T`` with no weight materialised, and the
+    frozen base gets no gradient. ``merge`` adds ``s · B @ A`` to the projection's rows of ``in_proj_weight`` (or
+    to ``q_proj_weight``/``k_proj_weight``/``v_proj_weight`` when kdim/vdim differ, or ``out_proj.weight``).
+    Adapter files name the projections as layers: ``<path>.q_proj.lora_A.weight``, ... .
+    """
+
+    def __init__(self, base_layer: nn.MultiheadAttention) -> None:
+        if not isinstance(base_layer, nn.MultiheadAttention):
+            raise DTypeError(f"LoraMultiheadAttention: base_layer must be an nn.MultiheadAttention, got "
+                             f"{type(base_layer).__name__}")
+        if base_layer.projection_hook is not None:
+            raise ValueRangeError("LoraMultiheadAttention: this MultiheadAttention already has a projection_hook "
+                                  "(another wrapper owns it)")
+        super().__init__(base_layer)
+        self.lora_A = nn.ModuleDict()
+        self.lora_B = nn.ModuleDict()
+        self.projections: dict[str, tuple[str, ...]] = {}
+        e = base_layer.embed_dim
+        self.in_features = {"q_proj": e, "k_proj": base_layer.kdim, "v_proj": base_layer.vdim, "out_proj": e}
+        self.out_features = e
+        base_layer.projection_hook = self._projection_term
+
+    def base_biases(self) -> dict[str, Tensor]:
+        m = self.base_layer
+        out = {"in_proj_bias": m.in_proj_bias, "out_proj.bias": m.out_proj.bias}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def __getattr__(self, name: str) -> Any:
+        # the layers that hold the attention read its settings (embed_dim, batch_first, num_heads, ...)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "base_layer":
+                raise
+            return getattr(self.base_layer, name)
+
+    def release_base(self) -> nn.Module:
+        # the plain module goes back into the model: it must not call into this wrapper any more
+        self.base_layer.__dict__.pop("projection_hook", None)
+        return self.base_layer
+
+    # -- the base weights, per projection --------------------------------------------------------------------------
+    def _weight(self) -> Tensor:
+        m = self.base_layer
+        return m.in_proj_weight if m.in_proj_weight is not None else m.q_proj_weight
+
+    def _proj_weight(self, proj: str) -> tuple[Tensor, int]:
+        """(the parameter holding ``proj``'s weight, its first row there)."""
+        m = self.base_layer
+        if proj == "out_proj":
+            return m.out_proj.weight, 0
+        i = ATTENTION_PROJECTIONS.index(proj)
+        if m.in_proj_weight is not None:
+            return m.in_proj_weight, i * m.embed_dim
+        return getattr(m, f"{proj[0]}_proj_weight"), 0
+
+    # -- adapters --------------------------------------------------------------------------------------------------
+    def check_config(self, adapter: str, config: LoraConfig, projections: Any = None) -> None:
+        projs = self._check_projections(projections)
+        if adapter in self.r:
+            raise ValueRangeError(f"LoraMultiheadAttention: adapter {adapter!r} already exists on this layer")
+        if config.init_lora_weights == "pissa":
+            for proj in projs:
+                shape = (self.out_features, self.in_features[proj])
+                if config.r > min(shape):
+                    raise ValueRangeError(f"LoraMultiheadAttention: init_lora_weights='pissa' needs r <= min{shape} "
+                                          f"of the {proj} weight, got r={config.r}")
+
+    def _check_projections(self, projections: Any) -> tuple[str, ...]:
+        if projections is None:
+            return ATTENTION_PROJECTIONS
+        projs = tuple(projections)
+        bad = [p for p in projs if p not in ATTENTION_PROJECTIONS]
+        if bad or not projs:
+            raise ValueRangeError(f"LoraMultiheadAttention: projections must be a non-empty selection of "
+                                  f"{ATTENTION_PROJECTIONS}, got {projs!r}")
+        return tuple(p for p in ATTENTION_PROJECTIONS if p in projs)  # canonical order: keys do not depend on it
+
+    def update_layer(self, adapter: str, config: LoraConfig, projections: Any = None) -> None:
+        """Add adapter ``adapter`` on ``projections`` (default: all four) shaped and initialised by ``config``."""
+        self.check_config(adapter, config, projections)
+        projs = self._check_projections(projections)
+        self.r[adapter] = config.r
+        self.lora_alpha[adapter] = config.lora_alpha
+        self.scaling[adapter] = config.scaling
+        self.lora_dropout[adapter] = nn.Dropout(config.lora_dropout) if config.lora_dropout > 0 else nn.Identity()
+        self.projections[adapter] = projs
+        w = self._weight()
+        kw = {"bias": False, "device": w.device, "dtype": w.dtype}
+        self.lora_A[adapter] = nn.ModuleDict({p: nn.Linear(self.in_features[p], config.r, **kw) for p in projs})
+        self.lora_B[adapter] = nn.ModuleDict({p: nn.Linear(config.r, self.out_features, **kw) for p in projs})
+        mode = config.init_lora_weights
+        if mode == "pissa":
+            self._pissa(adapter)
+        else:
+            for p in projs:
+                _init_pair(self.lora_A[adapter][p].weight, self.lora_B[adapter][p].weight, mode, config.r)
+
+    def delete_adapter(self, adapter: str) -> None:
+        super().delete_adapter(adapter)
+        del self.projections[adapter]
+
+    def _pair(self, adapter: str, proj: str) -> tuple[Tensor, Tensor]:
+        return self.lora_A[adapter][proj].weight, self.lora_B[adapter][proj].weight
+
+    def _ab(self, adapter: str) -> tuple[Tensor, Tensor]:
+        raise ValueRangeError("LoraMultiheadAttention: adapters have one (A, B) pair per projection; use "
+                              "get_delta_weights")
+
+    def _pissa(self, adapter: str) -> None:
+        # per projection, as LoraLayer._pissa on that projection's rows of the weight it lives in
+        r, scale = self.r[adapter], self.scaling[adapter]
+        for proj in self.projections[adapter]:
+            w, row = self._proj_weight(proj)
+            full = w.detach().numpy().astype(np.float64)
+            rows = slice(row, row + self.out_features)
+            b_np, a_np, residual = _pissa_factors(full[rows], r, scale)
+            full[rows] = residual
+            a, b = self._pair(adapter, proj)
+            with ember.no_grad():
+                a.copy_(ember.tensor(a_np, dtype=a.dtype, device=a.device))
+                b.copy_(ember.tensor(b_np, dtype=b.dtype, device=b.device))
+                w.copy_(ember.tensor(full, dtype=w.dtype, device=w.device))
+
+    def get_delta_weight(self, adapter: str) -> Tensor:
+        raise ValueRangeError("LoraMultiheadAttention: an adapter changes several weights; use get_delta_weights")
+
+    def get_delta_weights(self, adapter: str) -> dict[str, Tensor]:
+        """``{projection: scaling · B @ A}`` (each ``(embed_dim, in)``) of ``adapter``'s projections."""
+        out = {}
+        for proj in self.projections[adapter]:
+            a, b = self._pair(adapter, proj)
+            out[proj] = (b @ a) * self.scaling[adapter]
+        return out
+
+    # -- merging ---------------------------------------------------------------------------------------------------
+    def _add_delta(self, adapter: str, sign: float) -> None:
+        """Add (sign 1) or subtract (-1) ``adapter``'s updates to the weights they belong to, one in-place update
+        per weight (the packed in_proj_weight gets its q, k and v rows at once)."""
+        updates: dict[int, tuple[Tensor, list[tuple[int, Tensor]]]] = {}
+        for proj, delta in self.get_delta_weights(adapter).items():
+            w, row = self._proj_weight(proj)
+            updates.setdefault(id(w), (w, []))[1].append((row, delta))
+        with ember.no_grad():
+            for w, parts in updates.values():
+                if len(parts) == 1 and parts[0][1].shape == w.shape:
+                    full = parts[0][1]
+                else:
+                    full = ember.zeros(tuple(w.shape), dtype=parts[0][1].dtype, device=w.device)
+                    for row, delta in parts:
+                        full[row:row + delta.shape[0]] = delta
+                full = full.to(w.dtype)
+                if sign > 0:
+                    w.add_(full)
+                else:
+                    w.sub_(full)
+
+    def merge(self, adapter_names: list[str] | None = None) -> None:
+        """Fold the adapters (default: the active ones) into the projection weights; merged ones are skipped."""
+        names = self.active_adapters if adapter_names is None else adapter_names
+        for name in names:
+            if name not in self.r:
+                raise ValueRangeError(f"LoraMultiheadAttention.merge: no adapter {name!r} (adapters: "
+                                      f"{self.adapter_names})")
+            if name in self.merged_adapters:
+                continue
+            self._add_delta(name, 1.0)
+            self.merged_adapters.append(name)
+
+    def _unmerge_one(self, name: str) -> None:
+        self._add_delta(name, -1.0)
+        self.merged_adapters.remove(name)
+
+    # -- forward ---------------------------------------------------------------------------------------------------
+    def _projection_term(self, name: str, x: Tensor, y: Tensor) -> Tensor:
+        """The base module's ``projection_hook``: ``y`` plus the active, unmerged adapters' terms for ``name``."""
+        if self.disable_adapters:
+            return y
+        proj = _HOOK_NAMES[name]
+        for adapter in self.active_adapters:
+            if adapter in self.merged_adapters or proj not in self.projections[adapter]:
+                continue
+            a, b = self.lora_A[adapter][proj], self.lora_B[adapter][proj]
+            term = b(a(self.lora_dropout[adapter](_cast_input(x, a.weight)))) * self.scaling[adapter]
+            y = y + (term.to(y.dtype) if term.dtype != y.dtype else term)
+        return y
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.disable_adapters and self.merged:  # as PEFT: a disabled layer computes the base model's output
+            self.unmerge()
+        return self.base_layer(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, projections={self.projections}"
+
+
 class ModulesToSaveWrapper(nn.Module):
     """A frozen ``original_module`` plus a trainable copy per adapter (``modules_to_save.<adapter>``); the forward
     runs the active adapter's copy, or the original when adapters are disabled or none is active."""
@@ -484,6 +714,7 @@ def _linear4bit() -> type[nn.Module]:
 #: ``Linear4bit`` is what ``apply_qlora`` quantizes the targets to
 WRAPPERS: tuple[tuple[type[nn.Module], type[LoraLayer]], ...] = (
     (nn.Linear, LoraLinear), (nn.Conv2d, LoraConv2d), (nn.Embedding, LoraEmbedding), (_linear4bit(), QLoraLinear),
+    (nn.MultiheadAttention, LoraMultiheadAttention),
 )
 
 
@@ -495,5 +726,5 @@ def wrapper_for(module: nn.Module) -> type[LoraLayer] | None:
     return None
 
 
-__all__ = ["LoraLayer", "LoraLinear", "QLoraLinear", "LoraConv2d", "LoraEmbedding", "ModulesToSaveWrapper",
-           "wrapper_for", "WRAPPERS"]
+__all__ = ["LoraLayer", "LoraLinear", "QLoraLinear", "LoraConv2d", "LoraEmbedding", "LoraMultiheadAttention",
+           "ModulesToSaveWrapper", "wrapper_for", "WRAPPERS", "ATTENTION_PROJECTIONS"]

@@ -16,7 +16,7 @@ from ember.errors import DTypeError, ValueRangeError
 from ember.nn import ParamGroup, param_groups
 
 from .config import ALL_LINEAR, LoraConfig
-from .layers import LoraLayer, ModulesToSaveWrapper, wrapper_for
+from .layers import ATTENTION_PROJECTIONS, LoraLayer, LoraMultiheadAttention, ModulesToSaveWrapper, wrapper_for
 
 _ADAPTER_NAME = re.compile(r"[A-Za-z0-9_-]+")
 #: parameter-name pieces that mark LoRA adapter weights
@@ -99,26 +99,58 @@ def _output_head(model: nn.Module, candidates: list[tuple[str, nn.Module]]) -> s
     return linear[-1] if linear else None
 
 
+def _is_attention(m: nn.Module) -> bool:
+    return isinstance(_base_of(m), nn.MultiheadAttention)
+
+
+def attention_projections(model: nn.Module) -> dict[str, tuple[str, str]]:
+    """``{"<attention path>.<projection>": (attention path, projection)}`` for every ``nn.MultiheadAttention`` of
+    ``model`` (wrapped or not): the names ``target_modules`` and adapter files give its q/k/v/out projections."""
+    return {f"{p}.{proj}": (p, proj) for p, m in _walk(model) if _is_attention(m) for proj in ATTENTION_PROJECTIONS}
+
+
+def target_candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, module) of everything ``target_modules`` may name: the modules (not inside LoRA's wrappers) and the
+    projections of each attention module under their virtual paths (``<attention>.q_proj``, ...), mapped to the
+    attention module. Its real ``out_proj`` Linear is replaced by the virtual one: the attention module reads that
+    weight itself (no call to the layer), so only the attention wrapper can adapt it."""
+    projections = attention_projections(model)
+    attention = {a for a, _ in projections.values()}
+    modules = dict(_walk(model))
+    out: list[tuple[str, nn.Module]] = []
+    for p, m in modules.items():
+        if isinstance(m, ModulesToSaveWrapper) or p.rpartition(".")[0] in attention:
+            continue
+        out.append((p, m))
+        if p in attention:
+            out.extend((f"{p}.{proj}", m) for proj in ATTENTION_PROJECTIONS)
+    return out
+
+
 def _targets(model: nn.Module, config: LoraConfig, op: str) -> list[str]:
-    """Paths of the modules ``config.target_modules`` selects (checked: each must be a type LoRA wraps)."""
+    """Paths of the modules ``config.target_modules`` selects (checked: each must be a type LoRA wraps); attention
+    projections come as virtual paths (:func:`target_candidates`)."""
     target = config.target_modules
     if target is None:
         raise ValueRangeError(f"{op}: the config has no target_modules (a regex, a list of names, 'all-linear' or a "
                               "ParamGroup)")
-    candidates = [(p, m) for p, m in _walk(model) if not isinstance(m, ModulesToSaveWrapper)]
-    # MultiheadAttention reads its projections' weights itself (F.linear(..., self.out_proj.weight)) instead of
-    # calling them: a wrapper there would never run its adapter. "all-linear" leaves them out; naming one is an error
-    attention = [p for p, m in candidates if isinstance(m, nn.MultiheadAttention)]
-    inside_attention = {p for p, _ in candidates if any(p.startswith(a + ".") for a in attention)}
+    candidates = target_candidates(model)
+    virtual = attention_projections(model)
     if isinstance(target, ParamGroup):
         if target.model is not model:
             raise ValueRangeError(f"{op}: target_modules is a ParamGroup of a different model")
         chosen = {path for path, _ in target.named_parameters()}
-        # a layer is selected when its weight is (a wrapped layer's weight lives at <path>.base_layer.weight)
-        picked = [p for p, m in candidates if f"{p}.weight" in chosen or f"{p}.base_layer.weight" in chosen]
+        # a layer is selected when its weight is (a wrapped layer's weight lives at <path>.base_layer.weight); an
+        # attention projection when the weight holding it is
+        picked = [p for p, m in candidates if p not in virtual
+                  and (f"{p}.weight" in chosen or f"{p}.base_layer.weight" in chosen)]
+        for v, (a, proj) in virtual.items():
+            names = (["out_proj.weight"] if proj == "out_proj" else ["in_proj_weight", f"{proj[0]}_proj_weight"])
+            if any(f"{a}.{pre}{n}" in chosen for pre in ("", "base_layer.") for n in names):
+                picked.append(v)
     elif target == ALL_LINEAR:
-        head = _output_head(model, candidates)
-        picked = [p for p, m in candidates if _is_linear(_base_of(m)) and p != head and p not in inside_attention]
+        head = _output_head(model, [(p, m) for p, m in candidates if p not in virtual])
+        picked = [p for p, m in candidates if p != head and (p in virtual or _is_linear(_base_of(m)))]
     elif isinstance(target, str):
         rx = re.compile(target)
         picked = [p for p, _ in candidates if rx.fullmatch(p)]
@@ -131,15 +163,27 @@ def _targets(model: nn.Module, config: LoraConfig, op: str) -> list[str]:
                               f"{' ...' if len(layers) > 12 else ''})")
     modules = dict(candidates)
     for p in picked:
-        if p in inside_attention:
-            raise DTypeError(f"{op}: target {p!r} is a projection inside a MultiheadAttention, which reads its weight "
-                             f"directly (one GEMM), so an adapter there would never run; target the other Linear "
-                             "layers (\"all-linear\" leaves attention projections out)")
         m = _base_of(modules[p])
         if wrapper_for(m) is None:
-            raise DTypeError(f"{op}: target {p!r} is a {type(m).__name__}; LoRA wraps Linear, Conv2d and "
-                             "Embedding layers")
+            raise DTypeError(f"{op}: target {p!r} is a {type(m).__name__}; LoRA wraps Linear, Conv2d, Embedding and "
+                             "MultiheadAttention layers (its projections as <path>.q_proj/k_proj/v_proj/out_proj)")
     return picked
+
+
+def _group_targets(model: nn.Module, paths: list[str]) -> dict[str, tuple[str, ...] | None]:
+    """``{module path: attention projections or None}``: virtual projection paths gathered under their attention
+    module (an attention module named itself takes all four, None)."""
+    virtual = attention_projections(model)
+    groups: dict[str, tuple[str, ...] | None] = {}
+    for p in paths:
+        if p in virtual:
+            a, proj = virtual[p]
+            if a in groups and groups[a] is None:
+                continue
+            groups[a] = (*(groups.get(a) or ()), proj)
+        else:
+            groups[p] = None
+    return groups
 
 
 def _describe_target(target: Any) -> str:
@@ -189,27 +233,34 @@ def _inject(model: nn.Module, config: LoraConfig, adapter: str, paths: list[str]
             raise ValueRangeError(f"{op}: modules_to_save {list(config.modules_to_save)} selects no module of "
                                   f"{type(model).__name__}")
     modules = dict(_walk(model))
-    wrappers: list[tuple[str, nn.Module]] = []
-    for p in paths:  # build every wrapper before touching the model: a refused layer leaves it unchanged
-        m = modules[p]
-        if isinstance(m, LoraLayer):
-            wrappers.append((p, m))
-        else:
-            cls = wrapper_for(m)
-            assert cls is not None  # _targets checked
-            wrappers.append((p, cls(m)))
-    for _, layer in wrappers:  # refuse before the first layer changes (PiSSA rewrites base weights)
-        layer.check_config(adapter, config)
+    groups = _group_targets(model, paths)
+    wrappers: list[tuple[str, LoraLayer, dict[str, Any]]] = []
+    try:
+        for p, projs in groups.items():  # build every wrapper before touching the model: a refusal leaves it as is
+            m = modules[p]
+            if isinstance(m, LoraLayer):
+                layer = m
+            else:
+                cls = wrapper_for(m)
+                assert cls is not None  # _targets checked
+                layer = cls(m)
+            wrappers.append((p, layer, {"projections": projs} if isinstance(layer, LoraMultiheadAttention) else {}))
+        for _, layer, kw in wrappers:  # refuse before the first layer changes (PiSSA rewrites base weights)
+            layer.check_config(adapter, config, **kw)
+    except BaseException:
+        _release_new(wrappers, modules)
+        raise
     done: list[tuple[str, LoraLayer]] = []
     try:
-        for p, layer in wrappers:
-            layer.update_layer(adapter, config)
+        for p, layer, kw in wrappers:
+            layer.update_layer(adapter, config, **kw)
             done.append((p, layer))
     except BaseException:
         for _, layer in done:  # nothing is in the model yet: take the adapter back off the layers that got it
             layer.delete_adapter(adapter)
+        _release_new(wrappers, modules)
         raise
-    for p, layer in wrappers:
+    for p, layer, _ in wrappers:
         if layer is not modules[p]:
             _set_child(model, p, layer)
     for p in saved:
@@ -223,6 +274,13 @@ def _inject(model: nn.Module, config: LoraConfig, adapter: str, paths: list[str]
     if first:
         model.__dict__["_lora_active"] = adapter
     _refresh(model)
+
+
+def _release_new(wrappers: list[tuple[str, LoraLayer, dict[str, Any]]], modules: dict[str, nn.Module]) -> None:
+    """Undo the wrappers built for a refused ``_inject`` (an attention wrapper hooked its base module)."""
+    for p, layer, _ in wrappers:
+        if layer is not modules[p]:
+            layer.release_base()
 
 
 def _active(model: nn.Module) -> str | None:
@@ -249,9 +307,9 @@ def _refresh(model: nn.Module) -> None:
                 p.requires_grad_(True)
     else:  # lora_only
         for _, layer in lora_layers(model):
-            bias = getattr(layer.base_layer, "bias", None)
-            if active in layer.adapter_names and bias is not None:
-                bias.requires_grad_(True)
+            if active in layer.adapter_names:
+                for bias in layer.base_biases().values():
+                    bias.requires_grad_(True)
 
 
 def adapters(model: nn.Module) -> dict[str, LoraConfig]:
@@ -286,7 +344,7 @@ def delete_adapter(model: nn.Module, adapter: str) -> None:
         if adapter in layer.adapter_names:
             layer.delete_adapter(adapter)
             if not layer.adapter_names:
-                _set_child(model, path, layer.base_layer)
+                _set_child(model, path, layer.release_base())
     for path, wrapper in list(_saved_wrappers(model)):
         if adapter in wrapper.adapter_names:
             wrapper.delete_adapter(adapter)
@@ -351,7 +409,7 @@ def _unload(model: nn.Module, do_merge: bool) -> nn.Module:
     for path, layer in list(lora_layers(model)):
         if do_merge:
             layer.merge()
-        _set_child(model, path, layer.base_layer)
+        _set_child(model, path, layer.release_base())
     for path, wrapper in list(_saved_wrappers(model)):
         keep = wrapper.modules_to_save[active] if do_merge and active in wrapper.adapter_names else \
             wrapper.original_module
@@ -447,5 +505,5 @@ def lora_param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0, *,
 __all__ = [
     "apply_lora", "set_adapter", "delete_adapter", "disable_adapters", "merge", "unmerge", "merge_and_unload",
     "unload", "trainable_parameters", "print_trainable_parameters", "lora_param_groups", "lora_layers", "adapters",
-    "active_adapter",
+    "active_adapter", "attention_projections", "target_candidates",
 ]

@@ -3,8 +3,11 @@
 
 The base weights are stored packed (half a byte per weight plus a block absmax), frozen, and dequantized on the
 fly inside the forward's matmul (``quant.matmul_4bit``: a backend kernel dequantizes a chunk of rows at a time);
-the adapters are ordinary parameters in ``compute_dtype``. Gradients reach the adapters (and the biases
-``config.bias`` selects) only: the quantized op's vjp is w.r.t. its input and bias.
+the adapters are ordinary parameters in ``compute_dtype``. The projections of an ``nn.MultiheadAttention`` the
+targets name (``all-linear`` includes them) get LoRA on their float weights, which stay float and frozen: the
+attention module reads its packed ``in_proj_weight`` itself, so there is no Linear layer to quantize. Gradients
+reach the adapters (and the biases ``config.bias`` selects) only: the quantized op's vjp is w.r.t. its input and
+bias.
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ from ember.errors import DTypeError, ValueRangeError
 
 from .config import LoraConfig
 from .layers import LoraLayer, QLoraLinear
-from .model import _check_adapter_name, _check_model, _configs, _inject, _set_child, _targets, _walk
+from .model import (
+    _check_adapter_name,
+    _check_model,
+    _configs,
+    _inject,
+    _set_child,
+    _targets,
+    _walk,
+    attention_projections,
+)
 
 __all__ = ["apply_qlora"]
 
@@ -30,7 +42,8 @@ def apply_qlora(model: nn.Module, config: LoraConfig, quant: str = "nf4", double
     blocks of ``blocksize``, the absmax double-quantized unless ``double_quant=False``) and add adapter ``adapter``
     around them in ``compute_dtype`` (``ember.float32`` or ``ember.bfloat16``); returns the model, changed in place.
 
-    Targets must be ``nn.Linear`` layers (or layers this already made); Conv2d and Embedding targets are refused
+    Targets must be ``nn.Linear`` layers (or layers this already made) or attention projections (adapted on their
+    float weights, module docstring); Conv2d and Embedding targets are refused
     with a typed error before anything changes. The rest is :func:`apply_lora`: other parameters frozen, biases as
     ``config.bias`` says, ``modules_to_save`` copies, adapter management, ``save_adapter``. The base Linear's bias
     stays float in ``compute_dtype``.
@@ -59,7 +72,10 @@ def apply_qlora(model: nn.Module, config: LoraConfig, quant: str = "nf4", double
     check_4bit(op, blocksize, quant)
     paths = _targets(model, config, op)
     modules = dict(_walk(model))
+    virtual = attention_projections(model)
     for p in paths:
+        if p in virtual:  # an attention projection: LoRA on its float weight (module docstring)
+            continue
         m = modules[p]
         if not isinstance(m, (nn.Linear, QLoraLinear)):
             kind = f"a float {type(m).__name__} with LoRA adapters" if isinstance(m, LoraLayer) else \
@@ -67,7 +83,7 @@ def apply_qlora(model: nn.Module, config: LoraConfig, quant: str = "nf4", double
             raise DTypeError(f"{op}: target {p!r} is {kind}; QLoRA quantizes nn.Linear layers only")
     # quantize every float target first; _inject then wraps the Linear4bit layers in QLoraLinear
     quantized = {p: Linear4bit.from_linear(modules[p], quant, blocksize, double_quant, compute_dtype)
-                 for p in paths if isinstance(modules[p], nn.Linear)}
+                 for p in paths if p not in virtual and isinstance(modules[p], nn.Linear)}
     for p, q in quantized.items():
         _set_child(model, p, q)
     try:

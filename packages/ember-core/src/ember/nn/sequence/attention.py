@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ...autograd import no_grad
@@ -34,7 +35,15 @@ class MultiheadAttention(Module):
     Inputs are (L, N, E) (or (N, L, E) with batch_first, or unbatched (L, E)); returns ``(attn_output,
     attn_weights)`` with weights averaged over heads unless ``average_attn_weights=False`` (None when
     ``need_weights=False``). Masks: bool True means "do not attend"; float masks are added to the scores.
+
+    ``projection_hook``: None, or ``hook(name, x, y) -> Tensor`` called on each projection's output, ``name`` one
+    of ``"q"``, ``"k"``, ``"v"``, ``"out"``, ``x`` the projection's 2-D input rows and ``y`` its output rows (bias
+    included); what it returns replaces ``y``. Adapters (LoRA) add their low-rank terms through it: the packed
+    ``in_proj_weight`` is one GEMM, so there is no per-projection layer to wrap.
     """
+
+    #: see the class docstring; an instance attribute when set
+    projection_hook: Callable[[str, Tensor, Tensor], Tensor] | None = None
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
@@ -197,7 +206,10 @@ class MultiheadAttention(Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, sdpa_causal)
         # (N, h, L, hd) -> rows of the input's layout -> out_proj as one GEMM
         out = out.permute(0, 2, 1, 3) if bf else out.permute(2, 0, 1, 3)
-        out = F.linear(out.reshape(tgt_len * bsz, e), self.out_proj.weight, self.out_proj.bias)
+        rows = out.reshape(tgt_len * bsz, e)
+        out = F.linear(rows, self.out_proj.weight, self.out_proj.bias)
+        if self.projection_hook is not None:
+            out = self.projection_hook("out", rows, out)
         out = out.reshape(bsz, tgt_len, e) if bf else out.reshape(tgt_len, bsz, e)
         if not batched:
             out = out.squeeze(1)
@@ -216,8 +228,12 @@ class MultiheadAttention(Module):
         """q, k, v of the 3-D inputs, each projection one 2-D GEMM over the input's rows (a batched 3-D matmul
         over a transposed input is several times slower on CPU backends)."""
         lead_q, lead_k, lead_v = query.shape[:2], key.shape[:2], value.shape[:2]
-        q, k, v = self._project(query.reshape(-1, query.shape[-1]), key.reshape(-1, key.shape[-1]),
-                                value.reshape(-1, value.shape[-1]), self_attn, kv_same)
+        rows_q, rows_k = query.reshape(-1, query.shape[-1]), key.reshape(-1, key.shape[-1])
+        rows_v = value.reshape(-1, value.shape[-1])
+        q, k, v = self._project(rows_q, rows_k, rows_v, self_attn, kv_same)
+        hook = self.projection_hook
+        if hook is not None:
+            q, k, v = hook("q", rows_q, q), hook("k", rows_k, k), hook("v", rows_v, v)
         e = self.embed_dim
         return q.reshape(*lead_q, e), k.reshape(*lead_k, e), v.reshape(*lead_v, e)
 
