@@ -137,6 +137,42 @@ def test_stft_istft_gradients_match_torch(dev_name: str) -> None:
     close(x.grad, xt.grad, 2e-4)
 
 
+@pytest.mark.parametrize("kernel", ["flex-kernel", "composition"])
+@pytest.mark.parametrize("complex_input", [False, True], ids=["real", "complex"])
+def test_stft_window_and_input_gradients_match_torch(kernel: str, complex_input: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The framing op (signal.frames: unfold times the window in one pass) differentiates in the input and the
+    window, through flex's kernel and through the default composition (unfold * window) alike."""
+    need_complex_autodiff()
+    import ember_signal._ops as ops
+    from ember.extension import _clear_resolution
+
+    if kernel == "composition":
+        monkeypatch.delitem(ops.frames.kernels, "flex")
+        _clear_resolution()
+    try:
+        rng = np.random.default_rng(3)
+        arr = rng.standard_normal((2, 300))
+        if complex_input:
+            arr = arr + 1j * rng.standard_normal((2, 300))
+        win = rng.random(48) + 0.5
+        dev = device("flex+autodiff")
+        x = ember.tensor(arr, device=dev, requires_grad=True)
+        w = ember.tensor(win, device=dev, requires_grad=True)
+        spec = ember.stft(x, 64, hop_length=20, win_length=48, window=w, return_complex=True)
+        (spec.abs() ** 2).mean().backward()
+        xt = torch.from_numpy(arr).requires_grad_()
+        wt = torch.from_numpy(win).requires_grad_()
+        st = torch.stft(xt, 64, hop_length=20, win_length=48, window=wt, return_complex=True)
+        (st.abs() ** 2).mean().backward()
+        close(spec.detach(), st, 1e-9)
+        close(x.grad, xt.grad, 1e-9)
+        close(w.grad, wt.grad, 1e-9)
+    finally:
+        monkeypatch.undo()
+        _clear_resolution()
+
+
 # -- windows -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["hann", "hamming", "blackman", "bartlett", "kaiser"])
 def test_windows_match_torch(name: str) -> None:

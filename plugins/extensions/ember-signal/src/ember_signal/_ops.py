@@ -131,11 +131,22 @@ def _(ctx: Any, g: ember.Tensor) -> tuple[ember.Tensor]:
 
 @r2c.vjp
 def _(ctx: Any, g: ember.Tensor) -> tuple[ember.Tensor]:
+    # torch's fft_r2c_backward is real(ifftn(g zero-padded to the full spectrum)). The same in half the work: with
+    # Z = [g, 0, ...], real(ifft(Z)) = ifft(Z + conj(Z mirrored)) / 2, and Z + conj(Z mirrored) is the Hermitian
+    # spectrum whose half is g with its DC (and, for even n, Nyquist) bin doubled in real part -- so the gradient is
+    # irfftn of g scaled by 1/2 except at those bins (c2r reads only their real part). Over several dims the other
+    # dims are full complex transforms, which the mirror argument leaves unchanged.
     (x,) = ctx.inputs
     k = ctx.kwargs
     dims, s = k["dims"], k["s"]
-    full = resize(g, dims[-1:], s[-1:])  # the bins rfft left out get no gradient: zeros
-    gx = ember.real(c2c(full, s=s, dims=dims, norm=DUAL_NORM[k["norm"]], forward=False))
+    n, half = s[-1], g.shape[dims[-1]]
+    w = np.full(half, 0.5, dtype=g.dtype.to_real.numpy)
+    w[0] = 1
+    if n % 2 == 0:
+        w[-1] = 1
+    shape = [1] * g.ndim
+    shape[dims[-1]] = half
+    gx = c2r(g * ember.tensor(w.reshape(shape), device=g.device), s=s, dims=dims, norm=DUAL_NORM[k["norm"]])
     return (resize(gx, dims, tuple(x.shape[d] for d in dims)),)
 
 
@@ -155,6 +166,65 @@ def _(ctx: Any, g: ember.Tensor) -> tuple[ember.Tensor]:
         gx = gx * ember.tensor(w.reshape(shape), device=gx.device)
     gx = resize(gx, dims, tuple(x.shape[d] for d in dims))
     return (gx if x.dtype.is_complex else ember.real(gx),)
+
+
+# -- framing for stft: the frames of a signal times the window, in one pass -------------------------------------------
+def _frames_spec(x: TensorSpec, window: TensorSpec, *, n_fft: int, hop: int) -> TensorSpec:
+    count = (x.shape[-1] - n_fft) // hop + 1
+    return TensorSpec((*x.shape[:-1], count, n_fft), dt.promote_types(x.dtype, window.dtype))
+
+
+@backend_extension("signal.frames", output=_frames_spec, publish=False)
+def frames(x: ember.Tensor, window: ember.Tensor, *, n_fft: int, hop: int) -> ember.Tensor:
+    """The windowed frames of x (..., L): (..., T, n_fft) with frame t = x[..., t*hop : t*hop + n_fft] * window.
+
+    The composition (any backend) is ``x.unfold(-1, n_fft, hop) * window``; ember-flex's kernel writes the product
+    straight from a strided view of x, without materialising the unfolded copy first.
+    """
+    return x.unfold(-1, n_fft, hop) * window
+
+
+@frames.vjp
+def _(ctx: Any, g: ember.Tensor) -> tuple[ember.Tensor, ember.Tensor]:
+    # y[t, j] = x[t*hop + j] w[j]: gx is the overlap-add of g * conj(w) (the frames' adjoint), gw the sum over the
+    # frames of g * conj(frame) (real for a real window)
+    x, window = ctx.inputs
+    k = ctx.kwargs
+    n_fft, hop = k["n_fft"], k["hop"]
+    wc = window.conj() if window.dtype.is_complex else window
+    lead = tuple(g.shape[:-2])
+    gf = (g * wc).reshape(-1, g.shape[-2], n_fft)
+    gx = overlap_add(gf, hop)
+    length = x.shape[-1]
+    if gx.shape[-1] < length:  # samples after the last frame get no gradient
+        gx = ember.cat([gx, ember.zeros((gx.shape[0], length - gx.shape[-1]), dtype=gx.dtype, device=gx.device)],
+                       dim=-1)
+    gx = gx.reshape(*lead, length)
+    if not x.dtype.is_complex and gx.dtype.is_complex:
+        gx = ember.real(gx)
+    xs = x.unfold(-1, n_fft, hop)
+    gw = (g * (xs.conj() if xs.dtype.is_complex else xs)).reshape(-1, n_fft).sum(0)
+    if not window.dtype.is_complex and gw.dtype.is_complex:
+        gw = ember.real(gw)
+    return gx.to(x.dtype), gw.to(window.dtype)
+
+
+def overlap_add(frames: ember.Tensor, hop: int) -> ember.Tensor:
+    """Sum frames (B, T, n) placed hop apart: (B, n + hop * (T - 1)). Written as r = ceil(n / hop) shifted slices
+    of hop columns each, zero-padded along the frame axis and summed (plain ops: any device, differentiable)."""
+    import ember.nn.functional as F
+
+    b, t, n = frames.shape
+    r = -(-n // hop)
+    if r * hop != n:
+        frames = F.pad(frames, (0, r * hop - n))
+    parts = frames.reshape(b, t, r, hop)
+    total = None
+    for i in range(r):
+        shifted = F.pad(parts[:, :, i, :], (0, 0, i, r - 1 - i))  # rows i .. i + t - 1 of t + r - 1
+        total = shifted if total is None else total + shifted
+    assert total is not None
+    return total.reshape(b, (t + r - 1) * hop)[:, : n + hop * (t - 1)]
 
 
 def check_dtype(x: ember.Tensor, op: str) -> ember.Tensor:

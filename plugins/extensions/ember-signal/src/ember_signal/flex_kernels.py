@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._ops import c2c, c2r, host_c2c, host_c2r, host_r2c, r2c
+from ._ops import c2c, c2r, frames, host_c2c, host_c2r, host_r2c, r2c
 
 
 def _c2c(backend: Any, h: np.ndarray, *, s: tuple[int, ...], dims: tuple[int, ...], norm: str,
@@ -26,8 +26,15 @@ def _c2r(backend: Any, h: np.ndarray, *, s: tuple[int, ...], dims: tuple[int, ..
     return host_c2r(h, s, dims, norm)
 
 
+def _frames(backend: Any, h: np.ndarray, w: np.ndarray, *, n_fft: int, hop: int) -> np.ndarray:
+    # a strided view of the frames (no copy), multiplied by the window into one new contiguous array
+    view = np.lib.stride_tricks.sliding_window_view(h, n_fft, axis=-1)[..., ::hop, :]
+    return np.multiply(view, w, dtype=np.result_type(h, w))
+
+
 def register() -> None:
-    """Register the flex kernels of signal.c2c, signal.r2c and signal.c2r."""
+    """Register the flex kernels of signal.c2c, signal.r2c, signal.c2r and signal.frames."""
     c2c.kernel("flex")(_c2c)
     r2c.kernel("flex")(_r2c)
     c2r.kernel("flex")(_c2r)
+    frames.kernel("flex")(_frames)

@@ -1,7 +1,8 @@
 """``ember.stft`` and ``ember.istft``: PyTorch's short-time Fourier transform and its inverse.
 
 Both are written in ember ops around the FFT extension ops of :mod:`ember_signal._ops`, so they run (and are
-differentiated) on every device that stores complex numbers: framing is ``Tensor.unfold``, the window a product,
+differentiated) on every device that stores complex numbers: framing and windowing are one op (``signal.frames``:
+``Tensor.unfold`` times the window, one strided pass on flex),
 the inverse's overlap-add a sum of zero-padded frame slices. Defaults are torch's: ``hop_length = n_fft // 4``,
 ``win_length = n_fft``, a rectangular window, ``center=True`` with reflect padding of ``n_fft // 2`` each side,
 one-sided output for real input, ``normalized`` scaling by ``n_fft ** -0.5``.
@@ -24,7 +25,7 @@ import ember.nn.functional as F
 from ember.errors import DTypeError, ShapeError, ValueRangeError
 
 from . import fft as _fft  # noqa: F401 - registers the transforms' ops and flex kernels
-from ._ops import c2c, c2r, check_dtype, r2c
+from ._ops import c2c, c2r, check_dtype, frames, overlap_add, r2c
 
 __all__ = ["stft", "istft"]
 
@@ -101,39 +102,22 @@ def stft(input: ember.Tensor, n_fft: int, hop_length: int | None = None, win_len
     if not 0 < n_fft <= length:
         raise ValueRangeError(f"{op}: expected 0 < n_fft <= {length} (the padded input length), but got "
                               f"n_fft={n_fft}")
-    frames = x.unfold(-1, n_fft, hop)  # (B, n_frames, n_fft)
     w = _window(window, n_fft, win, x, op)
-    if w is not None:
-        frames = frames * w
+    # (B, n_frames, n_fft): the windowed frames in one op (one pass on flex), then one batched FFT over all frames
+    framed = x.unfold(-1, n_fft, hop) if w is None else frames(x, w, n_fft=n_fft, hop=hop)
     if onesided is None:
-        onesided = not frames.dtype.is_complex
-    if onesided and frames.dtype.is_complex:
+        onesided = not framed.dtype.is_complex
+    if onesided and framed.dtype.is_complex:
         raise ValueRangeError(f"{op}: cannot have onesided output if window or input is complex")
     norm = "ortho" if normalized else "backward"
     if onesided:
-        spec = r2c(frames, s=(n_fft,), dims=(2,), norm=norm)
+        spec = r2c(framed, s=(n_fft,), dims=(2,), norm=norm)
     else:
-        spec = c2c(frames, s=(n_fft,), dims=(2,), norm=norm, forward=True)
+        spec = c2c(framed, s=(n_fft,), dims=(2,), norm=norm, forward=True)
     spec = spec.transpose(1, 2)
     if not batched:
         spec = spec.squeeze(0)
     return spec if return_complex else ember.view_as_real(spec)
-
-
-def _overlap_add(frames: ember.Tensor, hop: int) -> ember.Tensor:
-    """Sum frames (B, T, n) placed hop apart: (B, n + hop * (T - 1)). Written as r = ceil(n / hop) shifted slices
-    of hop columns each, zero-padded along the frame axis and summed (plain ops: any device, differentiable)."""
-    b, t, n = frames.shape
-    r = -(-n // hop)
-    if r * hop != n:
-        frames = F.pad(frames, (0, r * hop - n))
-    parts = frames.reshape(b, t, r, hop)
-    total = None
-    for i in range(r):
-        shifted = F.pad(parts[:, :, i, :], (0, 0, i, r - 1 - i))  # rows i .. i + t - 1 of t + r - 1
-        total = shifted if total is None else total + shifted
-    assert total is not None
-    return total.reshape(b, (t + r - 1) * hop)[:, : n + hop * (t - 1)]
 
 
 def istft(input: ember.Tensor, n_fft: int, hop_length: int | None = None, win_length: int | None = None,
@@ -176,8 +160,8 @@ def istft(input: ember.Tensor, n_fft: int, hop_length: int | None = None, win_le
     if w is None:
         w = ember.ones(n_fft, dtype=frames.dtype.to_real, device=frames.device)
     frames = frames * w
-    y = _overlap_add(frames, hop)
-    envelope = _overlap_add((w * w).reshape(1, 1, n_fft).expand(1, n_frames, n_fft), hop)
+    y = overlap_add(frames, hop)
+    envelope = overlap_add((w * w).reshape(1, 1, n_fft).expand(1, n_frames, n_fft), hop)
     expected = n_fft + hop * (n_frames - 1)
     start = n_fft // 2 if center else 0
     if length is not None:
