@@ -137,7 +137,9 @@ __device__ __forceinline__ long min(long a, long b) { return a < b ? a : b; }
 __device__ __forceinline__ long max(long a, long b) { return a > b ? a : b; }
 __device__ __forceinline__ ulong min(ulong a, ulong b) { return a < b ? a : b; }
 __device__ __forceinline__ ulong max(ulong a, ulong b) { return a > b ? a : b; }
+#ifndef __HIP__  /* clang's HIP cmath (which hiprtc includes too) already defines abs(long) */
 __device__ __forceinline__ long abs(long a) { return a < 0 ? -a : a; }
+#endif
 __device__ __forceinline__ short abs(short a) { return (short)(a < 0 ? -a : a); }
 __device__ __forceinline__ char abs(char a) { return (char)(a < 0 ? -a : a); }
 __device__ __forceinline__ uint convert_uint(float x) { return (uint)x; }
