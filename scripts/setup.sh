@@ -78,6 +78,18 @@ rm -rf "$STAMP_DIR"  # an interrupted install must not leave a stamp that claims
 
 # First-party packages, editable, with their runtime dependencies: what the demo and any user program need.
 # Core's `test` extra adds pytest, xdist, hypothesis and torch==2.13.0 (the tests' oracle; a local wheel).
+# apt_install WHAT PACKAGE...: install system packages (root and apt-get only; else say what will be skipped).
+apt_install() {
+    local what="$1"; shift
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+        echo "setup: installing $what: $*"
+        [[ -n "${APT_UPDATED:-}" ]] || { apt-get update -qq; APT_UPDATED=1; }
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    else
+        echo "setup: $what is missing and cannot be installed (not root or no apt-get); the tests that need it skip"
+    fi
+}
+
 if [[ "$LEVEL" == test ]]; then CORE="packages/ember-core[test]"; else CORE="packages/ember-core"; fi
 RUNTIME=(
     -e "$CORE"
@@ -112,27 +124,19 @@ TESTING=(
 )
 
 if [[ "$LEVEL" == test ]]; then
-    # An OpenCL platform for ember-opencl's tests and kit run: when the machine has none (no ICD registered),
-    # install PoCL, the portable CPU OpenCL runtime, from the system's Debian packages (needs root; else skipped).
+    # System packages the test suite runs on, installed from the system's Debian packages when missing (as root;
+    # else the tests that need them skip and say why):
+    # - PoCL, the portable CPU OpenCL runtime, when no OpenCL ICD is registered (ember-opencl's tests and kit);
+    # - Mesa's lavapipe, a CPU Vulkan driver, when no Vulkan ICD is registered (ember-wgpu's tests and kit);
+    # - clang, which compiles the HIP kernel texts of ember-rocm where hiprtc is absent (`ember kernels check`).
     if [[ ! -d /etc/OpenCL/vendors || -z "$(ls -A /etc/OpenCL/vendors 2>/dev/null)" ]]; then
-        if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-            echo "setup: no OpenCL platform found; installing PoCL (pocl-opencl-icd)"
-            apt-get update -qq
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocl-opencl-icd ocl-icd-libopencl1 >/dev/null
-        else
-            echo "setup: no OpenCL platform found and cannot install PoCL (not root or no apt-get); OpenCL tests skip"
-        fi
+        apt_install "an OpenCL platform (PoCL)" pocl-opencl-icd ocl-icd-libopencl1
     fi
-    # A Vulkan driver for ember-wgpu's tests and kit run: Mesa's lavapipe (a CPU Vulkan implementation) when the
-    # machine has no Vulkan ICD registered (as root, from the system's Debian packages; else those tests skip).
     if [[ -z "$(ls -A /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>/dev/null)" ]]; then
-        if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-            echo "setup: no Vulkan driver found; installing Mesa lavapipe (mesa-vulkan-drivers)"
-            apt-get update -qq
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
-        else
-            echo "setup: no Vulkan driver found and cannot install lavapipe (not root or no apt-get); wgpu tests skip"
-        fi
+        apt_install "a Vulkan driver (Mesa lavapipe)" mesa-vulkan-drivers libvulkan1
+    fi
+    if ! command -v clang >/dev/null; then
+        apt_install "clang (the HIP compile check)" clang
     fi
     echo "setup (test): installing the packages, test extras and dev tools"
     pip_install "${RUNTIME[@]}" "${TESTING[@]}"
