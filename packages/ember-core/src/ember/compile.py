@@ -63,7 +63,7 @@ from .ir import OpRecord, Ref
 from .tensor import Tensor
 
 __all__ = ["RECOMPILE_LIMIT", "Bound", "CompileError", "CompiledFunction", "binding_read", "compile",
-           "is_recording", "scalar"]
+           "is_recording", "replay_enabled", "scalar", "scalar_tensor"]
 
 log = logging.getLogger("ember.compile")
 
@@ -85,10 +85,13 @@ class Bound(float):
     It behaves as the float it holds everywhere else (arithmetic on it gives plain floats)."""
 
     source: Callable[[], float]
+    #: the :func:`scalar` calls this value derives from (a recording checks each reached a kernel as a binding)
+    roots: frozenset[int]
 
-    def __new__(cls, value: float, source: Callable[[], float]) -> Bound:
+    def __new__(cls, value: float, source: Callable[[], float], roots: frozenset[int] = frozenset()) -> Bound:
         b = super().__new__(cls, value)
         b.source = source
+        b.roots = roots
         return b
 
     def __reduce__(self) -> Any:
@@ -113,7 +116,8 @@ def _bound_op(name: str, reflected: bool) -> Callable[[Bound, Any], Any]:
         if value is NotImplemented or not isinstance(value, float):
             return value
         s, o = self.source, _source_of(other)
-        return Bound(value, lambda: fop(float(s()), o()))
+        roots = self.roots | other.roots if type(other) is Bound else self.roots
+        return Bound(value, lambda: fop(float(s()), o()), roots)
 
     op.__name__ = name
     return op
@@ -122,7 +126,7 @@ def _bound_op(name: str, reflected: bool) -> Callable[[Bound, Any], Any]:
 for _op in ("add", "sub", "mul", "truediv", "pow"):
     setattr(Bound, f"__{_op}__", _bound_op(f"__{_op}__", False))
     setattr(Bound, f"__r{_op}__", _bound_op(f"__r{_op}__", True))
-Bound.__neg__ = lambda self: Bound(-float(self), lambda s=self.source: -float(s()))  # type: ignore[method-assign]
+Bound.__neg__ = lambda self: Bound(-float(self), lambda s=self.source: -float(s()), self.roots)  # type: ignore
 Bound.__pos__ = lambda self: self  # type: ignore[method-assign]
 del _op
 
@@ -140,9 +144,23 @@ def scalar(value: float, source: Callable[[], float]) -> float:
 
     ``source`` must compute, from state that exists before the step runs, the value the step would pass: the
     replay evaluates every source first, then runs the kernels. Outside a recording this is ``value`` itself."""
-    if getattr(_local, "trace", None) is None:
+    t = getattr(_local, "trace", None)
+    if t is None:
         return value
-    return Bound(float(value), source)
+    t.roots += 1
+    return Bound(float(value), source, frozenset((t.roots,)))
+
+
+def scalar_tensor(value: float, like: Tensor) -> Any:
+    """``value`` as a kernel operand with ``like``: while recording and when ``value`` is a :class:`Bound`, a 0-d
+    tensor of like's dtype and device filled with it (refilled on every replay), else ``value`` itself.
+
+    For code whose scalar operands go through ops that take Python numbers (which keep no binding): an elementwise
+    op with a 0-d tensor of the operand's dtype computes what the op with the Python float computes."""
+    if type(value) is not Bound or getattr(_local, "trace", None) is None:
+        return value
+    dev = like._device
+    return Tensor._make(dev.stack.full((), value, like._dtype), like._dtype, dev)
 
 
 @contextmanager
@@ -185,6 +203,7 @@ class _Trace:
         self.inputs: set[int] = set()
         self.pure: set[int] = set()  # the inputs and values computed from nothing else (the step's own reads' scope)
         self.input_reads = 0
+        self.roots = 0  # scalar() calls so far (each binding's root id)
         self.allow_read = 0
         self.broken: str | None = None
 
@@ -782,6 +801,15 @@ def _schedule(trace: _Trace, in_slots: dict[int, int], state: _State, pre: list[
         st.single = len(r.outputs) == 1 and i not in trace.tuple_out
         st.free = tuple(v for v in set(r.inputs) if last.get(v) == i and v not in keep and v in trace.produced)
         steps.append(st)
+    used: set[int] = set()
+    for b in bound:
+        used |= b.roots
+    lost = set(range(1, trace.roots + 1)) - used
+    if lost:
+        # a binding became a plain number on its way to a kernel (an op converted it): the graph would fix a value
+        # the step recomputes every call
+        raise _Break(f"{len(lost)} scalar binding(s) (a learning rate, a step count) reached kernels as fixed "
+                     "numbers")
     inputs = [(slot, i) for slot, i in in_slots.items()]
     input_vids = set(in_slots)
     rebind_in: list[tuple[int, int]] = []

@@ -10,6 +10,12 @@ Reproducibility: at the start of epoch ``e`` (0-based) the device's random strea
 and the loader's ``set_epoch(e)`` fixes its data order, so the run is a pure function of (seed, epoch). A run
 resumed from the checkpoint of epoch ``e`` therefore reproduces the uninterrupted run bit for bit.
 
+Whole-step replay: with ``compile=True`` (the default) each training step -- forward, loss, backward, gradient
+clipping, optimizer update and ``zero_grad`` -- runs through :func:`ember.compile`: the first steps run eagerly
+while recording, later steps with the same batch shape replay the recorded kernels (bit for bit as eager on flex).
+A step that cannot be replayed (a graph break, a distributed strategy) runs eagerly and the Learner says why once;
+``compile=False`` or ``EMBER_REPLAY=0`` in the environment turns replay off.
+
 Mixed precision: ember core has no autocast yet, so ``mixed_precision=True`` raises ``UnsupportedError`` at
 construction on every device (on flex float16/bfloat16 are emulated through numpy and would only be slower). When
 core grows ``ember.autocast(device, dtype)`` the forward runs under it on devices that support the half dtype.
@@ -225,7 +231,7 @@ class Learner:
                  keep_last: int | None = 2, best_metric: str = "valid_accuracy", best_mode: str = "max",
                  early_stopping_patience: int | None = None, dashboard: str | Dashboard = "auto", seed: int = 0,
                  log_every: int | None = None, callbacks: Sequence[Callback] = (), console: Any = None,
-                 strategy: str | Strategy | None = None) -> None:
+                 strategy: str | Strategy | None = None, compile: bool = True) -> None:
         if not callable(loss_fn):
             raise DTypeError(f"Learner: loss_fn must be callable, got {type(loss_fn).__name__}")
         if scheduler_interval not in ("step", "epoch"):
@@ -233,6 +239,8 @@ class Learner:
         for name, v, low in (("grad_accum_steps", grad_accum_steps, 1), ("seed", seed, 0)):
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ValueRangeError(f"Learner: {name} must be an int >= {low}, got {v!r}")
+        if not isinstance(compile, bool):
+            raise DTypeError(f"Learner: compile must be a bool, got {type(compile).__name__}")
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
             raise ValueRangeError(f"Learner: keep_last must be a positive int or None, got {keep_last!r}")
         if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0):
@@ -275,6 +283,9 @@ class Learner:
         self.dashboard = make_dashboard(dashboard if self.strategy.is_main else "none", log_every=log_every,
                                         console=console)
         self._train_module = self.strategy.setup(self)
+        self.compile = compile
+        self._compiled_step, self._compiled_micro = self._make_steps()
+        self._compile_reported = False
         self.global_step = 0
         self.history = History(self.best_metric, best_mode)
         self.run_id: str | None = None  # set by fit: new for a fresh run, the checkpoint's for a resumed one
@@ -514,6 +525,58 @@ class Learner:
         fig.savefig(path, dpi=100)
         return path
 
+    # -- the training step ------------------------------------------------------------------------------------
+    def _make_steps(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """The step functions the loop calls: ``step(x, y)`` (forward, backward, clipping, update, zero_grad;
+        returns the detached loss, output and gradient norm) and ``micro(x, y, weight)`` (forward and the weighted
+        backward of one micro-batch of an accumulated step), each through :func:`ember.compile` when replay is on
+        and the strategy runs in one process (a data-parallel step talks to other processes)."""
+        module, loss_fn, optimizer, clip = self._train_module, self.loss_fn, self.optimizer, self.clip_grad_norm
+        autocast = self._autocast
+
+        def micro(x: Any, y: Any, weight: float) -> tuple[Tensor, Any]:
+            with autocast():
+                out = module(x)
+                loss = loss_fn(out, y)
+            # weight by the micro-batch's share so the summed gradient is the big batch's mean-loss gradient
+            (loss if weight == 1.0 else loss * weight).backward()
+            return loss.detach(), _detached(out)
+
+        def step(x: Any, y: Any) -> tuple[Tensor, Any, Tensor | None]:
+            loss, out = micro(x, y, 1.0)
+            norm = None
+            if clip is not None:
+                params = [p for p in module.parameters() if p.grad is not None]
+                norm = ember.nn.utils.clip_grad_norm_(params, clip)
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss, out, norm
+
+        if not self.compile or self.strategy.name != "single":
+            if self.compile and self.strategy.is_main:
+                self.dashboard.message(f"compile: the {self.strategy.name!r} strategy's steps run eagerly (they "
+                                       "communicate with other processes)")
+            return step, micro
+        return ember.compile(step), ember.compile(micro)
+
+    def compile_stats(self) -> dict[str, Any] | None:
+        """What whole-step replay did so far (:meth:`ember.compile.CompiledFunction.stats` of the step, and of the
+        micro-batch step under gradient accumulation), or None with ``compile=False``."""
+        stats = getattr(self._compiled_step, "stats", None)
+        if stats is None:
+            return None
+        return stats() if self.grad_accum_steps == 1 else self._compiled_micro.stats()
+
+    def _report_compile(self) -> None:
+        """Say once why the steps run eagerly, if they do."""
+        stats = self.compile_stats()
+        if self._compile_reported or stats is None or stats["replays"] or stats["reason"] is None:
+            return
+        self._compile_reported = True
+        if self.strategy.is_main:
+            self.dashboard.message(f"compile: training steps run eagerly: {stats['reason']} (compile=False or "
+                                   "EMBER_REPLAY=0 turns replay off)")
+
     # -- loops -------------------------------------------------------------------------------------------------
     def _scheduler_step(self) -> None:
         if self.scheduler is not None:
@@ -526,10 +589,13 @@ class Learner:
             norm = float(ember.nn.utils.clip_grad_norm_(params, self.clip_grad_norm).item())
         self.optimizer.step()
         self.optimizer.zero_grad()
+        self._after_update()
+        return norm
+
+    def _after_update(self) -> None:
         self.global_step += 1
         if self.scheduler_interval == "step":
             self._scheduler_step()
-        return norm
 
     def _train_epoch(self, epoch: int, acc: EpochMetrics, meter: Throughput) -> list[float]:
         self.model.train()
@@ -550,17 +616,24 @@ class Learner:
             if not group:
                 break
             total = sum(_batch_size(y) for _, y in group)
-            for x, y in group:
+            if self.grad_accum_steps == 1:  # one compiled step: forward, backward, clipping, update, zero_grad
+                x, y = group[0]
+                loss, out, norm_t = self._compiled_step(x, y)
                 n = _batch_size(y)
-                with self._autocast():
-                    out = self._train_module(x)
-                    loss = self.loss_fn(out, y)
-                # weight by the micro-batch's share so the summed gradient is the big batch's mean-loss gradient
-                (loss * (n / total)).backward()
                 acc.update(float(loss.item()), n, _host(out) if acc.needs_outputs else None,
                            _host(y) if acc.needs_outputs else None)
                 meter.update(n)
-            norm = self._optimizer_step()
+                norm = None if norm_t is None else float(norm_t.item())
+                self._after_update()
+            else:
+                for x, y in group:
+                    n = _batch_size(y)
+                    loss, out = self._compiled_micro(x, y, n / total)
+                    acc.update(float(loss.item()), n, _host(out) if acc.needs_outputs else None,
+                               _host(y) if acc.needs_outputs else None)
+                    meter.update(n)
+                norm = self._optimizer_step()
+            self._report_compile()
             if norm is not None:
                 norms.append(norm)
             steps += 1
@@ -683,6 +756,17 @@ class Learner:
                                    f"epochs (patience {patience})")
             return True
         return False
+
+
+def _detached(out: Any) -> Any:
+    """A model's output (a tensor, or a tuple/list/dict of them) without its autodiff graph."""
+    if isinstance(out, Tensor):
+        return out.detach()
+    if isinstance(out, (tuple, list)):
+        return type(out)(_detached(o) for o in out)
+    if isinstance(out, dict):
+        return {k: _detached(v) for k, v in out.items()}
+    return out
 
 
 def _is_count(v: Any) -> bool:

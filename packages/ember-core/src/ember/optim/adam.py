@@ -85,8 +85,39 @@ class Adam(Optimizer):
                 out = _tk.adam_step(p, g, targets[1], targets[2], mx, **kw)
                 for t, new in zip(targets, out):
                     write_result(t, new._h, "adam_step")
+            elif recording:  # the composition, with the step's bindings kept as 0-d tensors
+                _adam_capturable(p, g, targets[1], targets[2], mx, **kw)
             else:  # the op's composition: torch's single-tensor update in ember's in-place ops
                 _tk.adam_step.composition(p, g, targets[1], targets[2], mx, **kw)
+
+
+def _adam_capturable(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, max_exp_avg_sq: Tensor | None,
+                     *, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                     decoupled_weight_decay: bool, amsgrad: bool, maximize: bool, step: float) -> None:
+    """``ember.ops.train_kernels.adam_step``'s composition for a recorded step (torch's ``capturable=True``): the
+    scalars derived from the learning rate and the step count (ember.compile bindings) enter the ops as 0-d tensors
+    of the parameter's dtype, which compute what the Python floats compute, so a replay recomputes them."""
+    from ..ops.pointwise import maximum
+    from ..ops.train_kernels import adam_scalars
+    from .optimizer import addcdiv_, addcmul_, lerp_
+
+    g = -grad if maximize else grad
+    if weight_decay != 0:
+        if decoupled_weight_decay:
+            param.mul_(_compile.scalar_tensor(1 - lr * weight_decay, param))
+        else:
+            g = g + param * weight_decay
+    lerp_(exp_avg, g, 1 - beta1)
+    addcmul_(exp_avg_sq.mul_(beta2), g, g, 1 - beta2)
+    step_size, bc2_sqrt = adam_scalars(lr, beta1, beta2, step)
+    bc2 = _compile.scalar_tensor(bc2_sqrt, param)
+    if amsgrad:
+        assert max_exp_avg_sq is not None  # the state holds it with amsgrad
+        max_exp_avg_sq.copy_(maximum(max_exp_avg_sq, exp_avg_sq))
+        denom = (max_exp_avg_sq.sqrt() / bc2).add_(eps)
+    else:
+        denom = (exp_avg_sq.sqrt() / bc2).add_(eps)
+    addcdiv_(param, exp_avg, denom, -step_size)
 
 
 class AdamW(Adam):

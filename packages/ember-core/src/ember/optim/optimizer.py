@@ -427,13 +427,17 @@ def lerp_(a: Tensor, end: Tensor, weight: float) -> Tensor:
 
 
 def addcmul_(a: Tensor, t1: Tensor, t2: Tensor, value: float = 1.0) -> Tensor:
-    """a <- a + value * t1 * t2, in place."""
-    return a.add_((t1 * value).mul_(t2) if value != 1 else t1 * t2)
+    """a <- a + value * t1 * t2, in place (``value`` may be an ember.compile binding: it then stays one)."""
+    from .. import compile as _compile
+
+    return a.add_((t1 * _compile.scalar_tensor(value, t1)).mul_(t2) if value != 1 else t1 * t2)
 
 
 def addcdiv_(a: Tensor, t1: Tensor, t2: Tensor, value: float = 1.0) -> Tensor:
-    """a <- a + value * t1 / t2, in place."""
-    return a.add_((t1 * value).div_(t2) if value != 1 else t1 / t2)
+    """a <- a + value * t1 / t2, in place (``value`` may be an ember.compile binding: it then stays one)."""
+    from .. import compile as _compile
+
+    return a.add_((t1 * _compile.scalar_tensor(value, t1)).div_(t2) if value != 1 else t1 / t2)
 
 
 __all__ = ["Optimizer", "required"]

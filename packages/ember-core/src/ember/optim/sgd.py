@@ -51,4 +51,4 @@ class SGD(Optimizer):
                 else:
                     buf.mul_(momentum).add_(g if dampening == 0 else g * (1 - dampening))
                 g = g + buf * momentum if nesterov else buf
-            p.add_(g * -lr)
+            p.add_(g * _compile.scalar_tensor(-lr, p))  # -lr itself outside a recording
