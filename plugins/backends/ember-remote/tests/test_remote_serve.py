@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -207,12 +208,16 @@ def test_autodiff_over_remote_matches_torch(dev: Device) -> None:
     np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_seed_cnn_training_equals_local_and_replays(dev: Device) -> None:
-    """Three SGD steps of the seed CNN give the local losses (the server runs flex's own kernels for
-    cross-entropy, batch norm and GELU); from the third step on, a step registers no graph and sends about the
-    input batch plus a few hundred bytes."""
+def test_seed_cnn_training_equals_local_bit_for_bit_and_replays(dev: Device) -> None:
+    """Four SGD steps of the seed CNN give the local losses and parameters bit for bit: the server runs flex's own
+    kernels for cross-entropy, batch norm and GELU, and the autodiff stack here uses the server's convolution
+    gradient kernels (offered in the hello), as flex+autodiff does locally -- without them it differentiated the
+    convolution by its composition, whose sums round differently (about 1e-7 after the first step). From the third
+    step on, a step registers no graph and sends about the input batch plus a few hundred bytes."""
     models = pytest.importorskip("ember_train.models")
     counts = dev.stack.counts
+    assert callable(getattr(dev.stack, "conv_weight_grad", None)) and callable(dev.stack.conv_input_grad)
+    params: dict[str, list[np.ndarray]] = {}
 
     def train(d: Device) -> tuple[list[float], list[dict[str, int]]]:
         ember.manual_seed(0)
@@ -220,7 +225,7 @@ def test_seed_cnn_training_equals_local_and_replays(dev: Device) -> None:
         opt = ember.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
         rng = np.random.default_rng(0)
         losses, deltas = [], []
-        for _ in range(3):
+        for _ in range(4):
             before = dict(counts)
             x = ember.tensor(rng.standard_normal((4, 1, 28, 28)).astype(np.float32), device=d)
             y = ember.tensor(rng.integers(0, 10, 4), device=d)
@@ -230,14 +235,101 @@ def test_seed_cnn_training_equals_local_and_replays(dev: Device) -> None:
             opt.step()
             losses.append(loss.item())
             deltas.append({k: counts[k] - before[k] for k in counts})
+        params[str(d)] = [p.detach().numpy().copy() for p in m.parameters()]
         return losses, deltas
 
     remote_losses, deltas = train(dev.autodiff())
     local_losses, _ = train(FLEX.autodiff())
-    assert remote_losses[0] == local_losses[0]  # the first step bit for bit
-    np.testing.assert_allclose(remote_losses, local_losses, rtol=1e-6)  # later ones differ in the last bit (guide)
+    assert [np.float32(v).tobytes() for v in remote_losses] == [np.float32(v).tobytes() for v in local_losses]
+    remote_params, local_params = params[str(dev.autodiff())], params[str(FLEX.autodiff())]
+    assert all(np.array_equal(a, b) for a, b in zip(remote_params, local_params, strict=True))
     assert deltas[2]["graphs_registered"] == 0 and deltas[2]["graph_hits"] >= 1
     assert deltas[2]["bytes_sent"] < 4 * 784 * 4 + 4096
+
+
+def test_layout_checks_use_the_servers_strides(dev: Device) -> None:
+    """view() of a non-viewable layout and writes into a broadcast view are refused at the call, as on flex: the
+    client asks the server for a tensor's strides when core checks them (once per handle)."""
+    from ember.errors import ShapeError, UnsupportedError
+
+    for d in (dev, FLEX):
+        t = ember.arange(24.0, device=d).reshape(2, 3, 4).transpose(1, 2)
+        with pytest.raises(ShapeError, match="not compatible with input tensor's size"):
+            t.view(2, 12)
+        np.testing.assert_array_equal(t.view(2, 2, 2, 3).numpy(), np.arange(24.0).reshape(2, 3, 4)
+                                      .transpose(0, 2, 1).reshape(2, 2, 2, 3))
+        e = ember.zeros(3, device=d).expand(2, 3)
+        with pytest.raises(UnsupportedError, match="refers to a single memory location"):
+            e[0, 0] = 1.0
+        assert e.numpy().sum() == 0  # nothing was written (nor left pending to fail later)
+    x = ember.arange(6.0, device=dev).reshape(2, 3)
+    before = dev.memory_report()
+    assert x._h.strides == x._h.strides == (12, 4)  # float32 bytes, as flex's numpy arrays
+    after = dev.memory_report()
+    assert after["remote_strides_asked"] - before["remote_strides_asked"] == 1
+    assert after["remote_round_trips"] - before["remote_round_trips"] == 2  # the question and this report
+
+
+def test_several_devices_per_server_the_path_picks_one(pki: dict[str, Any]) -> None:
+    unfused = Device.parse("flex+fusion(False)")
+    r = Running(Server({"flex": FLEX, "flex+fusion(False)": unfused}, pki["token_text"], port=0,
+                       ssl_context=server_ssl_context(pki["cert"], pki["key"])))
+    try:
+        url = f"ember://127.0.0.1:{r.port}"
+        for path, served in (("/flex", FLEX), ("/flex+fusion(False)", unfused),
+                             ("/flex+fusion(enabled=False)", unfused), ("", FLEX)):
+            d = Device.remote(url + path, token=pki["token_text"], fingerprint=pki["fp"], timeout=30.0)
+            assert d.stack.served == str(served)
+            assert (ember.arange(4.0, device=d) * 2).tolist() == [0.0, 2.0, 4.0, 6.0]
+        with pytest.raises(DeviceError, match=r"does not serve 'toy'.*it serves \['flex', 'flex\+fusion"):
+            _ = Device.remote(url + "/toy", token=pki["token_text"], fingerprint=pki["fp"], timeout=30.0).stack
+        assert r.server.stats["refused"] == 1
+    finally:
+        r.stop()
+
+
+def test_compression_negotiated_and_measured(tls: Running, pki: dict[str, Any]) -> None:
+    """compress=True: the hello negotiates zlib, large compressible frames shrink (both ways), values are
+    unchanged; incompressible data travels as it is."""
+    a = np.tile(np.arange(256, dtype=np.float32), 1024)  # 1 MiB, compressible
+    noise = np.random.default_rng(0).standard_normal(1 << 16).astype(np.float32)  # 256 KiB, barely compressible
+    sent = {}
+    for compress in (False, True):
+        d = _remote(tls, pki, compress=compress, timeout=61.0 + compress)  # distinct options: distinct devices
+        assert d.stack._conn.compress == ("zlib" if compress else None)
+        before = d.memory_report()
+        x = ember.tensor(a, device=d)
+        np.testing.assert_array_equal((x + 0).numpy(), a)
+        n = ember.tensor(noise, device=d)
+        np.testing.assert_array_equal(n.numpy(), noise)
+        after = d.memory_report()
+        sent[compress] = {k: after[f"remote_{k}"] - before[f"remote_{k}"] for k in ("bytes_sent", "bytes_received")}
+    assert sent[False]["bytes_sent"] > a.nbytes + noise.nbytes
+    assert sent[True]["bytes_sent"] < a.nbytes // 10 + noise.nbytes + 4096
+    # downloads: bytes_received counts payloads as decoded, the frames' compression is below it
+    assert sent[True]["bytes_received"] == sent[False]["bytes_received"]
+
+
+def test_compressed_frames_are_bounded_and_only_after_negotiation() -> None:
+    from ember_remote.protocol import ProtocolError, unpack_frame
+
+    inner = msgpack.packb([VERSION, "batch", [["sync"]]], use_bin_type=True)
+
+    def z(payload: bytes) -> bytes:
+        return msgpack.packb([VERSION, "z", payload], use_bin_type=True)
+
+    assert unpack_frame(z(zlib.compress(inner)), 1 << 20, compressed=True) == ("batch", [["sync"]])
+    with pytest.raises(ProtocolError, match="no compression was negotiated"):
+        unpack_frame(z(zlib.compress(inner)), 1 << 20)
+    bomb = zlib.compress(b"\x00" * (64 << 20), 9)  # 64 MiB of zeros in ~64 kB
+    with pytest.raises(ProtocolError, match="inflates past the limit"):
+        unpack_frame(z(bomb), 1 << 20, compressed=True)
+    with pytest.raises(ProtocolError, match="truncated"):
+        unpack_frame(z(zlib.compress(inner)[:-3]), 1 << 20, compressed=True)
+    with pytest.raises(ProtocolError, match="undecodable compressed"):
+        unpack_frame(z(b"not zlib at all"), 1 << 20, compressed=True)
+    with pytest.raises(ProtocolError, match="inside a compressed frame"):
+        unpack_frame(z(zlib.compress(z(zlib.compress(inner)))), 1 << 20, compressed=True)
 
 
 def test_extension_ops_run_as_one_record_with_the_servers_kernel(dev: Device) -> None:
@@ -391,6 +483,9 @@ def _frame(obj: Any) -> bytes:
     return struct.pack(">I", len(data)) + data
 
 
+_BOMB = zlib.compress(b"\x00" * (8 << 20), 9)  # 8 MiB of zeros in 8 kB
+
+
 def _malformed_messages(rng: random.Random) -> Iterator[Any]:
     """Bodies of batch frames that decode but must be refused (messages of wrong shapes, types and ids)."""
     vals: list[Any] = [None, True, -1, 0, 2**63 - 1, -(2**63), 1.5, float("nan"), "x", b"\x00" * 3, [], {}, [[]],
@@ -462,7 +557,7 @@ def test_fuzzer_malformed_frames_server_stays_up(pki: dict[str, Any]) -> None:
         for i in range(rest):
             pre_auth = i % 2 == 0
             s = socket.create_connection(("127.0.0.1", r.port), timeout=10) if pre_auth else authed()
-            choice = i % 5
+            choice = i % 6
             if choice == 0:
                 payload = rng.randbytes(rng.randrange(1, 64))
             elif choice == 1:
@@ -472,8 +567,10 @@ def test_fuzzer_malformed_frames_server_stays_up(pki: dict[str, Any]) -> None:
                 payload = full[:rng.randrange(1, len(full) - 1)]
             elif choice == 3:
                 payload = _frame([VERSION + 1 + rng.randrange(5), "batch", []])
-            else:
+            elif choice == 4:
                 payload = _frame(rng.choice([[], {}, "x", [VERSION], [VERSION, 3, []], [VERSION, "hello"]]))
+            else:  # compressed frames, which no session of this server negotiated: garbage and a small bomb
+                payload = _frame([VERSION, "z", rng.choice([rng.randbytes(40), _BOMB])])
             s.sendall(payload)
             s.shutdown(socket.SHUT_WR)  # the peer goes away (mid-frame, for short and truncated payloads)
             _drain(s)
@@ -555,3 +652,23 @@ def test_serve_refuses_plaintext_on_a_public_host(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "ember_remote.server", "--insecure", "--host", "0.0.0.0",
                           "--token-file", str(tmp_path / "t")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "loopback only" in out.stderr
+
+
+def test_serve_command_several_devices_through_the_kit_helper(tmp_path: Path) -> None:
+    """`ember serve --device flex --device flex+fusion(False)` (started as the kit runner starts it: a free port, a
+    fresh token) serves both; the address's path picks one. A device given twice is refused."""
+    from ember_remote.kit import start_server, stop_server
+
+    proc, port, token = start_server(tmp_path, ["flex", "flex+fusion(False)"])
+    try:
+        for path, served in (("flex", "flex"), ("flex+fusion(False)", "flex+fusion(enabled=False)")):
+            d = Device.remote(f"ember://127.0.0.1:{port}/{path}", token=token, insecure=True, timeout=30.0)
+            assert d.stack.served == served
+            assert (ember.arange(3.0, device=d) + 1).tolist() == [1.0, 2.0, 3.0]
+    finally:
+        stop_server(proc)
+    assert proc.returncode == 0 and '"event": "stopped"' in (tmp_path / "serve.log").read_text()
+    out = subprocess.run([sys.executable, "-m", "ember_remote.server", "--insecure", "--token-file",
+                          str(tmp_path / "token"), "--device", "flex", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "given twice" in out.stderr

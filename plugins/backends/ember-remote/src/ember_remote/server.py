@@ -251,10 +251,12 @@ class Server:
         if device is None:
             self.stats["refused"] += 1
             served = [str(d) for d in self._all]
-            _event("refused", session=sid, peer=peer, reason="device not served", device=str(body.get("device"))[:80])
+            wanted = body.get("device")
+            name = wanted[0] if type(wanted) is list and wanted else wanted
+            _event("refused", session=sid, peer=peer, reason="device not served", device=str(name)[:80])
             with contextlib.suppress(Exception):
                 writer.write(pack_frame("err", ["DeviceNotServed", f"remote: the server does not serve "
-                                                f"{body.get('device')!r:.80}; it serves {served}", -1]))
+                                                f"{name!r:.80}; it serves {served}", -1]))
                 await writer.drain()
             return None
         wanted = body.get("compress")
