@@ -261,6 +261,71 @@ class WGPUBackend(Backend):
             return super().softmax(h, dim, log)
         return k.softmax(h, dim, log)
 
+    # -- convolution and pooling: im2col + the tuned matmul, gather col2im, direct pooling kernels ---------------------
+    def conv(self, x: WArray, w: WArray, b: WArray | None, stride: tuple[int, ...],
+             padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> WArray:
+        from . import conv
+
+        return conv.conv(self, x, w, b, tuple(stride), tuple(padding), tuple(dilation), groups)
+
+    def conv_transpose(self, x: WArray, w: WArray, b: WArray | None, stride: tuple[int, ...],
+                       padding: tuple[int, ...], output_padding: tuple[int, ...], dilation: tuple[int, ...],
+                       groups: int) -> WArray:
+        from . import conv
+
+        return conv.conv_transpose(self, x, w, b, tuple(stride), tuple(padding), tuple(output_padding),
+                                   tuple(dilation), groups)
+
+    def conv_input_grad(self, grad_y: WArray, w: WArray, x_shape: tuple[int, ...], stride: tuple[int, ...],
+                        padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> WArray:
+        """Gradient of ``conv`` with respect to its input of shape ``x_shape`` (the autodiff decorator uses it)."""
+        from . import conv
+
+        return conv.conv_input_grad(self, grad_y, w, tuple(x_shape), tuple(stride), tuple(padding),
+                                    tuple(dilation), groups)
+
+    def conv_weight_grad(self, x: WArray, grad_y: WArray, w_shape: tuple[int, ...], stride: tuple[int, ...],
+                         padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> WArray:
+        """Gradient of ``conv`` with respect to its weight of shape ``w_shape`` (the autodiff decorator uses it)."""
+        from . import conv
+
+        return conv.conv_weight_grad(self, x, grad_y, tuple(w_shape), tuple(stride), tuple(padding),
+                                     tuple(dilation), groups)
+
+    def max_pool(self, x: WArray, kernel_size: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], dilation: tuple[int, ...], ceil_mode: bool,
+                 return_indices: bool) -> Any:
+        from . import pooling
+
+        if not pooling.supported(x, "max") or (return_indices and dt.int64 not in self.supported_dtypes):
+            return super().max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+        return pooling.max_pool(self, x, tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation),
+                                ceil_mode, return_indices)
+
+    def avg_pool(self, x: WArray, kernel_size: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], ceil_mode: bool, count_include_pad: bool,
+                 divisor_override: int | None) -> WArray:
+        from . import pooling
+
+        if not pooling.supported(x, "avg"):
+            return super().avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        return pooling.avg_pool(self, x, tuple(kernel_size), tuple(stride), tuple(padding), ceil_mode,
+                                count_include_pad, divisor_override)
+
+    def adaptive_avg_pool(self, x: WArray, output_size: tuple[int, ...]) -> WArray:
+        from . import pooling
+
+        if not pooling.supported(x, "avg"):
+            return super().adaptive_avg_pool(x, output_size)
+        return pooling.adaptive_pool(self, "avg", x, tuple(output_size), False)  # type: ignore[no-any-return]
+
+    def adaptive_max_pool(self, x: WArray, output_size: tuple[int, ...], return_indices: bool) -> Any:
+        from . import pooling
+
+        if not pooling.supported(x, "max") or (return_indices and dt.int64 not in self.supported_dtypes):
+            return super().adaptive_max_pool(x, output_size, return_indices)
+        return pooling.adaptive_pool(self, "max", x, tuple(output_size), return_indices)
+
     # -- movement and indexing -----------------------------------------------------------------------------------
     def reshape(self, h: WArray, shape: tuple[int, ...]) -> WArray:
         v = arr.reshape_view(h, tuple(shape))

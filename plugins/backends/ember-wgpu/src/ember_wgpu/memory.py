@@ -8,14 +8,17 @@ storage comes from a :class:`MemoryPool`:
   buffer at several offsets in one dispatch would need the offsets aligned and the ranges disjoint, which views of
   one tensor are not.
 * **Cache.** Freed buffers are kept per class and handed to the next request of that class. When creating a
-  buffer would push ``reserved`` above the peak of live memory, least recently freed cached buffers of other
-  classes are released first, so the cache cannot grow far beyond what the workload needs at once.
+  buffer would push ``reserved`` above twice the peak of live memory, least recently freed cached buffers of other
+  classes are released first, so the cache cannot grow far beyond what the workload needs at once. (With the
+  limit at the peak itself, a training step that needs different classes at different times released and
+  recreated a few buffers every step.)
 * **Out of memory.** Exceeding ``capacity``, a request above the adapter's storage-binding limit, or a driver
   allocation failure (after trimming the cache once and retrying) raises :class:`ember.errors.OutOfMemoryError`
   naming the requested and available bytes.
-* **Dry run.** :meth:`MemoryPool.dry_run` records one iteration's allocations by class; on exit it releases the
-  cached buffers of classes the iteration did not use and keeps, per class, as many as it had live at once, so a
-  repeating workload is served from the cache without creating buffers.
+* **Dry run.** :meth:`MemoryPool.dry_run` records one iteration's allocations by class (classes it uses are not
+  evicted meanwhile); on exit it releases the cached buffers of classes the iteration did not use and keeps, per
+  class, as many as it had live at once, so a repeating workload is served from the cache without creating
+  buffers (and the plan's classes are never evicted afterwards).
 
 The reuse is ordered correctly without fences: WebGPU executes a queue's commands (and ``queue.write_buffer``) in
 submission order, so a kernel that writes a reused buffer runs after every kernel that read it before.
@@ -63,20 +66,22 @@ class Block:
     The buffer returns to the pool when the Block is garbage collected.
     """
 
-    __slots__ = ("buffer", "nbytes", "capacity", "_pool")
+    __slots__ = ("buffer", "nbytes", "capacity", "_pool", "recorded")
 
-    def __init__(self, buffer: Any, nbytes: int, capacity: int, pool: MemoryPool) -> None:
+    def __init__(self, buffer: Any, nbytes: int, capacity: int, pool: MemoryPool, recorded: bool = False) -> None:
         self.buffer = buffer
         self.nbytes = nbytes
         self.capacity = capacity
         self._pool: MemoryPool | None = pool
+        #: allocated inside a dry run (only those count in its live-at-once tally)
+        self.recorded = recorded
 
     def __del__(self) -> None:
         try:
             pool = self._pool
             if pool is not None:
                 self._pool = None
-                pool._free(self.buffer, self.nbytes, self.capacity)
+                pool._free(self.buffer, self.nbytes, self.capacity, self.recorded)
         except Exception:  # interpreter shutdown: module state may already be gone
             pass
 
@@ -144,10 +149,10 @@ class MemoryPool:
                 slot = rec.setdefault(cap, [0, 0])
                 slot[0] += 1
                 slot[1] = max(slot[1], slot[0])
-        return Block(buf, nbytes, cap, self)
+        return Block(buf, nbytes, cap, self, rec is not None)
 
     def _create(self, cap: int, nbytes: int) -> Any:
-        limit = max(self._peak_held, self._held + cap)  # what the workload has needed at once
+        limit = max(2 * self._peak_held, self._held + cap)  # twice what the workload has needed at once
         if self._reserved + cap > limit:
             self._evict(self._reserved + cap - limit, keep=cap)
         if self._reserved + cap > self.capacity:
@@ -179,7 +184,8 @@ class MemoryPool:
         for cls in list(self._free_lists):
             if nbytes <= 0:
                 break
-            if cls == keep or cls in self._plan:
+            # the plan's classes, and during a dry run the classes it has used, stay: the iteration needs them again
+            if cls == keep or cls in self._plan or (self._recording is not None and cls in self._recording):
                 continue
             free = self._free_lists[cls]
             while free and nbytes > 0:
@@ -199,7 +205,7 @@ class MemoryPool:
         if destroy is not None:
             destroy()
 
-    def _free(self, buf: Any, nbytes: int, cap: int) -> None:
+    def _free(self, buf: Any, nbytes: int, cap: int, recorded: bool = False) -> None:
         with self._lock:
             self._live -= 1
             self._in_use -= nbytes
@@ -207,7 +213,9 @@ class MemoryPool:
             if nbytes <= SMALL_MAX:
                 self._small_in_use -= nbytes
             rec = self._recording
-            if rec is not None and cap in rec:
+            # a block from before the dry run returns to the cache, where the run's next request of its class
+            # finds it: it is not one of the buffers the run needs at once, so it must not lower their tally
+            if rec is not None and recorded and cap in rec:
                 rec[cap][0] -= 1
             # append in place (a nested free from the garbage collector must not replace the list under us)
             self._free_lists.setdefault(cap, []).append(buf)
