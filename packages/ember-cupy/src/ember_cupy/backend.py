@@ -7,11 +7,16 @@ Handles are ``cupy.ndarray`` views. Ops go where they are done well:
   PyTorch's semantics (floor division, remainder sign, NaN-propagating maximum, shifts) are the same text;
 * matmul is ``cupy.matmul`` (cuBLAS for floats; TF32 off unless ``CUPY_TF32=1`` is set, so float32 matches the
   kit), integer products accumulate in int64 and wrap back to their dtype, as numpy's do;
-* reductions, scans, sorting, concatenation and indexing are CuPy's (CUB-backed where CuPy uses CUB);
+* pooling, interpolate, pad, softmax/log_softmax/logsumexp, convolution (im2col + cuBLAS, col2im gradients; cuDNN
+  where CuPy still ships it) and scatter-add/multiply are the shared generators' kernels ember-opencl runs, launched
+  by :mod:`ember_cupy.kernels`;
+* reductions, scans, sorting, concatenation, gather and indexing are CuPy's (CUB-backed where CuPy uses CUB);
 * random numbers are the shared Philox kernels with OpenCL's counter layout: the same seed gives the same stream
   as ``Device.opencl(i)``;
-* memory: CuPy's pool, reported with ember-opencl's field names; an allocation failure is ember's
-  :class:`~ember.errors.OutOfMemoryError` naming the request and the pool state; one stream per device.
+* memory: CuPy's pool, reported with ember-opencl's field names; ``memory_dry_run()`` records a step's allocations
+  (CuPy's memory hooks) and sizes the pool from them; an allocation failure is ember's
+  :class:`~ember.errors.OutOfMemoryError` naming the request and the pool state; host transfers of 64 KiB and
+  more stage through pinned memory (uploads asynchronous on the device's stream); one stream per device.
 
 bfloat16 is not supported (CuPy has no bfloat16 dtype). Everything not overridden here comes from the contract's
 default compositions. Status: compiled and introspected in CI, not yet executed on a GPU (docs/plugins/cuda.md).
@@ -20,6 +25,7 @@ default compositions. Status: compiled and introspected in CI, not yet executed 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -36,6 +42,8 @@ from ember_kernels.ctypes_ import CType, ctype
 from ember_kernels.random import _source as philox_source
 
 MASK64 = (1 << 64) - 1
+#: host arrays of at least this many bytes move through pinned (page-locked) staging buffers
+PINNED_MIN_BYTES = 64 << 10
 #: threads per block of the grid-stride kernels; blocks are capped so a launch never exceeds the grid limit
 _BLOCK = 256
 _MAX_BLOCKS = 65535
@@ -77,6 +85,8 @@ class CuPyBackend(Backend):
         self._peak = 0
         self._key = 0
         self._offset = 0
+        self._staged: list[tuple[Any, Any]] = []  # (event, pinned buffer) of uploads still in flight
+        self._dry_run_active = False
 
     # -- device management ---------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -108,7 +118,16 @@ class CuPyBackend(Backend):
         self._peak = max(self._peak, in_use)
         free, total = self.cp.cuda.runtime.memGetInfo()
         return {"device": self.describe(), "allocator": "cupy.MemoryPool", "in_use": in_use, "reserved": reserved,
-                "peak": self._peak, "cached": reserved - in_use, "capacity": int(total), "free": int(free)}
+                "peak": self._peak, "cached": reserved - in_use, "capacity": int(total), "free": int(free),
+                "pinned_free_blocks": int(self.cp.get_default_pinned_memory_pool().n_free_blocks()),
+                "staged_uploads": len(self._staged)}
+
+    def memory_dry_run(self) -> contextlib.AbstractContextManager[dict[str, Any]]:
+        """Record the allocations of one iteration (a training step) run inside the context, then size CuPy's pool
+        for repeating it. See :func:`ember_cupy.memory.dry_run` for the statistics (ember-opencl's names)."""
+        from . import memory
+
+        return memory.dry_run(self)
 
     def may_share_memory(self, a: Any, b: Any) -> bool:
         return bool(self.cp.may_share_memory(a, b)) if a.size and b.size else False  # bounds overlap
@@ -134,6 +153,31 @@ class CuPyBackend(Backend):
                     self._modules[source] = module
         return module.get_function(name)
 
+    def _launch_groups(self, source: str, name: str, groups: int, block: int, args: Sequence[Any],
+                       shared_mem: int = 0) -> None:
+        """``groups`` blocks of ``block`` threads (a work-group per row kernels), ``shared_mem`` bytes of dynamic
+        shared memory for the program's first ``__local`` parameter."""
+        with self._on():
+            self.compile_kernel(source, name)((groups,), (block,), tuple(args), shared_mem=shared_mem)
+
+    @functools.cached_property
+    def _multiprocessors(self) -> int:
+        return int(self.cp.cuda.runtime.getDeviceProperties(self.index)["multiProcessorCount"])
+
+    def multiprocessors(self) -> int:
+        """Streaming multiprocessors (CUDA) or compute units (ROCm) of this device."""
+        return self._multiprocessors
+
+    @functools.cached_property
+    def _cudnn(self) -> Any:
+        from .kernels import cudnn_module
+
+        return cudnn_module() if self.platform == "cuda" else None
+
+    def cudnn(self) -> Any:
+        """CuPy's cuDNN wrapper when usable here (CuPy <= 13 with libcudnn; never on ROCm), else None."""
+        return self._cudnn
+
     def _launch(self, source: str, name: str, n: int, args: Sequence[Any], shared_mem: int = 0) -> None:
         """A grid-stride kernel over n items on this device's stream (RawKernel launches on the current stream,
         which _on() sets); ``shared_mem``: bytes of dynamic shared memory (``__local`` parameters)."""
@@ -155,14 +199,46 @@ class CuPyBackend(Backend):
         if dtype not in self.supported_dtypes:
             raise DTypeError(f"{op}: {dtype.name} is not supported on {self.platform} (CuPy has no {dtype.name})")
 
+    def _prune_staged(self) -> None:
+        """Drop the pinned buffers of uploads that have finished (they go back to CuPy's pinned pool)."""
+        with self._lock:
+            self._staged = [(ev, buf) for ev, buf in self._staged if not ev.done]
+
     def from_numpy(self, array: np.ndarray) -> Any:
+        """Upload ``array``. From 64 KiB on it is copied into a pinned staging buffer and sent asynchronously on
+        this device's stream (the host is free at once; the buffer is held until the copy's event completes, and
+        every later op on the stream sees the data); smaller arrays are copied directly."""
         self._check_dtype(dt.from_numpy_dtype(array.dtype), "from_numpy")
+        cp = self.cp
+        if array.nbytes < PINNED_MIN_BYTES:
+            with self._on():
+                return cp.asarray(array)
+        self._prune_staged()
+        import cupyx
+
+        staged = cupyx.empty_pinned(array.shape, dtype=array.dtype)
+        np.copyto(staged, array)
         with self._on():
-            return self.cp.asarray(array)
+            out = cp.empty(array.shape, dtype=array.dtype)
+            out.set(staged, stream=self.stream)
+            event = self.stream.record()
+        with self._lock:
+            self._staged.append((event, staged))
+        return out
 
     def to_numpy(self, h: Any) -> np.ndarray:
+        """Download ``h`` (waits for the stream). From 64 KiB on the copy lands in a pinned buffer (DMA at full
+        bandwidth) and is returned as an ordinary numpy array."""
+        cp = self.cp
+        if h.nbytes < PINNED_MIN_BYTES:
+            with self._on():
+                return cp.asnumpy(h, stream=self.stream, blocking=True)
+        import cupyx
+
+        staged = cupyx.empty_pinned(h.shape, dtype=h.dtype)
         with self._on():
-            return self.cp.asnumpy(h, stream=self.stream, blocking=True)
+            cp.asnumpy(cp.ascontiguousarray(h), stream=self.stream, out=staged, blocking=True)
+        return np.array(staged, copy=True)  # pageable: pinned memory stays a pooled, reused resource
 
     def from_dlpack(self, capsule: Any) -> Any:
         """Zero-copy import of a DLPack tensor on this GPU (torch, CuPy, JAX)."""
@@ -188,6 +264,11 @@ class CuPyBackend(Backend):
     def copy(self, h: Any) -> Any:
         with self._on():
             return h.copy()
+
+    def contiguous(self, h: Any) -> Any:
+        """h itself when C-contiguous, else a contiguous copy."""
+        with self._on():
+            return self.cp.ascontiguousarray(h)
 
     def dtype_of(self, h: Any) -> DType:
         return dt.from_numpy_dtype(h.dtype)
@@ -381,6 +462,100 @@ class CuPyBackend(Backend):
     def flip(self, h: Any, dims: tuple[int, ...]) -> Any:
         with self._on():
             return self.cp.flip(h, axis=tuple(dims)).copy()
+
+    def gather(self, h: Any, dim: int, index: Any) -> Any:
+        if h.ndim == 0:
+            return super().gather(h, dim, index)
+        from . import kernels
+
+        return kernels.gather(self, h, dim, index)
+
+    def scatter(self, h: Any, dim: int, index: Any, src: Any, reduce: str | None) -> Any:
+        """Replace: CuPy's advanced-index assignment; add/multiply: the shared deterministic scatter-loop kernel
+        (no atomics: float sums come out the same on every run). bool and 0-d use the default composition."""
+        if h.ndim == 0 or (reduce is not None and self.dtype_of(h) is dt.bool_):
+            return super().scatter(h, dim, index, src, reduce)
+        from . import kernels
+
+        return kernels.scatter(self, h, dim, index, src, reduce)
+
+    def pad(self, h: Any, pads: tuple[tuple[int, int], ...], mode: str, value: Any) -> Any:
+        from . import kernels
+
+        return kernels.pad(self, h, pads, mode, value)
+
+    # -- softmax and logsumexp: one kernel per row ---------------------------------------------------------------
+    def softmax(self, h: Any, dim: int, log: bool) -> Any:
+        """One fused kernel per row (max, sum of exp, write); few very long rows use the default composition,
+        whose reductions spread each row over the whole GPU."""
+        from . import kernels
+
+        out = kernels.softmax(self, h, dim, log) if self.dtype_of(h).is_floating_point else None
+        return out if out is not None else super().softmax(h, dim, log)
+
+    def logsumexp(self, h: Any, dims: tuple[int, ...], keepdim: bool) -> Any:
+        from . import kernels
+
+        out = kernels.logsumexp(self, h, dims, keepdim) if self.dtype_of(h).is_floating_point else None
+        return out if out is not None else super().logsumexp(h, dims, keepdim)
+
+    # -- convolution ---------------------------------------------------------------------------------------------
+    def conv(self, x: Any, w: Any, b: Any | None, stride: tuple[int, ...], padding: tuple[tuple[int, int], ...],
+             dilation: tuple[int, ...], groups: int) -> Any:
+        """im2col + ``cupy.matmul`` (cuBLAS), or cuDNN where CuPy ships it (see :mod:`ember_cupy.kernels`)."""
+        from . import kernels
+
+        return kernels.conv(self, x, w, b, stride, padding, dilation, groups)
+
+    def conv_transpose(self, x: Any, w: Any, b: Any | None, stride: tuple[int, ...], padding: tuple[int, ...],
+                       output_padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Any:
+        from . import kernels
+
+        return kernels.conv_transpose(self, x, w, b, stride, padding, output_padding, dilation, groups)
+
+    def conv_input_grad(self, grad_y: Any, w: Any, x_shape: tuple[int, ...], stride: tuple[int, ...],
+                        padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> Any:
+        """Gradient of ``conv`` w.r.t. its input of shape x_shape (the autodiff decorator uses it)."""
+        from . import kernels
+
+        return kernels.conv_input_grad(self, grad_y, w, x_shape, stride, padding, dilation, groups)
+
+    def conv_weight_grad(self, x: Any, grad_y: Any, w_shape: tuple[int, ...], stride: tuple[int, ...],
+                         padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> Any:
+        """Gradient of ``conv`` w.r.t. its weight of shape w_shape (the autodiff decorator uses it)."""
+        from . import kernels
+
+        return kernels.conv_weight_grad(self, x, grad_y, w_shape, stride, padding, dilation, groups)
+
+    # -- pooling and resampling ----------------------------------------------------------------------------------
+    def max_pool(self, x: Any, kernel_size: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
+                 dilation: tuple[int, ...], ceil_mode: bool, return_indices: bool) -> Any:
+        from . import kernels
+
+        return kernels.max_pool(self, x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+    def avg_pool(self, x: Any, kernel_size: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
+                 ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> Any:
+        from . import kernels
+
+        return kernels.avg_pool(self, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                divisor_override)
+
+    def adaptive_avg_pool(self, x: Any, output_size: tuple[int, ...]) -> Any:
+        from . import kernels
+
+        return kernels.adaptive_avg_pool(self, x, output_size)
+
+    def adaptive_max_pool(self, x: Any, output_size: tuple[int, ...], return_indices: bool) -> Any:
+        from . import kernels
+
+        return kernels.adaptive_max_pool(self, x, output_size, return_indices)
+
+    def interpolate(self, x: Any, size: tuple[int, ...], mode: str, align_corners: bool | None,
+                    scales: tuple[float, ...] | None) -> Any:
+        from . import kernels
+
+        return kernels.interpolate(self, x, size, mode, align_corners, scales)
 
     # -- random numbers: the shared Philox kernels, ember-opencl's counter layout ------------------------------
     def seed(self, seed: int) -> None:

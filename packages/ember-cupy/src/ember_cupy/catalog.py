@@ -136,14 +136,14 @@ def pooling_sources() -> Iterator[tuple[str, str]]:
 
 
 def indexing_sources() -> Iterator[tuple[str, str]]:
-    """Advanced-index get/put per element width and rank, atomic add/multiply per dtype, the scatter loop,
-    mask counting and coordinates, pad."""
+    """Advanced-index get/put per element width and rank, atomic add/multiply per dtype, the scatter loop (ranks 3
+    and 6: the CuPy backend's scatter add/multiply), mask counting and coordinates, pad (ranks 1, 4, 8)."""
     for width in (1, 2, 4, 8):
         for mode in ("get", "put"):
             for ndim, nk in ((1, 1), (3, 2)):
                 yield (f"index/{mode}/{width * 8}bit/rank{ndim}/keys{nk}",
                        indexing._adv_source(mode, width, ndim, nk, False))
-        for ndim in (1, 4):
+        for ndim in (1, 4, 8):  # ember_cupy.kernels.pad_rank's buckets
             yield f"pad/{width * 8}bit/rank{ndim}", indexing._pad_source(width, ndim)
     for d in DTYPES:
         if d is dt.bool_:
@@ -151,7 +151,8 @@ def indexing_sources() -> Iterator[tuple[str, str]]:
         for mode in ("add", "mul"):
             yield f"index/atomic-{mode}/{d.name}", indexing._adv_source(mode, ctype(d), 2, 1, False)
         for op in ("add", "multiply"):
-            yield f"scatter-loop/{op}/{d.name}", indexing._loop_source(ctype(d), op, 3)
+            for rank in (3, 6):  # ember_cupy.kernels._loop_rank's buckets
+                yield f"scatter-loop/{op}/{d.name}/rank{rank}", indexing._loop_source(ctype(d), op, rank)
     yield "mask/count", indexing._COUNT_SRC
     for k in (1, 2, 4):
         yield f"mask/coords/rank{k}", indexing._coords_source(k)

@@ -1,7 +1,8 @@
 """``ember kernels check --target cuda|hip``: compile every kernel program the GPU backends can emit.
 
 Each program of :mod:`ember_cupy.catalog` is turned into the target's text by its dialect
-(:mod:`ember_kernels.dialect`) and compiled with NVRTC (cuda) or hiprtc (hip) -- no GPU or driver needed. The
+(:mod:`ember_kernels.dialect`) and compiled with NVRTC (cuda), or hiprtc (hip) -- else clang's HIP compiler where
+hiprtc is absent (:class:`ember_cupy.rtc.ClangHIP`) -- no GPU or driver needed. The
 command prints ``N compiled, M failed`` and, for each failure, the program's name, the compiler log and the
 numbered source; it exits 1 when any program failed, 0 when all compiled, and 0 with a ``skipped:`` line naming the
 reason when the target's compiler cannot be loaded here (``--require`` turns that into exit 2).
@@ -37,9 +38,20 @@ def run_check(target: str, arch: str | None = None, areas: list[str] | None = No
     ok = 0
     failed: list[tuple[str, str, str]] = []
     warned = 0
-    for name, source in catalog.all_sources(areas):
-        program = lang.program(source)
-        res = comp.compile(program, name, lang.options(source))
+    programs = [(name, lang.program(source), lang.options(source)) for name, source in catalog.all_sources(areas)]
+    batch = getattr(comp, "compile_many", None)
+    if batch is not None:  # one compiler process per options set (clang): start-up and header parsing paid once
+        by_options: dict[tuple[str, ...], list[int]] = {}
+        for i, (_, _, extra) in enumerate(programs):
+            by_options.setdefault(extra, []).append(i)
+        results: list[rtc.Result | None] = [None] * len(programs)
+        for extra, members in by_options.items():
+            for i, res in zip(members, batch([(programs[i][1], programs[i][0]) for i in members], extra)):
+                results[i] = res
+    else:
+        results = [comp.compile(program, name, extra) for name, program, extra in programs]
+    for (name, program, _), res in zip(programs, results):
+        assert res is not None
         if res.ok:
             ok += 1
             warned += bool(res.log)
@@ -70,7 +82,7 @@ def _command(args: argparse.Namespace) -> int:
 
 def register_kernels(sub: Any) -> None:
     """The ``ember kernels`` command (entry-point group ``ember.commands``): ``check`` and ``list``."""
-    p = sub.add_parser("kernels", help="compile the GPU backends' kernels without a GPU (NVRTC / hiprtc)",
+    p = sub.add_parser("kernels", help="compile the GPU backends' kernels without a GPU (NVRTC / hiprtc / clang)",
                        description=__doc__.split("\n\n")[0])
     ksub = p.add_subparsers(dest="kernels_command", required=True)
     c = ksub.add_parser("check", help="generate every kernel program and compile it for a target")
