@@ -2,7 +2,9 @@
 
 float16 is stored as ``half`` and moved with ``vload_half``/``vstore_half_rte`` (core OpenCL, no cl_khr_fp16
 needed); bfloat16 is stored as ``ushort``; both compute in float, as PyTorch's CPU kernels do. bool is a ``uchar``
-holding 0 or 1.
+holding 0 or 1. complex64/complex128 are OpenCL's ``float2``/``double2`` (real part ``.x``, imaginary ``.y``, the
+layout of numpy's complex types); their arithmetic is in :mod:`.complex_` (OpenCL only: CUDA's ``float2`` has no
+operators, and the CUDA catalog lists no complex kernels).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ CTYPES: dict[DType, CType] = {
     dt.bfloat16: CType(dt.bfloat16, "ushort", "float", np.float32, 16),
     dt.float32: CType(dt.float32, "float", "float", np.float32, 32),
     dt.float64: CType(dt.float64, "double", "double", np.float64, 64),
+    dt.complex64: CType(dt.complex64, "float2", "float2", np.complex64, 64),
+    dt.complex128: CType(dt.complex128, "double2", "double2", np.complex128, 128),
 }
 
 
@@ -111,5 +115,5 @@ def float_literals(source: str) -> str:
 
 def header(*types: CType) -> str:
     """Pragmas and helpers for a program that touches these types."""
-    fp64 = any(t.dtype is dt.float64 for t in types)
+    fp64 = any(t.dtype is dt.float64 or t.dtype is dt.complex128 for t in types)
     return (FP64_PRAGMA if fp64 else "") + PREAMBLE

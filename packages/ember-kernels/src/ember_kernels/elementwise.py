@@ -102,6 +102,10 @@ def _helpers(used: set[str], types: list[CType]) -> str:
     out = []
     for t in sorted({t.compute for t in types}):  # sorted: the source (and its cache key) must not vary by process
         suffix = t
+        if "cmath" in used and t in ("float2", "double2"):
+            from .complex_ import helpers
+
+            out.append(helpers(t))
         if "tanh" in used and t == "float":
             out.append(_TANHF)
         if "erfinv" in used and t in ("float", "double"):

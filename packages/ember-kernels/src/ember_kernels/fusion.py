@@ -47,7 +47,8 @@ class _Body:
 
     def __init__(self, kernel: Kernel, fp64: bool) -> None:
         dtypes = set(kernel.inputs) | {ins.dtype for ins in kernel.body}
-        if any(d not in CTYPES for d in dtypes) or (dt.float64 in dtypes and not fp64):
+        # complex values are float2/double2 vectors: C's operators are not complex arithmetic, so they never fuse
+        if any(d not in CTYPES or d.is_complex for d in dtypes) or (dt.float64 in dtypes and not fp64):
             raise _Unsupported("dtype")
         n_in = len(kernel.inputs)
         self.operands: list[tuple[CType, bool]] = [(ctype(d), True) for d in kernel.inputs]

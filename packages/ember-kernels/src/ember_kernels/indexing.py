@@ -12,7 +12,7 @@ from ember import dtypes as dt
 
 from .ctypes_ import CType, header
 
-_WORD = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
+_WORD = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong", 16: "ulong2"}  # 16: complex128 (OpenCL only)
 
 
 

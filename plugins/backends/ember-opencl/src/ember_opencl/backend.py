@@ -20,9 +20,12 @@ from ember.dtypes import DType
 from ember.errors import DTypeError, ShapeError
 
 from . import array as arr
+from . import complex_ as cx
 from . import elementwise as ew
 from .array import CLArray
 from .runtime import runtime
+
+cx.register()  # OpenCL kernels for core's complex ops (real, imag, abs, angle, conj, view_as_real, ...)
 
 
 class OpenCLBackend(Backend):
@@ -32,8 +35,10 @@ class OpenCLBackend(Backend):
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)
         self.rt = runtime(index)
-        if not self.rt.fp64:  # e.g. many Intel and mobile GPUs
-            self.supported_dtypes = frozenset(d for d in dt.ALL_DTYPES if d is not dt.float64)
+        # the real dtypes and complex64/complex128 (float2/double2); without fp64 (e.g. many Intel and mobile GPUs)
+        # neither float64 nor complex128
+        self.supported_dtypes = frozenset(d for d in dt.ALL_DTYPES + dt.COMPLEX_DTYPES
+                                          if self.rt.fp64 or d not in (dt.float64, dt.complex128))
         self._rng_state: Any = None
 
     @property
@@ -145,6 +150,8 @@ class OpenCLBackend(Backend):
 
     # -- reductions and scans ------------------------------------------------------------------------------------
     def reduce(self, op: str, h: CLArray, dims: tuple[int, ...], keepdim: bool) -> CLArray:
+        if h.dtype.is_complex:
+            return cx.reduce(op, h, dims, keepdim)
         from . import reduction
 
         return reduction.reduce(op, h, dims, keepdim)
@@ -171,6 +178,8 @@ class OpenCLBackend(Backend):
 
     # -- linear algebra and convolution --------------------------------------------------------------------------
     def matmul(self, a: CLArray, b: CLArray) -> CLArray:
+        if a.dtype.is_complex:
+            return cx.matmul(a, b)
         from . import matmul
 
         return matmul.matmul(a, b)

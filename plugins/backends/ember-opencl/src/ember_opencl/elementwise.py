@@ -14,6 +14,8 @@ import numpy as np
 
 from ember import dtypes as dt
 from ember.dtypes import DType
+from ember.errors import DTypeError
+from ember_kernels import complex_ as cx
 from ember_kernels.elementwise import (  # noqa: F401 (moved to ember-kernels; re-exported)
     _ERFINV,
     _FLOAT_ONLY,
@@ -118,7 +120,20 @@ def _shape_of(*xs: Any) -> tuple[int, ...]:
     return tuple(np.broadcast_shapes(*shapes))
 
 
+def _complex_refused(op: str, dtype: DType) -> DTypeError:
+    return DTypeError(f"{op}: not supported for {dtype.name} on the OpenCL backend (complex kernels: "
+                      f"{', '.join(sorted(cx.UNARY | cx.BINARY))})")
+
+
 def unary(op: str, h: CLArray) -> CLArray:
+    if h.dtype.is_complex:  # float2/double2 values: their own expressions, one kernel per op
+        try:
+            expr, used = cx.unary_expr(op, "v0", ctype(h.dtype))
+        except KeyError:
+            raise _complex_refused(op, h.dtype) from None
+        out = empty(h.rt, h.shape, dt.bool_ if op in cx.PREDICATES else h.dtype)
+        run_map(expr, frozenset(used), out, [(h, ctype(h.dtype))])
+        return out
     expr, used, out_dtype, family = _unary_plan(op, h.dtype)
     out = empty(h.rt, h.shape, out_dtype)
     run_map(expr, used, out, [(h, ctype(h.dtype))], family)
@@ -128,6 +143,15 @@ def unary(op: str, h: CLArray) -> CLArray:
 def binary(op: str, a: Any, b: Any, out: CLArray | None = None) -> CLArray:
     ref = a if isinstance(a, CLArray) else b
     t = ctype(ref.dtype)
+    if ref.dtype.is_complex:
+        try:
+            expr, used = cx.binary_expr(op, "v0", "v1", t)
+        except KeyError:
+            raise _complex_refused(op, ref.dtype) from None
+        if out is None:
+            out = empty(ref.rt, _shape_of(a, b), dt.bool_ if op in ("eq", "ne") else ref.dtype)
+        run_map(expr, frozenset(used), out, [(a, t), (b, t)])
+        return out
     ta = t if isinstance(a, CLArray) else _scalar_ctype(a, t, ref.rt)
     tb = t if isinstance(b, CLArray) else _scalar_ctype(b, t, ref.rt)
     wide = ta if ta is not t else tb  # a float scalar beside ints: compare in the float type
@@ -151,8 +175,14 @@ def where(cond: CLArray, a: Any, b: Any) -> CLArray:
 def cast(h: CLArray, dtype: DType) -> CLArray:
     """A converted copy; the store's C conversion truncates floats toward zero, as C and PyTorch do."""
     out = empty(h.rt, h.shape, dtype)
-    run_map("v0", frozenset(), out, [(h, ctype(h.dtype))])
+    run_map(_convert("v0", h.dtype, dtype), frozenset(), out, [(h, ctype(h.dtype))])
     return out
+
+
+def _convert(value: str, src: DType, dst: DType) -> str:
+    """The map expression storing a src value into dst: as is between real dtypes (the store converts), through
+    :func:`ember_kernels.complex_.convert_expr` where either is complex."""
+    return cx.convert_expr(value, src, dst) if src.is_complex or dst.is_complex else value
 
 
 def copy(h: CLArray) -> CLArray:
@@ -167,7 +197,7 @@ def assign(dst: CLArray, src: Any) -> None:
     if isinstance(src, CLArray):
         if src.block is dst.block:  # overlapping memory: read a snapshot, never a half-written source
             src = copy(src)
-        run_map("v0", frozenset(), dst, [(src, ctype(src.dtype))])
+        run_map(_convert("v0", src.dtype, dst.dtype), frozenset(), dst, [(src, ctype(src.dtype))])
     else:
         run_map("v0", frozenset(), dst, [(src, t)])
 

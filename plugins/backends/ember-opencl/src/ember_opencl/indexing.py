@@ -27,7 +27,7 @@ import numpy as np
 
 from ember import dtypes as dt
 from ember.dtypes import DType
-from ember.errors import ShapeError, UnsupportedError, ValueRangeError
+from ember.errors import DTypeError, ShapeError, UnsupportedError, ValueRangeError
 from ember_kernels.indexing import (  # noqa: F401 (moved to ember-kernels; re-exported)
     _COUNT_SRC,
     _HALF_HELPERS,
@@ -47,7 +47,7 @@ from . import elementwise as ew
 from .array import CLArray, basic_index, download, empty, upload
 from .ctypes_ import ctype
 
-_NPWORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_NPWORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.complex128}  # 16 raw bytes
 
 _sources: dict[tuple[Any, ...], str] = {}
 
@@ -95,6 +95,9 @@ def _adv(mode: str, shape: tuple[int, ...], a: CLArray, sa: tuple[int, ...], b: 
     cshape, cstr = ew.collapse(shape, [sa, sb] + [s for _, s, _, _ in idx])
     nd, nk = len(cshape), len(idx)
     big = _device_flags(rt)[0]
+    if mode not in ("get", "put") and b.dtype.is_complex:
+        raise DTypeError(f"index_put/scatter with accumulation: not supported for {b.dtype.name} on the OpenCL "
+                         "backend (no complex atomics); accumulate the real and imaginary parts separately")
     tkey: Any = b.dtype.itemsize if mode in ("get", "put") else ctype(b.dtype)
     key = ("adv", mode, tkey, nd, nk, big)
     args: list[Any] = [a.buf, _i64(a.eoff), b.buf, _i64(b.eoff)]
