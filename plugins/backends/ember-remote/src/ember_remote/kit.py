@@ -24,15 +24,17 @@ from pathlib import Path
 START_TIMEOUT = 120.0
 
 
-def start_server(directory: Path, devices: list[str], extra: list[str] | None = None) -> tuple[subprocess.Popen[bytes],
-                                                                                                int, str]:
+def start_server(directory: Path, devices: list[str], extra: list[str] | None = None,
+                 tls: tuple[Path, Path] | None = None) -> tuple[subprocess.Popen[bytes], int, str]:
     """Start ``ember serve`` for ``devices`` on 127.0.0.1 with a free port and a new token in ``directory``;
-    returns ``(process, port, token)`` once it listens (its log goes to ``directory/serve.log``)."""
+    returns ``(process, port, token)`` once it listens (its log goes to ``directory/serve.log``). ``tls``: the
+    ``(cert, key)`` to serve with instead of plaintext; ``extra``: more options."""
     token = secrets.token_hex(32)
     (directory / "token").write_text(token + "\n")
     (directory / "token").chmod(0o600)
     log = directory / "serve.log"
-    cmd = [sys.executable, "-m", "ember_remote.server", "--insecure", "--host", "127.0.0.1", "--port", "0",
+    security = ["--insecure"] if tls is None else ["--cert", str(tls[0]), "--key", str(tls[1])]
+    cmd = [sys.executable, "-m", "ember_remote.server", *security, "--host", "127.0.0.1", "--port", "0",
            "--token-file", str(directory / "token"), *[a for d in devices for a in ("--device", d)], *(extra or [])]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
