@@ -93,6 +93,20 @@ def test_seed_cnn_training_through_the_router_equals_training_without_it() -> No
     assert last["replays"] == last["graph_hits"] > 0 and last["ops_sent"] > 50 and last["bytes_sent"] > 0
 
 
+def test_autodiff_above_the_router_uses_the_devices_conv_kernels_and_its_bits() -> None:
+    """flex+router(local)+autodiff: the router offers flex's convolution gradient kernels (recorded like contract
+    methods), so the gradients are flex+autodiff's bit for bit (the composition autodiff falls back to without them
+    rounds differently); the capture channel, whose graphs replay anywhere, offers none."""
+    dev = Device.parse("flex+router(local)")
+    assert {"conv_input_grad", "conv_weight_grad"} <= set(dev.stack.channel.kernels())
+    assert Device.parse("flex+router(capture)").stack.channel.kernels() == ()
+    losses, w, per_step = _train("flex+router(local)+autodiff", 2)
+    ref_losses, ref_w, _ = _train("flex+autodiff", 2)
+    assert losses == ref_losses
+    np.testing.assert_array_equal(w, ref_w)
+    assert per_step[-1]["calls"] == 0  # the kernels were recorded into the step's graphs, not called one by one
+
+
 def test_grad_mode_is_the_one_ops_were_recorded_in() -> None:
     dev = Device.parse("flex+autodiff+router(local)")
     w = ember.ones(3, device=dev).requires_grad_()

@@ -16,6 +16,10 @@ and scalar operands as placeholders) is registered on the channel once, and ever
 training step after the first -- sends only a :class:`~ember_router.protocol.Replay` with the graph id and the
 bindings. Values that no live handle can read are never stored on the channel. Counters (``memory_report()``,
 ``router_*`` keys): graphs registered, replays, ops sent, bytes sent, messages, calls.
+
+The optional kernels the channel's device offers (:meth:`Channel.kernels`: flex's convolution gradients) are
+methods of the router too, recorded like contract methods, so autodiff above the router (``flex+router(local)+
+autodiff``) differentiates with them as it would on the device: the same bits.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from functools import partial
 from math import prod
 from typing import Any
 
@@ -129,6 +134,8 @@ class RouterBackend(Decorator):
         super().__init__(inner)
         #: gradients are recorded where the ops run: the channel's device (the inner stack for ``local``)
         self.differentiable = bool(getattr(inner, "differentiable", False))
+        for k in channel.kernels():  # instance methods: autodiff above probes them with getattr
+            setattr(self, k, partial(self._record_kernel, k))
 
     # -- sending ---------------------------------------------------------------------------------------------
     def _send(self, msg: Any) -> Any:
@@ -164,7 +171,8 @@ class RouterBackend(Decorator):
         return is_grad_enabled() if self.differentiable else None
 
     # -- recording -------------------------------------------------------------------------------------------
-    def _record(self, name: str, args: tuple[Any, ...]) -> Any:
+    def _record(self, name: str, args: tuple[Any, ...],
+                specs: list[tuple[tuple[int, ...], DType]] | None = None) -> Any:
         with self._lock:
             mode = self._grad_mode()
             if mode != self._mode:
@@ -181,7 +189,8 @@ class RouterBackend(Decorator):
                     # the error must be raised here, at the call, not at a later sync point
                     self.flush()
                 return None
-            specs = output_specs(name, args)
+            if specs is None:
+                specs = output_specs(name, args)
             if specs is None:
                 return self._call(name, args)
             inputs, pos = [], {}
@@ -193,6 +202,12 @@ class RouterBackend(Decorator):
                     prod(o.shape) * o.dtype.itemsize >= self.flush_bytes for o in outs):
                 self.flush()
             return outs[0] if len(outs) == 1 and not returns_tuple(name, args) else tuple(outs)
+
+    def _record_kernel(self, name: str, *args: Any) -> Any:
+        """An optional kernel of the channel's device, recorded like a contract method: ``conv_input_grad(grad_y,
+        w, x_shape, ...)`` gives x_shape, ``conv_weight_grad(x, grad_y, w_shape, ...)`` w_shape, in the dtype of
+        the first argument."""
+        return self._record(name, args, [(tuple(int(n) for n in args[2]), self.dtype_of(args[0]))])
 
     def _rec_args(self, name: str, args: tuple[Any, ...], inputs: list[int], pos: dict[int, int]) -> tuple[Any, ...]:
         return record_args(name, args, lambda a: self._lower_rec(a, inputs, pos))

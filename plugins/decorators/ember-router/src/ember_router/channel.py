@@ -29,6 +29,9 @@ from ember.ir_exec import resolve_args, run_extension_record, run_graph
 from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Sync, Upload
 
 _SCALARS = (bool, int, float)
+#: backend methods outside the contract a channel's device may offer: autodiff above a router differentiates a
+#: convolution with them where the backend has them (flex's, OpenCL's), so the router gives the bits of the device
+OPTIONAL_KERNELS = ("conv_input_grad", "conv_weight_grad")
 
 
 class Channel:
@@ -53,6 +56,11 @@ class Channel:
 
     def bind(self, device: Device) -> None:
         """Told the router's device once it is known (the device extension ops were called on)."""
+
+    def kernels(self) -> tuple[str, ...]:
+        """The optional kernels (:data:`OPTIONAL_KERNELS`) the receiving side runs; the router records them like
+        contract methods. None by default: a third-party channel lists those its executor's stack has."""
+        return ()
 
     def memory_report(self) -> dict[str, Any]:
         """The receiving device's memory statistics, where the channel can tell."""
@@ -226,6 +234,10 @@ class LocalChannel(Channel):
         if self.executor.device is None:
             self.executor.device = device
 
+    def kernels(self) -> tuple[str, ...]:
+        stack = self.executor.stack
+        return tuple(k for k in OPTIONAL_KERNELS if callable(getattr(stack, k, None)))
+
     def memory_report(self) -> dict[str, Any]:
         return dict(self.executor.stack.memory_report())
 
@@ -257,6 +269,9 @@ class CaptureChannel(LocalChannel):
             if len(self.replays) > self.keep:
                 del self.replays[0], self._in_specs[0]
         return super().send(message)
+
+    def kernels(self) -> tuple[str, ...]:
+        return ()  # the graphs kept are for export and replay on any device: contract methods only
 
     def graphs(self) -> list[CapturedGraph]:
         """The graphs of the kept replays, oldest first, with concrete ids, shapes and scalars."""
