@@ -14,6 +14,13 @@ elements the absmax ``m`` (float32), each element scaled by the float32 reciproc
 block), the code the first one whose decision threshold the scaled value does not exceed (``x > t`` picks the
 upper code, so a value exactly on a midpoint goes to the lower code, as bitsandbytes' decision tree), and two codes
 per byte, the first element in the high nibble. Dequantization is ``codebook[code] * m`` in float32.
+
+* ``quant.quantize_int8(x, scale, zero_point, *, qmin, qmax)``: ``x`` float32 viewed as ``(outer, C, inner)`` with
+  one float32 ``scale`` (and optional float32 ``zero_point``) per index of the middle dim: ``clamp(round(x / scale)
+  + zero_point, qmin, qmax)`` as int8, rounding half to even. Per tensor is ``C = 1``, per channel the channel
+  axis in the middle, per block ``(1, blocks, blocksize)``.
+* ``quant.dequantize_int8(q, scale, zero_point, *, dtype)``: ``(q - zero_point) * scale`` in float32 (zero_point
+  int8 or None), in ``dtype``.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from ..errors import DTypeError, ShapeError, ValueRangeError
 from ..extension import TensorSpec, backend_extension
 from ..tensor import Tensor
 
-__all__ = ["CODEBOOKS", "FP4_ORDER", "THRESHOLDS", "dequantize_4bit", "matmul_4bit", "quantize_4bit"]
+__all__ = ["CODEBOOKS", "FP4_ORDER", "THRESHOLDS", "dequantize_4bit", "dequantize_int8", "matmul_4bit", "quantize_4bit",
+           "quantize_int8"]
 
 #: bitsandbytes' 16-value codebooks (float32 values), indexed by the 4-bit code
 CODEBOOKS: dict[str, tuple[float, ...]] = {
@@ -189,3 +197,61 @@ def _matmul_4bit_vjp(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
     if bias is not None:
         db = grad.reshape(-1, grad.shape[-1]).sum(0) if grad.ndim > 1 else grad
     return dx, None, None, db
+
+
+# -- int8 -------------------------------------------------------------------------------------------------------------
+def _check_channels(op: str, x: TensorSpec, scale: TensorSpec, zero_point: Any, zp_dtype: dt.DType) -> None:
+    if x.ndim != 3:
+        raise ShapeError(f"{op}: expected a 3-d (outer, channels, inner) tensor, got shape {x.shape}")
+    c = x.shape[1]
+    if scale.dtype is not dt.float32 or scale.shape != (c,):
+        raise ShapeError(f"{op}: expected a float32 scale of shape ({c},) for {x.shape}, got {scale.dtype.name} of "
+                         f"shape {scale.shape}")
+    if zero_point is not None and (not isinstance(zero_point, TensorSpec) or zero_point.shape != (c,)
+                                   or zero_point.dtype is not zp_dtype):
+        raise ShapeError(f"{op}: expected a {zp_dtype.name} zero_point of shape ({c},) for {x.shape}, got "
+                         f"{getattr(getattr(zero_point, 'dtype', None), 'name', zero_point)!r} of shape "
+                         f"{getattr(zero_point, 'shape', None)}")
+
+
+def _quantize_int8_spec(x: TensorSpec, scale: TensorSpec, zero_point: Any, *, qmin: int, qmax: int) -> TensorSpec:
+    op = "quantize_int8"
+    if x.dtype is not dt.float32:
+        raise DTypeError(f"{op}: expected a float32 tensor, got {x.dtype.name}")
+    _check_channels(op, x, scale, zero_point, dt.float32)
+    if not (isinstance(qmin, int) and isinstance(qmax, int) and -128 <= qmin < qmax <= 127):
+        raise ValueRangeError(f"{op}: expected -128 <= qmin < qmax <= 127, got qmin={qmin!r}, qmax={qmax!r}")
+    return TensorSpec(x.shape, dt.int8)
+
+
+@backend_extension("quant.quantize_int8", output=_quantize_int8_spec, publish=False,
+                   description="int8 quantization with a scale (and zero point) per channel")
+def quantize_int8(x: Tensor, scale: Tensor, zero_point: Tensor | None, *, qmin: int, qmax: int) -> Tensor:
+    """``clamp(round(x / scale) + zero_point, qmin, qmax)`` as int8 for ``x`` (outer, C, inner), scale (C,)."""
+    c = x.shape[1]
+    q = (x / scale.reshape(1, c, 1)).round()
+    if zero_point is not None:
+        q = q + zero_point.reshape(1, c, 1)
+    return q.clamp(qmin, qmax).to(dt.int8)
+
+
+def _dequantize_int8_spec(q: TensorSpec, scale: TensorSpec, zero_point: Any, *,
+                          dtype: dt.DType = dt.float32) -> TensorSpec:
+    op = "dequantize_int8"
+    if q.dtype is not dt.int8:
+        raise DTypeError(f"{op}: expected int8 codes, got {q.dtype.name}")
+    _check_channels(op, q, scale, zero_point, dt.int8)
+    if not isinstance(dtype, dt.DType) or not dtype.is_floating_point:
+        raise DTypeError(f"{op}: dtype must be a floating-point ember dtype, got {dtype!r}")
+    return TensorSpec(q.shape, dtype)
+
+
+@backend_extension("quant.dequantize_int8", output=_dequantize_int8_spec, publish=False,
+                   description="int8 dequantization: (q - zero_point) * scale per channel")
+def dequantize_int8(q: Tensor, scale: Tensor, zero_point: Tensor | None, *, dtype: dt.DType = dt.float32) -> Tensor:
+    """``(q - zero_point) * scale`` computed in float32, in ``dtype``, for ``q`` (outer, C, inner), scale (C,)."""
+    c = q.shape[1]
+    v = q.to(dt.float32)
+    if zero_point is not None:
+        v = v - zero_point.to(dt.float32).reshape(1, c, 1)
+    return (v * scale.reshape(1, c, 1)).to(dtype)

@@ -141,13 +141,23 @@ class QuantizedTensor:
             flat = _ops.dequantize_4bit(self.data, self.absmax(), blocksize=self.blocksize,
                                         quant_type=self.format, dtype=dt.float32)
             return flat[:n].reshape(self.shape).to(out_dtype)
-        q = self.data.to(dt.float32)
-        if self.zero_point is not None:
-            q = q - self.zero_point.to(dt.float32)
         if self.granularity == "per_block":
-            vals = (q.reshape(-1, self.blocksize) * self.scale.unsqueeze(-1)).reshape(-1)[:n]  # type: ignore[arg-type]
-            return vals.reshape(self.shape).to(out_dtype)
-        return (q * self.scale).to(out_dtype)
+            bs = self.blocksize
+            assert bs is not None
+            vals = _ops.dequantize_int8(self.data.reshape(1, -1, bs), self.scale, None, dtype=out_dtype)
+            return vals.reshape(-1)[:n].reshape(self.shape)
+        outer, c, inner = _channel_view(self.shape, self.granularity, self.axis)  # type: ignore[arg-type]
+        zp = self.zero_point.reshape(c) if self.zero_point is not None else None
+        vals = _ops.dequantize_int8(self.data.reshape(outer, c, inner), self.scale.reshape(c), zp, dtype=out_dtype)
+        return vals.reshape(self.shape)
+
+
+def _channel_view(shape: tuple[int, ...], granularity: str, axis: int | None) -> tuple[int, int, int]:
+    """(outer, channels, inner) of an int8 tensor of ``shape``: the int8 ops' layout (one scale per channel)."""
+    if granularity == "per_channel":
+        assert axis is not None
+        return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    return 1, 1, math.prod(shape)
 
 
 # -- quantizing -------------------------------------------------------------------------------------------------------
@@ -171,11 +181,27 @@ def _padded_flat(x: Tensor, blocksize: int) -> Tensor:
     return cat([flat, zeros(pad, dtype=dt.float32, device=x.device)]) if pad else flat
 
 
+def _fixed_order_mean(x: Tensor) -> Tensor:
+    """The mean of a flat float32 tensor summed in one fixed order on every backend (a pairwise tree of elementwise
+    adds over the zero-padded power-of-two length): a backend's own reduction sums in its own order, and the
+    double-quantization offset must not depend on the device that quantized."""
+    from ..ops.creation import zeros
+    from ..ops.shape import cat
+
+    n = x.shape[0]
+    size = 1 << max(n - 1, 0).bit_length()
+    s = cat([x, zeros(size - n, dtype=x.dtype, device=x.device)]) if size > n else x
+    while s.shape[0] > 1:
+        half = s.reshape(2, -1)
+        s = half[0] + half[1]
+    return s.reshape(()) / n
+
+
 def _double_quant(absmax: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(int8 codes, float32 scale per block of 256, float32 offset) of the block absmax."""
     from ..ops.pointwise import where
 
-    offset = absmax.mean()
+    offset = _fixed_order_mean(absmax)
     centred = _padded_flat(absmax - offset, DQ_BLOCK).reshape(-1, DQ_BLOCK)
     amax = centred.abs().amax(-1)
     safe = where(amax > 0, amax, 1.0)
@@ -222,7 +248,7 @@ def quantize_int8(x: Tensor, scheme: str = "symmetric", granularity: str = "per_
         blocks = _padded_flat(xf, blocksize).reshape(-1, blocksize)
         amax = blocks.abs().amax(-1)
         scale = where(amax > 0, amax / 127, 1.0)
-        q = (blocks / scale.unsqueeze(-1)).round().clamp(-127, 127).to(dt.int8).reshape(-1)
+        q = _ops.quantize_int8(blocks.reshape(1, -1, blocksize), scale, None, qmin=-127, qmax=127).reshape(-1)
         return QuantizedTensor(q, scale, format="int8", shape=shape, dtype=x.dtype, blocksize=blocksize,
                                scheme=scheme, granularity=granularity)
     reduce: tuple[int, ...] | None = None
@@ -239,17 +265,19 @@ def quantize_int8(x: Tensor, scheme: str = "symmetric", granularity: str = "per_
         hi, lo = xf.amax(), xf.amin()
     else:
         hi, lo = xf.amax(**keep), xf.amin(**keep)
+    outer, c, inner = _channel_view(shape, granularity, ax)
+    x3 = xf.reshape(outer, c, inner)
     if scheme == "symmetric":
         amax = where(hi.abs() > lo.abs(), hi.abs(), lo.abs())
         scale = where(amax > 0, amax / 127, 1.0)
-        q = (xf / scale).round().clamp(-127, 127).to(dt.int8)
+        q = _ops.quantize_int8(x3, scale.reshape(c), None, qmin=-127, qmax=127).reshape(shape)
         zp = None
     else:
         hi, lo = hi.clamp_min(0.0), lo.clamp_max(0.0)
         rng = hi - lo
         scale = where(rng > 0, rng / 255, 1.0)
         zpf = (-128 - (lo / scale).round()).clamp(-128, 127)
-        q = ((xf / scale).round() + zpf).clamp(-128, 127).to(dt.int8)
+        q = _ops.quantize_int8(x3, scale.reshape(c), zpf.reshape(c), qmin=-128, qmax=127).reshape(shape)
         zp = zpf.to(dt.int8)
     return QuantizedTensor(q, scale, format="int8", shape=shape, dtype=x.dtype, scheme=scheme,
                            granularity=granularity, axis=ax, zero_point=zp)

@@ -1,7 +1,8 @@
 """ember plugin entry point for ember-lora (entry-point group ``ember``, name ``lora``).
 
 LoRA adds no ops and no devices: it works on ``nn`` modules with ordinary ember ops, so it runs on every device.
-The plugin only reports itself to ``ember info``.
+The plugin reports itself to ``ember info`` and registers OpenCL kernels for core's quantization ops
+(:mod:`ember_lora.quant_opencl`); other backends run those ops' compositions (ember-flex has its own kernels).
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from typing import Any
 
 from ember.plugins import hookimpl
 
-from . import __version__
+from . import __version__, quant_opencl
+
+# the OpenCL kernels of core's quantization ops (QLoRA's 4-bit matmul among them): registered by name, so they run
+# when ember-opencl is installed and cost nothing otherwise (ember-opencl is never imported)
+quant_opencl.register()
 
 
 @hookimpl
@@ -19,7 +24,9 @@ def plugin_info() -> dict[str, Any]:
     """What ``ember info`` shows for ember-lora: its version and the layer types it wraps."""
     from .layers import WRAPPERS
 
-    return {"ember-lora": __version__, "wraps": [base.__name__ for base, _ in WRAPPERS]}
+    return {"ember-lora": __version__, "wraps": [base.__name__ for base, _ in WRAPPERS],
+            "quantization kernels": "opencl (quant.quantize_4bit, dequantize_4bit, matmul_4bit, quantize_int8, "
+                                    "dequantize_int8)"}
 
 
 # `ember bench lora` (entry-point group ``ember.benchmarks``): the script ships in this package, so an absolute
