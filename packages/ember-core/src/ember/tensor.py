@@ -377,10 +377,9 @@ class Tensor:
 
 
 def _binop(op: str, doc: str) -> tuple[Any, Any, Any]:
-    from .ops.elementwise import binary, inplace_binary
+    from .ops.elementwise import binary, binary_operator, inplace_binary
 
-    def fwd(self: Tensor, other: Any) -> Tensor:
-        return binary(op, self, other)
+    fwd = binary_operator(op)
 
     def rev(self: Tensor, other: Any) -> Tensor:
         return binary(op, other, self)

@@ -26,6 +26,7 @@ _SHIFTS = frozenset({"bitwise_left_shift", "bitwise_right_shift"})
 _NO_BOOL = frozenset({"sub", "remainder", "fmod", "floor_divide"})
 
 _SCALAR_TYPES = (bool, int, float, complex)
+_new = object.__new__
 
 #: the binary ops defined on complex operands (PyTorch: no ordering, rounding, bitwise or modulo ops on complex)
 COMPLEX_BINARY = frozenset({"add", "sub", "mul", "div", "pow", "eq", "ne"})
@@ -107,6 +108,8 @@ def _compute_rule(op: str, a: Any, b: Any) -> tuple[DType, DType]:
 
 # (op, dtype) -> (compute, result) for the common case of two tensors of one dtype
 _same_cache: dict[tuple[str, DType], tuple[DType, DType]] = {}
+#: binary_operator's mark for a dtype its short path does not take (casts or integer checks needed)
+_SLOW = object()
 
 
 _INT_RANGE = {
@@ -156,7 +159,11 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
                 _check_int(op, a, b, stack)
             if r[0] is not da:  # integer operands of div, atan2, ... compute in the default float dtype
                 ha, hb = stack.cast(ha, r[0]), stack.cast(hb, r[0])
-            return Tensor._make(stack.binary(op, ha, hb), r[1], dev)
+            t = _new(Tensor)  # Tensor._make inlined: this is the hottest path of eager code
+            t._h = stack.binary(op, ha, hb)
+            t._dtype = r[1]
+            t._device = dev
+            return t
         cdt, rdt = _rule(op, a, b)
         stack = dev._stack or dev.stack
         if da is not cdt:
@@ -181,6 +188,52 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
     if cdt.category == 1 and op in _INT_CHECKED:
         _check_int(op, a, b, stack, cdt)
     return Tensor._make(stack.binary(op, ha, hb), rdt, dev)
+
+
+def binary_operator(op: str) -> Any:
+    """``Tensor.__add__`` and the other forward binary dunders: ``binary(op, self, other)`` with the commonest case
+    (another tensor of the same device, dtype and shape, or a Python float with a floating tensor) decided in the
+    dunder itself, without the rule lookup and one call frame (this is the path of every eager ``a + b``). The
+    cases are learned from :func:`binary`'s own rules: a dtype takes the short path once ``binary`` has computed
+    ``op`` on it in its own dtype without an integer check; every other call, and every error, goes through
+    :func:`binary`."""
+    same: dict[DType, Any] = {}  # dtype -> result dtype, or _SLOW
+    flt: dict[DType, Any] = {}
+
+    def fwd(self: Tensor, other: Any) -> Tensor:
+        if isinstance(other, Tensor):
+            dev, d, ha, hb = self._device, self._dtype, self._h, other._h
+            if other._device is dev and other._dtype is d and ha.shape == hb.shape:
+                rd = same.get(d)
+                if rd is None:
+                    out = binary(op, self, other)  # raises for dtypes op refuses: nothing learned then
+                    r = _same_cache[(op, d)]
+                    same[d] = r[1] if r[0] is d and not (d.category == 1 and op in _INT_CHECKED) else _SLOW
+                    return out
+                if rd is not _SLOW:
+                    t = _new(Tensor)
+                    t._h = (dev._stack or dev.stack).binary(op, ha, hb)
+                    t._dtype = rd
+                    t._device = dev
+                    return t
+        elif type(other) is float:
+            d = self._dtype
+            rd = flt.get(d)
+            if rd is None:
+                out = binary(op, self, other)
+                cdt, rdt = _rule(op, self, other)
+                flt[d] = rdt if cdt is d and d.category == 2 else _SLOW
+                return out
+            if rd is not _SLOW:
+                dev = self._device
+                t = _new(Tensor)
+                t._h = (dev._stack or dev.stack).binary(op, self._h, other)
+                t._dtype = rd
+                t._device = dev
+                return t
+        return binary(op, self, other)
+
+    return fwd
 
 
 def _check_scalar(op: str, v: Any, t: Tensor) -> Any:

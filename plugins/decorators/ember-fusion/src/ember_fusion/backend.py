@@ -27,6 +27,8 @@ from collections import OrderedDict
 from math import prod
 from typing import Any
 
+from numpy import ndarray as _ndarray
+
 from ember import dtypes as dt
 from ember.backend import COMPARISON_OPS, PREDICATE_UNARY_OPS, Backend, Decorator
 from ember.decorator import Policy
@@ -51,6 +53,8 @@ DEFAULT_EAGER_BELOW = 1 << 19
 _SCALARS = (bool, int, float)
 _R0, _R1, _R2 = Ref(0), Ref(1), Ref(2)
 
+# "recorded" counts the ops recorded lazily; the figure reported as recorded (FusionStats) adds the eager ones, so
+# an op run at once costs one counter increment
 _COUNTERS = ("recorded", "eager", "realizations", "single_ops", "plan_hits", "plan_misses", "kernels_run",
              "kernels_compiled", "kernels_interpreted", "boundaries")
 
@@ -106,7 +110,11 @@ class FusionStats:
             raise AttributeError(name)
         with self._lock:
             self._fold_ended()
-            return getattr(self._ended, name) + sum(getattr(c, name) for _, c in self._cells)
+            cells = [self._ended] + [c for _, c in self._cells]
+            total = sum(getattr(c, name) for c in cells)
+            if name == "recorded":  # the ops run at once were seen too (see _COUNTERS)
+                total += sum(c.eager for c in cells)
+            return total
 
     def reset(self) -> None:
         with self._lock:
@@ -119,6 +127,7 @@ class FusionStats:
             self._fold_ended()
             cells = [self._ended] + [c for _, c in self._cells]
             out = {f"fusion_{k}": sum(getattr(c, k) for c in cells) for k in _COUNTERS}
+        out["fusion_recorded"] += out["fusion_eager"]  # see _COUNTERS
         looked_up = out["fusion_plan_hits"] + out["fusion_plan_misses"]
         out["fusion_plan_hit_rate"] = out["fusion_plan_hits"] / looked_up if looked_up else 0.0
         return out
@@ -197,9 +206,7 @@ class FusionBackend(Decorator):
 
     def _eager(self) -> None:
         """Count an op run at once (see :attr:`eager_below`): it was recorded and realized in one go."""
-        counts = self._pending.counts
-        counts.recorded += 1
-        counts.eager += 1
+        self._pending.counts.eager += 1
 
     def _record(self, op: str, args: tuple[Any, ...], srcs: tuple[Node, ...], shape: tuple[int, ...],
                 dtype: DType) -> FArray:
@@ -426,29 +433,39 @@ class FusionBackend(Decorator):
                 return self._record("unary", (op, _R0), (n,), n.shape,
                                     dt.bool_ if op in PREDICATE_UNARY_OPS else n.dtype)
             h = n.value
-        if prod(h.shape) < self.eager_below:
-            self._eager()
+        if (h.size if type(h) is _ndarray else prod(h.shape)) < self.eager_below:
+            self._pending.counts.eager += 1  # _eager() inlined, as in binary
             return self.inner.unary(op, h)
         n = self._leaf_node(h)
         return self._record("unary", (op, _R0), (n,), n.shape, dt.bool_ if op in PREDICATE_UNARY_OPS else n.dtype)
 
     def binary(self, op: str, a: Any, b: Any) -> Any:
         below = self.eager_below
+        ta, tb = type(a), type(b)
+        # the hottest path of small models, first: a numpy handle and one of its shape (or a Python scalar),
+        # below the threshold, runs at once
+        if ta is _ndarray and below and ((tb is _ndarray and a.shape == b.shape) or tb in _SCALARS) and (
+                a.size < below):
+            self._pending.counts.eager += 1  # _eager() inlined
+            return self.inner.binary(op, a, b)
         if below:
             va = a.node.value if type(a) is FArray else a
             vb = b.node.value if type(b) is FArray else b
             if va is not None and vb is not None:  # every operand in memory (or a Python scalar)
-                if type(vb) in _SCALARS:
-                    work = prod(va.shape)
-                elif type(va) in _SCALARS:
-                    work = prod(vb.shape)
+                tva, tvb = type(va), type(vb)
+                # element counts: a numpy handle's ``size`` is 4x cheaper than prod(shape) (this is the hottest
+                # path of small models)
+                if tvb in _SCALARS:
+                    work = va.size if tva is _ndarray else prod(va.shape)
+                elif tva in _SCALARS:
+                    work = vb.size if tvb is _ndarray else prod(vb.shape)
                 else:
                     sa, sb = va.shape, vb.shape
-                    work = prod(sa)
+                    work = va.size if tva is _ndarray else prod(sa)
                     if sa != sb:
                         # the broadcast result has at least max and at most the product of the two sizes: work
                         # out its shape only where those bounds straddle the threshold
-                        nb = prod(sb)
+                        nb = vb.size if tvb is _ndarray else prod(sb)
                         if work * nb >= below:
                             work = max(work, nb)
                             if work < below:
@@ -456,11 +473,8 @@ class FusionBackend(Decorator):
                         else:
                             work = 0
                 if work < below:
-                    counts = self._pending.counts  # _eager() inlined: this is the hottest path of small models
-                    counts.recorded += 1
-                    counts.eager += 1
+                    self._pending.counts.eager += 1  # _eager() inlined
                     return self.inner.binary(op, va, vb)
-        ta, tb = type(a), type(b)
         if ta is not FArray and ta not in _SCALARS:
             a, ta = self._leaf(a), FArray
         if tb is not FArray and tb not in _SCALARS:
