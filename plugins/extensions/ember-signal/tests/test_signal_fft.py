@@ -1,6 +1,6 @@
-"""ember.fft against torch.fft (the oracle): values on flex, flex+autodiff and fused flex, gradients (each op's vjp
-directly, and end to end through ember-autodiff), bad input, and the typed error of a backend without complex
-dtypes (toy)."""
+"""ember.fft against torch.fft (the oracle): values on flex, flex+autodiff, fused flex and OpenCL, gradients (each
+op's vjp directly, and end to end through ember-autodiff), bad input, and the typed error of a backend without
+complex dtypes (toy)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import ember
 from ember import Device
 from ember.errors import DeviceError, DimError, DTypeError, PluginError, ShapeError, ValueRangeError
 
-DEVICES = ["flex", "flex+autodiff", "flex+fusion(eager_below=0)"]
+DEVICES = ["flex", "flex+autodiff", "flex+fusion(eager_below=0)", "opencl"]
 
 
 def device(name: str) -> Device:
@@ -205,7 +205,7 @@ def _ember_vjp(fn: Callable[..., ember.Tensor], arr: np.ndarray, g: np.ndarray, 
 @pytest.mark.parametrize("fn,arr,kw", [("rfft", REAL, {}), ("fft", REAL, {"n": 12, "norm": "ortho"}),
                                        ("irfft", CPLX, {"n": 10}), ("fft2", CPLX, {}), ("hfft", CPLX, {})],
                          ids=["rfft", "fft-real-n12", "irfft-n10", "fft2-complex", "hfft"])
-@pytest.mark.parametrize("dev_name", ["flex+autodiff", "flex+fusion(eager_below=0)+autodiff"])
+@pytest.mark.parametrize("dev_name", ["flex+autodiff", "flex+fusion(eager_below=0)+autodiff", "opencl+autodiff"])
 def test_autodiff_gradients_match_torch(dev_name: str, fn: str, arr: np.ndarray, kw: dict[str, Any]) -> None:
     """End to end on a differentiable device: a real loss of the complex result (|y|^2 weighted, plus Re and Im
     terms)."""

@@ -1,6 +1,6 @@
 """ember.stft / ember.istft against torch, windows against torch.signal.windows and torch.*_window, and the mel
 filter banks and Spectrogram / MelSpectrogram modules against torchaudio's formulas written in torch below
-(torchaudio is not a dependency): values on flex, flex+autodiff and fused flex, gradients, bad input, toy."""
+(torchaudio is not a dependency): values on flex, flex+autodiff, fused flex and OpenCL, gradients, bad input, toy."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import ember
 from ember import Device
 from ember.errors import DeviceError, DTypeError, PluginError, ShapeError, ValueRangeError
 
-DEVICES = ["flex", "flex+autodiff", "flex+fusion(eager_below=0)"]
-GRAD_DEVICES = ["flex+autodiff", "flex+fusion(eager_below=0)+autodiff"]
+DEVICES = ["flex", "flex+autodiff", "flex+fusion(eager_below=0)", "opencl"]
+GRAD_DEVICES = ["flex+autodiff", "flex+fusion(eager_below=0)+autodiff", "opencl+autodiff"]
 
 
 def device(name: str) -> Device:

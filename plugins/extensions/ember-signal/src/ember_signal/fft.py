@@ -23,10 +23,11 @@ import numpy as np
 import ember
 from ember.errors import DimError, DTypeError, ShapeError, ValueRangeError
 
-from . import flex_kernels
+from . import _opencl, flex_kernels
 from ._ops import c2c, c2r, check_dtype, r2c
 
 flex_kernels.register()
+_opencl.register()  # the OpenCL FFT (used only on ember-opencl's devices)
 
 __all__ = ["fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fft2", "ifft2", "rfft2", "irfft2", "fftn", "ifftn",
            "rfftn", "irfftn", "fftfreq", "rfftfreq", "fftshift", "ifftshift"]
