@@ -543,6 +543,8 @@ def _reachable(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
         visit(getattr(f, "__self__", None), depth)
         f = getattr(f, "__func__", f)
         code = getattr(f, "__code__", None)
+        for x in (*(getattr(f, "__defaults__", None) or ()), *(getattr(f, "__kwdefaults__", None) or {}).values()):
+            visit(x, depth)
         for cell in getattr(f, "__closure__", None) or ():
             try:
                 visit(cell.cell_contents, depth)
@@ -599,6 +601,8 @@ class _State:
                     hyper.append((id(p), k, None if isinstance(v, Tensor) else _hashable(v)))
         for t in tensors:
             add(t, "value")
+            if t.requires_grad:
+                add(t, "grad")
         self.entries = entries
         self.flags = tuple(flags)
         self.hyper = tuple(hyper)
@@ -616,7 +620,12 @@ class _State:
         return out
 
     def structure(self, handles: list[Any]) -> tuple[Any, ...]:
+        """Which tensors, and which gradients exist (a step that accumulates is another graph than one that
+        starts from none)."""
         return tuple((id(t), kind, h is None) for (t, kind), h in zip(self.entries, handles))
+
+    def tensors(self) -> tuple[tuple[int, str], ...]:
+        return tuple((id(t), kind) for t, kind in self.entries)
 
 
 def _hashable(v: Any) -> Any:
@@ -697,8 +706,9 @@ class _Step:
 class _Schedule:
     """A recording turned into straight-line kernel calls over value slots, with its bindings and rebinds."""
 
-    def __init__(self, trace: _Trace, n_slots: int, steps: list[_Step], bound: list[Bound], inputs: list[tuple[int, int]],
-                 consts: list[tuple[int, Any]], rebind_in: list[tuple[int, int]], rebind_out: list[tuple[int, int | None, DType | None]],
+    def __init__(self, n_slots: int, steps: list[_Step], bound: list[Bound], inputs: list[tuple[int, int]],
+                 consts: list[tuple[int, Any]], rebind_in: list[tuple[int, int]],
+                 rebind_out: list[tuple[int, int | None, DType | None]],
                  outputs: list[tuple[int | None, Any, DType | None]], tree: Any, state_ok: list[tuple[int, Any]],
                  n_records: int) -> None:
         self.n_slots = n_slots
@@ -825,7 +835,7 @@ def _schedule(trace: _Trace, in_slots: dict[int, int], state: _State, pre: list[
     for v, h, _ in out_handles:
         if v is not None and v not in trace.produced and v not in input_vids and all(c != v for c, _ in consts):
             consts.append((v, h))
-    return _Schedule(trace, n, steps, bound, inputs, consts, rebind_in, rebind_out, out_handles, out_tree,
+    return _Schedule(n, steps, bound, inputs, consts, rebind_in, rebind_out, out_handles, out_tree,
                      state_ok, len(records))
 
 
@@ -857,6 +867,43 @@ def _unflatten(tree: Any, flat: Iterator[Tensor]) -> Any:
 def replay_enabled() -> bool:
     """False when ``EMBER_REPLAY=0`` (or ``false``/``off``/``no``) is set: compiled functions run eagerly."""
     return os.environ.get("EMBER_REPLAY", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _escapes(trace: _Trace, outputs: list[Tensor], state: _State, args: tuple[Any, ...]) -> str | None:
+    """Why the recording cannot replay because a value computed in the step outlives it in a tensor the compiled
+    function does not know (the state of an optimizer it cannot see, a tensor appended to a list, an attribute
+    reassigned): a replay would leave that tensor as the recording left it. None when nothing escapes.
+
+    Found by walking, from the step's values, the objects that refer to them (up to three levels: a handle, its
+    decorators' wrapper, the tensor) and keeping the tensors."""
+    import gc
+
+    produced = [trace.handles[v] for v in trace.produced]
+    if not produced:
+        return None
+    known = {id(t) for t in outputs} | {id(t) for t, _ in state.entries} | {id(a) for a in args}
+    skip = {id(trace.handles), id(produced), id(trace.vid_of)} | {id(h) for h in trace.handles}
+    skip |= {id(c.args) for c in trace.calls.values()}
+    gc.collect()
+    frontier: list[Any] = produced
+    seen: set[int] = set(skip)
+    for _ in range(3):
+        nxt: list[Any] = []
+        for r in gc.get_referrers(*frontier):
+            if id(r) in seen or isinstance(r, (types.FrameType, types.ModuleType, type)) or r is frontier:
+                continue
+            seen.add(id(r))
+            if isinstance(r, Tensor):
+                if id(r) not in known:
+                    return (f"a tensor ({list(r.shape)} {r.dtype}) computed in the step is kept outside it where the "
+                            "compiled function cannot see it (state of an optimizer or module it does not reach, a "
+                            "tensor stored in a list or attribute); a replay would not update it")
+                continue
+            nxt.append(r)
+        if not nxt:
+            break
+        frontier = nxt
+    return None
 
 
 class CompiledFunction:
@@ -1030,29 +1077,29 @@ class CompiledFunction:
         if reason is None:
             post = state.handles(real)
             post_state = _State(self.fn, args, kwargs, self._found)
-            if post_state.structure(post_state.handles(real)) != state.structure(handles) \
-                    or post_state.hyper != state.hyper:
+            if post_state.tensors() != state.tensors() or post_state.hyper != state.hyper:
+                # a warm-up call (an optimizer created its state): the next call records the steady step
                 with self._lock:
                     self._stats["warmups"] += 1
                     n = self._warmups[key] = self._warmups.get(key, 0) + 1
-                if n >= _WARMUP_LIMIT:
-                    reason = "the step changes the structure of its state on every call"
-                else:
+                if n < _WARMUP_LIMIT:
                     return out
+                reason = "the step changes the structure of its state on every call"
             else:
-                outs = []
-                for t in flat:
-                    if t._device is not dev:
-                        reason = "the step returns a tensor on another device"
-                        break
-                    h = real.lower(t._h)
-                    v = trace.vid_of.get(id(h))
-                    outs.append((v, h, t._dtype))
-                if reason is None:
-                    try:
-                        graph = _schedule(trace, in_slots, state, handles, pre_vids, post, tree, outs)
-                    except _Break as e:
-                        reason = str(e)
+                reason = _escapes(trace, flat, state, args)
+        if reason is None:
+            outs = []
+            for t in flat:
+                if t._device is not dev:
+                    reason = "the step returns a tensor on another device"
+                    break
+                h = real.lower(t._h)
+                outs.append((trace.vid_of.get(id(h)), h, t._dtype))
+            if reason is None:
+                try:
+                    graph = _schedule(trace, in_slots, state, handles, pre_vids, post, tree, outs)
+                except _Break as e:
+                    reason = str(e)
         if reason is not None:
             with self._lock:
                 self._stats["graph_breaks"] += 1

@@ -42,7 +42,9 @@ class Adam(Optimizer):
         return ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
 
     def _update_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
-        lr, eps, wd = _compile.scalar(float(group["lr"]), lambda: float(group["lr"])), group["eps"], group["weight_decay"]
+        # lr as an ember.compile binding: a replayed step reads the group's current lr (a scheduler's)
+        lr = _compile.scalar(float(group["lr"]), lambda: float(group["lr"]))
+        eps, wd = group["eps"], group["weight_decay"]
         recording = _compile.is_recording()
         beta1, beta2 = group["betas"]
         amsgrad, maximize, decoupled = group["amsgrad"], group["maximize"], group["decoupled_weight_decay"]
