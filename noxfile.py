@@ -85,8 +85,10 @@ PLUGINS: list[Plugin] = [
            commands=(("ember", "kernels", "check", "--target", "hip"),)),
     # a decorator; the kit on flex+router(local) is the router_kit session (minutes: not in every run)
     Plugin("router", "plugins/decorators/ember-router", needs=("flex", "autodiff")),
-    # `ember serve` and Device.remote(url): its tests run a server on 127.0.0.1 (TLS, tokens, malformed frames)
-    Plugin("remote", "plugins/backends/ember-remote", needs=("flex", "autodiff"), extras="[init]"),
+    # `ember serve` and Device.remote(url): its tests run a server on 127.0.0.1 (TLS, tokens, malformed frames);
+    # then the conformance kit on remote, against an `ember serve` subprocess on a free loopback port
+    Plugin("remote", "plugins/backends/ember-remote", needs=("flex", "autodiff"), extras="[init]",
+           commands=(("python", "-m", "ember_remote.kit", "-p", "no:cacheprovider", "-q"),)),
     # extensions publishing ember.linalg.*, ember.fft/ember.stft/ember.signal, ember_onnx, ember.distributed: no
     # device of their own; their tests run on flex, flex+autodiff, fused flex (and toy/OpenCL where installed)
     Plugin("linalg", "plugins/extensions/ember-linalg", needs=("flex", "autodiff", "fusion")),

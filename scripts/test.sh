@@ -8,7 +8,8 @@
 #      the kit on the backend's own ops), which also proves the nox sessions install from a fresh clone
 #   4. the conformance kit against tests/example-backend (toy), which proves the default compositions
 #   5. the conformance kit through the autodiff decorator (flex+autodiff, over fusion): gradients checked, and
-#      through the router over it (flex+autodiff+router(local))
+#      through the router over it (flex+autodiff+router(local)), and on `remote` (an `ember serve` subprocess on
+#      loopback: every op over the wire)
 #   6. the OpenCL plugin's tests and the conformance kit on (fused) OpenCL (PoCL, the CPU OpenCL runtime setup.sh
 #      installs when there is no GPU driver)
 #   7. the wgpu plugin's tests and the conformance kit on wgpu (lavapipe, the CPU Vulkan driver setup.sh installs)
@@ -35,7 +36,7 @@ step "tests"
 # the OpenCL and wgpu plugins' own tests run with their kits below
 "$PY" -m pytest -n 2 --ignore-glob='*/ember-opencl/tests/*' --ignore-glob='*/ember-wgpu/tests/*'
 
-step "GPU kernels compiled without a GPU: every CUDA kernel source through NVRTC, HIP through hiprtc where it loads"
+step "GPU kernels compiled without a GPU: every CUDA kernel source through NVRTC, HIP through hiprtc or clang where one is found"
 .venv/bin/ember kernels check --target cuda
 .venv/bin/ember kernels check --target hip
 
@@ -56,6 +57,9 @@ step "conformance kit (flex+autodiff: the autodiff decorator over flex)"
 
 step "conformance kit (flex+autodiff+router(local): every op as ember.ir records through the router, graphs replayed)"
 "$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing "--ember-device=flex+autodiff+router(local)" -q
+
+step "conformance kit (remote: an ember serve subprocess on 127.0.0.1, a free port, every op over the wire)"
+"$PY" -m ember_remote.kit -p no:cacheprovider -n 2 -q
 
 step "OpenCL: plugin tests and conformance kit (generated OpenCL kernels, on whatever OpenCL device 0 is here)"
 if "$PY" -c "import sys, ember_opencl.runtime as r; sys.exit(0 if r.list_devices() else 1)"; then
