@@ -47,6 +47,12 @@ __all__ = ["Learner", "History", "OutputDirError", "Callback", "Strategy", "STRA
 
 _TIMING_KEYS = ("samples_per_sec", "epoch_time")
 
+#: ``ember bench compile`` (entry-point group ``ember.benchmarks``): the Learner's step eager vs replayed
+COMPILE_BENCHMARK = {
+    "description": "seed-CNN training step eager vs captured and replayed (ember.compile) on flex and OpenCL",
+    "script": "compile.py",
+}
+
 
 class OutputDirError(EmberError, OSError):
     """The output directory cannot be created or written."""
