@@ -169,7 +169,7 @@ def test_out_of_memory_is_typed(be: CuPyBackend) -> None:
         be.empty((1 << 40,), dt.uint8)
 
 
-def test_fusion_compiles_elementwise_blocks_and_declines_reductions(be: CuPyBackend) -> None:
+def test_fusion_compiles_elementwise_blocks_and_reductions(be: CuPyBackend) -> None:
     from ember.ir import Instr, Kernel
 
     f32 = dt.float32
@@ -187,4 +187,6 @@ def test_fusion_compiles_elementwise_blocks_and_declines_reductions(be: CuPyBack
     assert name == "ember_fused" and n == 12 and "__kernel void ember_fused(" in source
     assert float(args[6]) == 2.5  # the scalar parameter follows the arrays
     red = k._replace(reduce=("sum", (1,)))
-    assert be.fusion_compile(red) is None
+    assert type(be.fusion_compile(red)).__name__ == "CuPyReduceKernel"  # run on PoCL in test_cupy_kernels_pocl
+    assert be.fusion_compile(k._replace(reduce=("sum", (1,)), outputs=(3, 4))) is None  # one output per reduction
+    assert be.fusion_compile(k._replace(reduce=("median", (1,)))) is None
