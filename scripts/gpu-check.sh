@@ -6,7 +6,8 @@
 #   1. facts: `ember info` (driver, runtime, compute capability), `ember kernels check --target cuda` (NVRTC);
 #   2. the conformance kit on `cuda`, and on `cuda+autodiff+fusion` (autodiff and fusion);
 #   3. the seed-CNN and the seed text-transformer training steps, ember on cuda vs torch on cuda (same weights,
-#      same batch), median step times and the first-step (cold) time;
+#      same batch), median step times and the first-step (cold) time; the conv path (cuDNN or im2col + cuBLAS) and
+#      a memory_dry_run() of one CNN step;
 # and writes everything to one JSON (default gpu-check.json; first argument overrides).
 #
 #   scripts/gpu-check.sh [out.json]
@@ -81,8 +82,16 @@ try:
     def estep():
         opt.zero_grad(); loss = lossf(m(ex), ey); loss.backward(); opt.step(); ember.cuda.synchronize()
     res["seed_cnn_ember_cuda"] = timed(estep)
+    # the conv path taken (cuDNN only with CuPy <= 13), and one step under memory_dry_run (its plan, then a step)
+    res["conv_path"] = "cudnn" if dev.stack.base_backend.cudnn() is not None else "im2col+cublas"
+    with dev.memory_dry_run() as plan:
+        estep()
+    estep()
+    res["seed_cnn_dry_run"] = {k: plan.get(k) for k in ("allocations", "frees", "carried", "peak_in_use",
+                                                         "plan_bytes", "reserved")}
 except Exception as exc:
-    res["seed_cnn_ember_cuda"] = {"error": f"{type(exc).__name__}: {exc}"}
+    res["seed_cnn_ember_cuda"] = res.get("seed_cnn_ember_cuda") or {"error": f"{type(exc).__name__}: {exc}"}
+    res["seed_cnn_extras_error"] = f"{type(exc).__name__}: {exc}"
 tm = torch.nn.Sequential(torch.nn.Conv2d(1, 64, 3), torch.nn.BatchNorm2d(64), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                          torch.nn.Conv2d(64, 64, 3), torch.nn.BatchNorm2d(64), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                          torch.nn.Flatten(), torch.nn.Linear(1600, 128), torch.nn.GELU(), torch.nn.Dropout(0.25),
