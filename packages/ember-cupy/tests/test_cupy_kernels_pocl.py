@@ -287,6 +287,25 @@ def test_conv_forward_and_gradients_match_torch(be: CuPyBackend, case: Any) -> N
     _close(be.conv_weight_grad(x, gy, ws, stride, padding, dilation, groups), tw.grad, 1e-10)
 
 
+def test_conv_in_batch_chunks(be: CuPyBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A column budget below one image's columns: every op runs image by image (outputs written into slices,
+    weight gradients accumulated)."""
+    from ember_cupy import kernels
+
+    monkeypatch.setattr(kernels, "_COLS_BYTES", 64)
+    xs, ws, stride, padding, dilation, groups, _ = CONVS[1]
+    x = RNG.standard_normal((3,) + xs[1:]).astype(np.float64)
+    w = RNG.standard_normal(ws).astype(np.float64)
+    b = RNG.standard_normal(ws[0]).astype(np.float64)
+    tx, tw = _t(x).requires_grad_(), _t(w).requires_grad_()
+    ty = torch.nn.functional.conv2d(tx, tw, _t(b), stride, tuple(lo for lo, _ in padding), dilation, groups)
+    _close(be.conv(x, w, b, stride, padding, dilation, groups), ty, 1e-10)
+    gy = RNG.standard_normal(tuple(ty.shape)).astype(np.float64)
+    ty.backward(_t(gy))
+    _close(be.conv_input_grad(gy, w, x.shape, stride, padding, dilation, groups), tx.grad, 1e-10)
+    _close(be.conv_weight_grad(x, gy, ws, stride, padding, dilation, groups), tw.grad, 1e-10)
+
+
 def test_conv_asymmetric_padding_float32_and_transpose(be: CuPyBackend) -> None:
     x = RNG.standard_normal((2, 3, 6, 7)).astype(np.float32)
     w = RNG.standard_normal((5, 3, 3, 3)).astype(np.float32)

@@ -513,6 +513,11 @@ def conv(be: Any, x: Any, w: Any, b: Any | None, stride: tuple[int, ...], paddin
         wm = wb
     lows = tuple(lo for lo, _ in padding)
     nb_max = _chunk(max(g * kdim * lsize, cout * lsize), x.itemsize, n)
+    if nb_max >= n:  # one chunk: the GEMM's (N, G, C_out/G, L) result is the output
+        cols = be.empty((n, g, kdim, lsize), dtype)
+        _im2col(be, x, 0, n, g, ksize, out_size, stride, dilation, lows, cols, "ngrl",
+                {"n": g * kdim * lsize, "g": kdim * lsize, "r": lsize, "l": 1}, b is not None)
+        return be.reshape(be.matmul(wm, cols), shape)
     y = be.empty(shape, dtype)
     for n0 in range(0, n, nb_max):
         nb = min(nb_max, n - n0)
@@ -646,9 +651,9 @@ def scatter(be: Any, h: Any, dim: int, index: Any, src: Any, reduce: str | None)
     else:
         s = be.full((), src, dtype)
     if reduce is None:
-        key = tuple(index if d == dim else cp.arange(n, dtype=np.int64).reshape((-1,) + (1,) * (len(shape) - d - 1))
-                    for d, n in enumerate(shape))
         with be._on():
+            key = tuple(index if d == dim else cp.arange(n, dtype=np.int64).reshape((-1,) + (1,) * (len(shape) - d - 1))
+                        for d, n in enumerate(shape))
             out[key] = s
         return out
     ndim = out.ndim
