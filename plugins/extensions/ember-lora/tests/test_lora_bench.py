@@ -27,8 +27,9 @@ def test_finetune_step_lora_counts_and_times(monkeypatch: pytest.MonkeyPatch) ->
     tiny = models.TransformerConfig(vocab_size=64, max_len=8, d_model=16, nhead=2, num_layers=1, dim_feedforward=32)
     monkeypatch.setitem(models.TRANSFORMER_CONFIGS, "small", tiny)
     row = bench.finetune_step("lora", "small", batch=2, steps=2)
-    # adapters on linear1/linear2 (r=8) and the head copy (16*4+4); everything else frozen
-    assert row["trainable"] == 8 * (16 + 32) + 8 * (32 + 16) + 16 * 4 + 4
+    # adapters on linear1/linear2 and on the attention's q/k/v/out projections (r=8), and the head copy (16*4+4);
+    # everything else frozen
+    assert row["trainable"] == 8 * (16 + 32) + 8 * (32 + 16) + 4 * 8 * (16 + 16) + 16 * 4 + 4
     assert row["trainable_fraction"] == row["trainable"] / row["total"]
     assert len(row["step_ms_samples"]) == 2 and row["step_ms_median"] > 0
     assert row["pool_peak_bytes"] is None or row["pool_peak_bytes"] > 0
@@ -47,3 +48,30 @@ def test_nf4_rmse_matches_a_numpy_reconstruction(tmp_path: Path) -> None:
     saved = json.loads(out.read_text())
     assert [r["format"] for r in saved["nf4"]] == ["nf4", "nf4", "fp4", "fp4"]
     assert np.isfinite([r["rmse"] for r in saved["nf4"]]).all()
+
+
+def test_matmul_probe_pool_bytes_and_times() -> None:
+    import subprocess
+    import sys
+
+    from ember import Device
+    from ember.errors import DeviceError, PluginError
+
+    try:
+        Device.parse("opencl")
+    except (DeviceError, PluginError) as exc:
+        pytest.skip(f"no OpenCL device here: {exc}")
+    # a 2048 x 1024 weight is two chunks of 2**20 weights: the kernel holds one chunk (4 MiB), dequantize-then-matmul
+    # the whole float weight (8 MiB); each probe in a fresh interpreter, as the bench runs them
+    above = {}
+    for way in bench.MATMUL_WAYS:
+        proc = subprocess.run([sys.executable, "-m", "ember_lora.bench", "--matmul-probe", way, "4", "2048", "1024",
+                               "--device", "opencl"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        above[way] = json.loads(proc.stdout.strip().splitlines()[-1])["pool_peak_above_bytes"]
+    mib = 1024 * 1024
+    assert above["dequantize+matmul"] >= 8 * mib > above["kernel"] >= 4 * mib
+    times = bench.matmul_times(8, 96, 128, device="opencl", repeats=1)
+    assert times["max_abs_diff"] < 1e-4 and times["kernel_ms_median"] > 0
+    with pytest.raises(Exception, match="way must be one of"):
+        bench.matmul_probe("fused", 1, 64, 64)

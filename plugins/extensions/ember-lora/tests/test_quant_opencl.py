@@ -136,14 +136,18 @@ def test_int8_rounds_half_to_even(cl: Device) -> None:
 
 
 MATMUL = [((7, 200), 96, 200, False), ((2, 3, 64), 33, 64, False), ((5, 40), 40, 24, True), ((1, 17), 9, 17, False),
-          ((3, 0, 64), 16, 64, False)]
+          ((3, 0, 64), 16, 64, False), ((4, 96), 96, 200, True)]
 
 
+@pytest.mark.parametrize("chunk", [1 << 20, 200], ids=["one-chunk", "chunks"])
 @pytest.mark.parametrize("xshape,out_f,in_f,transpose", MATMUL,
                          ids=[f"{'x'.join(map(str, s))}-{o}x{i}{'-T' if t else ''}" for s, o, i, t in MATMUL])
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
 def test_matmul_4bit_matches_dequantize_then_matmul(cl: Device, quant_type: str, xshape: tuple[int, ...],
-                                                    out_f: int, in_f: int, transpose: bool) -> None:
+                                                    out_f: int, in_f: int, transpose: bool, chunk: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # a small chunk: the weight is dequantized a few rows at a time (rows spanning whole blocks of 32)
+    monkeypatch.setattr(K, "CHUNK_ELEMENTS", chunk)
     rng = np.random.default_rng(2)
     w = rng.normal(size=(out_f, in_f)).astype(np.float32)
     q = Q.quantize(ember.tensor(w, device=cl), quant_type, blocksize=32)

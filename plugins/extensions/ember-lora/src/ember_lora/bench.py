@@ -11,6 +11,11 @@ Sections:
   first step (forward, backward, optimizer step with its new state), the pool's peak, and the median step time
   over the following steps (each realized: the loss is read and the device synced before the clock stops).
 * ``nf4``: reconstruction RMSE of NF4 / FP4 (block 64, with and without double quantization) on N(0, 1) 4096x4096.
+* ``matmul``: QLoRA's base product ``x @ dequant(Wq).T`` two ways on ``--device`` (``opencl`` for ember-lora's
+  kernels): the ``quant.matmul_4bit`` op (on OpenCL one kernel that dequantizes each weight tile in local memory)
+  and dequantize-then-matmul (``quant.dequantize_4bit`` into a float weight, then the device's matmul). Each way
+  runs in a fresh interpreter for its pool peak (the op's bytes above what was in use before it); the times are
+  medians of interleaved repeats in one more process, so both ways see the same machine load.
 * ``ptq``: int8 post-training dynamic quantization (:func:`ember.quantization.quantize_dynamic`) of the seed CNN
   (trained briefly on the digits training split) and of the seed transformer's small configuration (trained briefly
   on ``synthetic_sequences``): validation accuracy float vs int8 and the weights' bytes.
@@ -41,9 +46,13 @@ from .config import LoraConfig
 from .model import apply_lora, trainable_parameters
 from .qlora import apply_qlora
 
-__all__ = ["main", "finetune_step", "nf4_rmse", "ptq_accuracy"]
+__all__ = ["main", "finetune_step", "nf4_rmse", "ptq_accuracy", "matmul_probe", "matmul_times"]
 
-SECTIONS = ("finetune", "nf4", "ptq")
+SECTIONS = ("finetune", "nf4", "matmul", "ptq")
+#: the 4-bit matmul shapes (rows of x, out_features, in_features): the full seed transformer's feed-forward layer
+#: for a batch of 2 x 512 tokens, and a 4096 x 4096 weight for a few rows (decoding) and for 256 rows
+MATMUL_SHAPES = ((1024, 2048, 512), (16, 4096, 4096), (256, 4096, 4096))
+MATMUL_WAYS = ("kernel", "dequantize+matmul")
 METHODS = ("full", "lora", "qlora")
 _MiB = 1024 * 1024
 
@@ -201,6 +210,97 @@ def nf4_rmse(n: int = 4096, device: str = "flex", seed: int = 0) -> list[dict[st
 
 
 # ----------------------------------------------------------------------------------------------------------
+# the 4-bit matmul: kernel vs dequantize-then-matmul
+# ----------------------------------------------------------------------------------------------------------
+def _matmul_operands(rows: int, out_f: int, in_f: int, dev: ember.Device, seed: int = 0) -> tuple[Any, ...]:
+    """x, packed codes and absmax on ``dev`` (quantized on flex and copied, so setting up costs the device only
+    the 4-bit weight)."""
+    from ember import quantization as Q
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((out_f, in_f), dtype=np.float32)
+    q = Q.quantize(ember.tensor(w), "nf4", blocksize=64)
+    x = ember.tensor(rng.standard_normal((rows, in_f), dtype=np.float32), device=dev)
+    return x, q.data.to(dev), q.absmax().to(dev)
+
+
+def _matmul_way(way: str, x: Any, packed: Any, absmax: Any, out_f: int, in_f: int) -> ember.Tensor:
+    from ember.quantization import ops as qops
+
+    if way == "kernel":
+        return qops.matmul_4bit(x, packed, absmax, None, out_features=out_f, in_features=in_f, blocksize=64,
+                                quant_type="nf4")
+    w = qops.dequantize_4bit(packed, absmax, blocksize=64, quant_type="nf4")
+    return x @ w[:out_f * in_f].reshape(out_f, in_f).T
+
+
+def matmul_probe(way: str, rows: int, out_f: int, in_f: int, device: str = "opencl") -> dict[str, Any]:
+    """Pool bytes of one ``way`` product in this process (run it in a fresh interpreter: the pool's peak cannot be
+    reset): ``peak`` after the product minus ``in_use`` before it."""
+    if way not in MATMUL_WAYS:
+        raise ValueRangeError(f"matmul_probe: way must be one of {MATMUL_WAYS}, got {way!r}")
+    dev = ember.device(device)
+    x, packed, absmax = _matmul_operands(rows, out_f, in_f, dev)
+    dev.sync()
+    setup_peak, before = _pool(dev, "peak"), _pool(dev, "in_use")
+    out = _matmul_way(way, x, packed, absmax, out_f, in_f)
+    out.numpy()
+    dev.sync()
+    peak = _pool(dev, "peak")
+    above = None if peak is None or before is None or setup_peak is None or peak <= setup_peak else peak - before
+    return {"way": way, "shape": [rows, out_f, in_f], "device": str(dev), "pool_peak_above_bytes": above,
+            "pool_in_use_before_bytes": before, "output_bytes": rows * out_f * 4,
+            "float_weight_bytes": out_f * in_f * 4}
+
+
+def matmul_times(rows: int, out_f: int, in_f: int, device: str = "opencl", repeats: int = 5) -> dict[str, Any]:
+    """Median milliseconds of each way (interleaved repeats after a warm-up; each result read back) and the largest
+    difference between their outputs."""
+    dev = ember.device(device)
+    x, packed, absmax = _matmul_operands(rows, out_f, in_f, dev)
+    outs = {way: _matmul_way(way, x, packed, absmax, out_f, in_f).numpy() for way in MATMUL_WAYS}  # warm-up
+    samples: dict[str, list[float]] = {way: [] for way in MATMUL_WAYS}
+    for _ in range(repeats):
+        for way in MATMUL_WAYS:
+            t0 = time.perf_counter()
+            _matmul_way(way, x, packed, absmax, out_f, in_f).numpy()
+            samples[way].append(1000 * (time.perf_counter() - t0))
+    diff = float(np.abs(outs["kernel"].astype(np.float64) - outs["dequantize+matmul"]).max())
+    return {"shape": [rows, out_f, in_f], "device": str(dev), "max_abs_diff": diff,
+            **{f"{way}_ms_median": statistics.median(v) for way, v in samples.items()},
+            **{f"{way}_ms_samples": v for way, v in samples.items()}}
+
+
+def _matmul_all(args: argparse.Namespace) -> list[dict[str, Any]]:
+    shapes = ((64, 512, 256), (16, 1024, 1024)) if args.quick else MATMUL_SHAPES
+    rows = []
+    print(f"{'x rows':>7}{'W (out x in)':>14}{'kernel ms':>11}{'deq+mm ms':>11}{'kernel pool MiB':>17}"
+          f"{'deq+mm pool MiB':>17}{'float W MiB':>13}{'max |diff|':>12}")
+    for shape in shapes:
+        row: dict[str, Any] = {}
+        for way in MATMUL_WAYS:
+            cmd = [sys.executable, "-m", "ember_lora.bench", "--matmul-probe", way, *map(str, shape),
+                   "--device", args.device]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"ember bench lora: the {way} matmul probe failed:\n{proc.stderr[-3000:]}")
+            row[way] = json.loads(proc.stdout.strip().splitlines()[-1])
+        cmd = [sys.executable, "-m", "ember_lora.bench", "--matmul-times", *map(str, shape), "--device", args.device,
+               "--steps", str(args.steps)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ember bench lora: the matmul timing failed:\n{proc.stderr[-3000:]}")
+        row["times"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        t = row["times"]
+        print(f"{shape[0]:>7}{f'{shape[1]} x {shape[2]}':>14}{t['kernel_ms_median']:>11,.1f}"
+              f"{t['dequantize+matmul_ms_median']:>11,.1f}{_mib(row['kernel']['pool_peak_above_bytes']):>17}"
+              f"{_mib(row['dequantize+matmul']['pool_peak_above_bytes']):>17}"
+              f"{_mib(row['kernel']['float_weight_bytes']):>13}{t['max_abs_diff']:>12.2e}", flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------
 # int8 post-training quantization
 # ----------------------------------------------------------------------------------------------------------
 def _train(model: nn.Module, x: np.ndarray, y: np.ndarray, dev: ember.Device, epochs: int, batch: int, lr: float,
@@ -284,6 +384,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=2, help="finetune batch size (default 2, as `ember bench`)")
     p.add_argument("--steps", type=int, default=None, help="timed steps after the first (default 3; 1 with --quick)")
     p.add_argument("--probe", choices=METHODS, help=argparse.SUPPRESS)
+    p.add_argument("--matmul-probe", nargs=4, metavar=("WAY", "ROWS", "OUT", "IN"), help=argparse.SUPPRESS)
+    p.add_argument("--matmul-times", nargs=3, type=int, metavar=("ROWS", "OUT", "IN"), help=argparse.SUPPRESS)
     return p
 
 
@@ -294,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps if args.steps is not None else (1 if args.quick else 3)
     if args.probe:
         print(json.dumps(finetune_step(args.probe, args.config, args.batch, args.steps, args.device)))
+        return 0
+    if args.matmul_probe:
+        way, *dims = args.matmul_probe
+        print(json.dumps(matmul_probe(way, *map(int, dims), device=args.device)))
+        return 0
+    if args.matmul_times:
+        print(json.dumps(matmul_times(*args.matmul_times, device=args.device, repeats=max(args.steps, 1))))
         return 0
     print(f"ember {ember.__version__}, ember-lora on {args.device}; {platform.processor() or platform.machine()} "
           f"({os.cpu_count()} CPUs), numpy {np.__version__}")
@@ -306,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
         n = 1024 if args.quick else 4096
         print(f"\n== 4-bit reconstruction error on N(0, 1) {n}x{n} ==")
         result["nf4"] = nf4_rmse(n, args.device)
+    if "matmul" in args.sections:
+        print(f"\n== NF4 matmul x @ dequant(W).T on {args.device}: the quant.matmul_4bit kernel vs dequantize then "
+              f"matmul; pool bytes above the operands, each way in a fresh process; median of {args.steps} "
+              "interleaved repeats ==")
+        result["matmul"] = _matmul_all(args)
     if "ptq" in args.sections:
         print("\n== int8 dynamic quantization (post-training) ==")
         result["ptq"] = ptq_accuracy(args.quick, args.device)

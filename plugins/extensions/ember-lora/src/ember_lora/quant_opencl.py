@@ -16,10 +16,13 @@ backends without kernels) the ops run their compositions in ember ops, which the
 * dequantize (4-bit): one work-item per byte, ``codebook[code] * absmax`` in float32 (bit-exact).
 * int8: one work-item per element, ``clamp(rint(x / scale) + zero_point, qmin, qmax)`` (``rint`` rounds half to even
   as ``round`` does) and ``(q - zero_point) * scale`` (bit-exact for finite input).
-* matmul: a 16×16-tiled GEMM whose weight tile is dequantized from the packed codes into local memory as it is
-  loaded: the float weight never exists in global memory, whole or in part. It accumulates in the input's dtype
-  (float32, or float64 on devices with cl_khr_fp64), so it agrees with dequantize-then-matmul to float rounding, not
-  bit for bit (the summation order differs).
+* matmul: the weight is dequantized a chunk of rows at a time (about :data:`CHUNK_ELEMENTS` weights, a whole
+  number of blocks) into one reused device buffer, and each chunk is one product on the backend's own autotuned
+  GEMM (``backend.matmul``) into its columns of the output (or, for the transposed product the backward needs,
+  accumulated into the output): the float weight never exists whole, as in ember-flex's kernel. A GEMM that decodes
+  the 4-bit codes inside its tile loads was measured too: on PoCL it ran 5-10x slower than the tuned GEMM plus a
+  dequantization pass, whose cost is one read of the packed weight per product. It agrees with
+  dequantize-then-matmul to float rounding (the chunks' GEMMs may pick other tiles than the whole product's).
 
 Other floating dtypes (bfloat16, float16) compute in float32 and are cast back on the device, as the compositions
 and ember-flex do.
@@ -35,16 +38,16 @@ import numpy as np
 from ember import dtypes as dt
 from ember.quantization import ops as qops
 
-__all__ = ["TILE", "dequantize_4bit", "dequantize_int8", "matmul_4bit", "quantize_4bit", "quantize_int8", "register"]
+__all__ = ["CHUNK_ELEMENTS", "dequantize_4bit", "dequantize_int8", "matmul_4bit", "quantize_4bit", "quantize_int8",
+           "register"]
 
-#: the matmul's work-group tile (TILE × TILE outputs, TILE-deep slices of the reduction)
-TILE = 16
+#: weights dequantized per matmul chunk (4 MiB of float32), as ember-flex's kernel
+CHUNK_ELEMENTS = 1 << 20
 
 _CTYPES = {dt.float32: "float", dt.float64: "double"}
 
 _SOURCE = """{pragma}
 #define T {ctype}
-#define TS {tile}
 
 /* the tables of ember.quantization.ops as exact float32 literals */
 __constant float ember_q4_codebooks[2][16] = {{ {{{nf4_code}}}, {{{fp4_code}}} }};
@@ -97,38 +100,6 @@ __kernel void ember_q4_dequantize(__global const uchar* packed, long p_off, __gl
     out[o_off + 2 * i + 1] = (T)(code[byte & 15] * m);
 }}
 
-/* out (M, N) = X (M, K) @ W^T (+ bias), W's element (n, k) at flat index n * sn + k * sk of the packed 4-bit codes:
-   (sn, sk) = (K, 1) for x @ W.T with W (N, K); (1, N) for x @ W with W (K, N) (the backward's product). */
-__kernel __attribute__((reqd_work_group_size(TS, TS, 1)))
-void ember_q4_matmul(__global const T* X, long x_off, __global const uchar* P, long p_off,
-                     __global const float* A, long a_off, int fp4, __global const T* bias,
-                     long b_off, int has_bias, __global T* O, long o_off, int M, int N, int K, long sn, long sk,
-                     int blocksize) {{
-    __constant const float* code = ember_q4_codebooks[fp4];
-    const int tx = get_local_id(0), ty = get_local_id(1);
-    const int n = get_group_id(0) * TS + tx;
-    const int m = get_group_id(1) * TS + ty;
-    __local T xs[TS][TS];
-    __local T ws[TS][TS + 1];
-    T acc = (T)0;
-    for (int k0 = 0; k0 < K; k0 += TS) {{
-        const int kx = k0 + tx;
-        xs[ty][tx] = (m < M && kx < K) ? X[x_off + (long)m * K + kx] : (T)0;
-        const int kw = k0 + ty;
-        T w = (T)0;
-        if (n < N && kw < K) {{
-            const long e = (long)n * sn + (long)kw * sk;
-            const uchar byte = P[p_off + (e >> 1)];
-            w = (T)(code[(e & 1) ? (byte & 15) : (byte >> 4)] * A[a_off + e / blocksize]);
-        }}
-        ws[ty][tx] = w;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int kk = 0; kk < TS; ++kk) acc += xs[ty][kk] * ws[kk][tx];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }}
-    if (m < M && n < N) O[o_off + (long)m * N + n] = has_bias ? acc + bias[b_off + n] : acc;
-}}
-
 /* int8 quantization / dequantization, one element per work-item; x viewed as (outer, C, inner). */
 __kernel void ember_q8_quantize(__global const float* x, long x_off, __global const float* scale, long s_off,
                                 __global const float* zp, long z_off, int has_zp, __global char* q, long q_off,
@@ -159,7 +130,7 @@ def _hex_floats(values: Any) -> str:
 
 def _source(dtype: dt.DType) -> str:
     pragma = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable" if dtype is dt.float64 else ""
-    return _SOURCE.format(pragma=pragma, ctype=_CTYPES[dtype], tile=TILE,
+    return _SOURCE.format(pragma=pragma, ctype=_CTYPES[dtype],
                           nf4_code=_hex_floats(qops.CODEBOOKS["nf4"]), fp4_code=_hex_floats(qops.CODEBOOKS["fp4"]),
                           nf4_thr=_hex_floats(qops.THRESHOLDS["nf4"]), fp4_thr=_hex_floats(qops.THRESHOLDS["fp4"]),
                           fp4_order=", ".join(str(int(v)) for v in qops.FP4_ORDER))
@@ -215,9 +186,25 @@ def dequantize_4bit(backend: Any, packed: Any, absmax: Any, *, blocksize: int, q
     return _cast(backend, out, dtype)
 
 
+def _dequantize_range(backend: Any, packed: Any, absmax: Any, block0: int, blocks: int, blocksize: int,
+                      fp4: bool, out: Any) -> None:
+    """Dequantize ``blocks`` blocks from block ``block0`` into the start of ``out`` (flat, float32 or float64)."""
+    nbytes = blocks * blocksize // 2
+    knl = _kernel(backend, backend.dtype_of(out), "ember_q4_dequantize")
+    knl(backend.rt.queue, (nbytes,), None, packed.buf, np.int64(packed.eoff + block0 * blocksize // 2), absmax.buf,
+        np.int64(absmax.eoff + block0), np.int32(fp4), out.buf, np.int64(out.eoff), np.int32(blocksize))
+
+
+def _rows_per_chunk(out_features: int, in_features: int, blocksize: int) -> int:
+    """Rows per chunk: a multiple of the rows that span whole blocks, about CHUNK_ELEMENTS weights."""
+    step = blocksize // math.gcd(in_features, blocksize)
+    rows = max(step, (CHUNK_ELEMENTS // max(in_features, 1)) // step * step)
+    return min(rows, out_features)
+
+
 def matmul_4bit(backend: Any, x: Any, packed: Any, absmax: Any, bias: Any, *, out_features: int, in_features: int,
                 blocksize: int, quant_type: str, transpose: bool = False) -> Any:
-    """``x @ W.T + bias`` (or ``x @ W``) with W's tiles dequantized in local memory as they are loaded."""
+    """``x @ W.T + bias`` (or ``x @ W``) with W dequantized a chunk of rows at a time into one reused buffer."""
     in_dtype = backend.dtype_of(x)
     work = _work_dtype(backend, in_dtype)
     x = backend.contiguous(_cast(backend, x, work))
@@ -226,19 +213,31 @@ def matmul_4bit(backend: Any, x: Any, packed: Any, absmax: Any, bias: Any, *, ou
     k = x.shape[-1]
     n = in_features if transpose else out_features
     rows = math.prod(lead)
-    out = backend.empty((*lead, n), work)
-    if rows and n:
-        sn, sk = (1, in_features) if transpose else (in_features, 1)
-        b = backend.contiguous(_cast(backend, bias, work)) if bias is not None else None
-        bias_buf, bias_off = (b.buf, b.eoff) if b is not None else (absmax.buf, 0)  # unread when has_bias=0
-        knl = _kernel(backend, work, "ember_q4_matmul")
-        grid = (-(-n // TILE) * TILE, -(-rows // TILE) * TILE)
-        knl(backend.rt.queue, grid, (TILE, TILE), x.buf, np.int64(x.eoff), packed.buf, np.int64(packed.eoff),
-            absmax.buf, np.int64(absmax.eoff), np.int32(quant_type == "fp4"), bias_buf, np.int64(bias_off),
-            np.int32(b is not None),
-            out.buf, np.int64(out.eoff), np.int32(rows), np.int32(n), np.int32(k), np.int64(sn), np.int64(sk),
-            np.int32(blocksize))
-    return _cast(backend, out, in_dtype)
+    x2 = backend.reshape(x, (rows, k))
+    fp4 = quant_type == "fp4"
+    if rows == 0 or out_features == 0 or in_features == 0:
+        out = backend.full((rows, n), 0, work)
+    else:
+        chunk = _rows_per_chunk(out_features, in_features, blocksize)
+        buf = backend.empty((-(-chunk * in_features // blocksize) * blocksize,), work)
+        out = backend.full((rows, n), 0, work) if transpose else None
+        parts = []
+        for r0 in range(0, out_features, chunk):
+            r1 = min(r0 + chunk, out_features)
+            e0, e1 = r0 * in_features, r1 * in_features  # e0 is on a block boundary (chunk spans whole blocks)
+            b0 = e0 // blocksize
+            _dequantize_range(backend, packed, absmax, b0, -(-e1 // blocksize) - b0, blocksize, fp4, buf)
+            w = backend.reshape(backend.getitem(buf, (slice(0, e1 - e0),)), (r1 - r0, in_features))
+            if transpose:  # x @ W: the chunk's rows of W meet the chunk's columns of x
+                xs = backend.getitem(x2, (slice(None), slice(r0, r1)))
+                backend.inplace_binary("add", out, backend.matmul(xs, w))
+            else:
+                parts.append(backend.matmul(x2, backend.permute(w, (1, 0))))
+        if not transpose:
+            out = parts[0] if len(parts) == 1 else backend.cat(parts, 1)
+    if bias is not None:
+        out = backend.binary("add", out, _cast(backend, bias, work))
+    return _cast(backend, backend.reshape(out, (*lead, n)), in_dtype)
 
 
 def quantize_int8(backend: Any, x: Any, scale: Any, zero_point: Any, *, qmin: int, qmax: int) -> Any:
