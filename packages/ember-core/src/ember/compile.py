@@ -580,13 +580,13 @@ class _State:
 
         flags: list[bool] = []
         for m in modules:
-            for sub in m.modules():
+            for sub in m.modules():  # one walk: each module's own parameters and buffers
                 flags.append(sub.training)
-            for p in m.parameters():
-                add(p, "value")
-                add(p, "grad")
-            for b in m.buffers():
-                add(b, "value")
+                for p in sub._parameters.values():
+                    add(p, "value")
+                    add(p, "grad")
+                for b in sub._buffers.values():
+                    add(b, "value")
         hyper: list[Any] = []
         for opt in optimizers:
             bound = getattr(opt, "_compile_bindings", ())
