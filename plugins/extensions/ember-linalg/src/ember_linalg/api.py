@@ -245,7 +245,8 @@ def eigvalsh(A: Tensor, UPLO: str = "L") -> Tensor:
 def eig(A: Tensor) -> EigResult:
     """(eigenvalues, eigenvectors) of a general square matrix: complex outputs, available when ember has complex
     dtypes; otherwise :class:`ember.errors.UnsupportedError` names the limitation (use :func:`eigh` for symmetric
-    matrices)."""
+    matrices). Differentiable (torch's rule); a loss that depends on the eigenvectors' phase raises
+    :class:`ember.errors.AutodiffError`."""
     return EigResult(*call(_ops.eig, _tensor("eig", A)))
 
 
@@ -297,7 +298,8 @@ def pinv(A: Tensor, *, atol: Any = None, rtol: Any = None, hermitian: bool = Fal
 
 
 def matrix_rank(A: Tensor, *, atol: Any = None, rtol: Any = None, hermitian: bool = False) -> Tensor:
-    """The numerical rank (int64): singular values above max(atol, rtol * s_max), with :func:`pinv`'s defaults."""
+    """The numerical rank (int64): singular values above max(atol, rtol * s_max), with :func:`pinv`'s defaults.
+    An integer result, so never differentiable (as torch's)."""
     return call(_ops.matrix_rank, _tensor("matrix_rank", A), atol=_tol(atol), rtol=_tol(rtol),
                 hermitian=bool(hermitian))
 
@@ -500,7 +502,7 @@ def vander(x: Tensor, *, N: int | None = None) -> Tensor:
 
 def householder_product(A: Tensor, tau: Tensor) -> Tensor:
     """The first n columns of H_1 ... H_k, H_i = I - tau_i v_i v_i^T with v_i stored below A's diagonal (LAPACK
-    orgqr; what :func:`qr` builds Q from). Not differentiable in this version."""
+    orgqr, ungqr for complex; what :func:`qr` builds Q from). Differentiable in A (below its diagonal) and tau."""
     return call(_ops.householder_product, _tensor("householder_product", A), _tensor("householder_product", tau,
                                                                                        "tau"))
 
