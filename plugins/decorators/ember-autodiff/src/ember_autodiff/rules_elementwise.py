@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ember.autograd import GRAD_MODE
 from ember.errors import AutodiffError
 
-from .complex_grads import conjugated, is_complex, real_part
+from .complex_grads import conj, conjugated, is_complex, real_part
 from .graph import ADArray, Meta, Node
 from .recorder import Recorder
 
@@ -215,6 +216,10 @@ _ONE_SIDED_SAVES: dict[str, Callable[[bool, bool], tuple[bool, bool, bool]]] = {
 }
 
 
+#: _ONE_SIDED_SAVES as a table: op -> its (save a, save b, save y) at index need_a + 2 * need_b
+_ONE_SIDED_KEEP: dict[str, tuple[tuple[bool, bool, bool], ...]] = {
+    op: tuple(f(bool(k & 1), bool(k & 2)) for k in range(4)) for op, f in _ONE_SIDED_SAVES.items()}
+
 _MAX_MIN = frozenset({"maximum", "minimum"})
 
 
@@ -229,6 +234,30 @@ _SCALAR_SAFE = frozenset({"add", "sub", "mul", "div", "floor_divide"})
 def _scalar_getter(be: Any, scalar: Any, other: Getter) -> Getter:
     """A getter of ``scalar`` as a 0-d handle of the other operand's dtype (built at backward time only)."""
     return lambda: be.full((), scalar, be.dtype_of(other()))
+
+
+def _binary_vjp(inner: Any, op: str, sided: Any, rule: Any, pa: Getter, pb: Getter, y: Getter,
+                sa: tuple[int, ...] | None, sb: tuple[int, ...] | None, need_a: bool, need_b: bool,
+                g: Any) -> tuple[Any, Any]:
+    """The vjp of a recorded binary op (``ElementwiseRules.binary``): gradients of the operands that need one,
+    summed back to their shapes. Complex values follow torch's convention (:func:`complex_grads.conjugated`): the
+    output's gradient has the output's dtype, so its dtype says whether to conjugate -- decided here, at backward,
+    rather than on every recorded op."""
+    cx = is_complex(inner, g)
+    if cx:
+        g = conj(inner, g)
+    if sided is not None:
+        da = sided[0](inner, g, pa, pb, y) if need_a else None
+        db = sided[1](inner, g, pa, pb, y) if need_b else None
+    elif op in _MAX_MIN and need_a != need_b:
+        da = _max_min_one_grad(inner, op, g, pa(), pb()) if need_a else None
+        db = _max_min_one_grad(inner, op, g, pb(), pa()) if need_b else None
+    else:
+        da, db = rule(inner, g, pa, pb, y)
+    res = (unbroadcast(inner, da, sa) if need_a else None, unbroadcast(inner, db, sb) if need_b else None)
+    if cx:
+        res = tuple(r if r is None or not is_complex(inner, r) else conj(inner, r) for r in res)
+    return res
 
 
 def _shape(x: Any) -> tuple[int, ...] | None:
@@ -302,20 +331,21 @@ class ElementwiseRules(Recorder):
                            recompute=lambda: inner.clamp(x(), bound(val(lo), glo), bound(val(hi), ghi)))
 
     def binary(self, op: str, a: Any, b: Any) -> ADArray:
+        # the hottest path of the decorator: self.tracking, self.record and conjugated are inlined here
         inner = self.inner
         ta, tb = type(a) is ADArray, type(b) is ADArray
         value = inner.binary(op, a.value if ta else a, b.value if tb else b)
-        # inlined self.tracking(a, b): this is the hottest path of the decorator
-        if not (GRAD_MODE.enabled and ((ta and a.meta is not None) or (tb and b.meta is not None))) or (
-                op not in BINARY_VJP):
+        ma = a.meta if ta else None
+        mb = b.meta if tb else None
+        if (ma is None and mb is None) or not GRAD_MODE.enabled or op not in BINARY_VJP:
             return ADArray(value)
-        sa = tuple(a.shape) if type(a) is ADArray else None
-        sb = tuple(b.shape) if type(b) is ADArray else None
-        need_a = sa is not None and a.meta is not None
-        need_b = sb is not None and b.meta is not None
+        sa = a.value.shape if ta else None  # unbroadcast makes them tuples, when it runs
+        sb = b.value.shape if tb else None
+        need_a, need_b = ma is not None, mb is not None
+        balanced = self.balanced
         sided = _ONE_SIDED.get(op)
-        if sided is not None and not self.balanced:
-            keep_a, keep_b, keep_y = _ONE_SIDED_SAVES[op](need_a, need_b)
+        if sided is not None and not balanced:
+            keep_a, keep_b, keep_y = _ONE_SIDED_KEEP[op][need_a + 2 * need_b]
         else:  # every rule may read everything; balanced recipes rebuild the output from both operands
             keep_a = keep_b = keep_y = True
         ga = self.save(a) if keep_a else _unsaved
@@ -325,27 +355,36 @@ class ElementwiseRules(Recorder):
         # rules other than these combine the two operands with each other (or apply unary ops to them): a
         # Python-scalar operand becomes a 0-d handle there, since backends never see two scalars
         pa, pb = ga, gb
-        if op not in _SCALAR_SAFE:
+        if (sa is None or sb is None) and op not in _SCALAR_SAFE:
             if sa is None:
                 pa = _scalar_getter(inner, a, gb)
             if sb is None:
                 pb = _scalar_getter(inner, b, ga)
 
-        def vjp(g: Any) -> tuple[Any, Any]:
-            if sided is not None:
-                da = sided[0](inner, g, pa, pb, y) if need_a else None
-                db = sided[1](inner, g, pa, pb, y) if need_b else None
-            elif op in _MAX_MIN and need_a != need_b:
-                da = _max_min_one_grad(inner, op, g, pa(), pb()) if need_a else None
-                db = _max_min_one_grad(inner, op, g, pb(), pa()) if need_b else None
-            else:
-                da, db = rule(inner, g, pa, pb, y)
-            return (unbroadcast(inner, da, sa) if need_a else None,
-                    unbroadcast(inner, db, sb) if need_b else None)
+        if balanced:
+            return self._record_balanced_binary(op, value, a, b, ga, gb, partial(
+                _binary_vjp, inner, op, sided, rule, pa, pb))
+        out = ADArray(value)
+        # partials, no closure: a closure over these dozen names would cost a cell object each on every record
+        out.meta = Meta(Node(op, (ma, mb), partial(_binary_vjp, inner, op, sided, rule, pa, pb,
+                                                   self.save(out) if keep_y else _unsaved, sa, sb, need_a, need_b)))
+        return out
 
-        out = self.record(op, value, (a, b), conjugated(inner, vjp) if is_complex(inner, value) else vjp,
-                          recompute=lambda: inner.binary(op, ga(), gb()))
-        y = self.save(out) if keep_y else _unsaved
+    def _record_balanced_binary(self, op: str, value: Any, a: Any, b: Any, ga: Getter, gb: Getter,
+                                vjp_of: Callable[..., tuple[Any, Any]]) -> ADArray:
+        """binary's recording under balanced checkpointing: the output is saved (its getter recomputes it from
+        the operands when it was freed) and the node carries the recipe."""
+        inner = self.inner
+        sa, sb = _shape(a), _shape(b)
+        need_a = sa is not None and a.meta is not None
+        need_b = sb is not None and b.meta is not None
+        y: Getter = _unsaved
+
+        def vjp(g: Any) -> tuple[Any, Any]:
+            return vjp_of(y, sa, sb, need_a, need_b, g)  # type: ignore[no-any-return]
+
+        out = self.record(op, value, (a, b), vjp, recompute=lambda: inner.binary(op, ga(), gb()))
+        y = self.save(out)
         return out
 
     def where(self, cond: Any, a: Any, b: Any) -> ADArray:
