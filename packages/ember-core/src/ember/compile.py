@@ -204,6 +204,7 @@ class _Trace:
         self.pure: set[int] = set()  # the inputs and values computed from nothing else (the step's own reads' scope)
         self.input_reads = 0
         self.roots = 0  # scalar() calls so far (each binding's root id)
+        self.skip_packages: frozenset[str] = frozenset()  # the recording chain's decorator packages
         self.allow_read = 0
         self.broken: str | None = None
 
@@ -337,7 +338,7 @@ class TraceStack(Decorator):
         nh = t.norm(h)
         v = t.vid_of.get(id(nh))
         if not t.allow_read:
-            caller = _caller()
+            caller = _caller(t.skip_packages)
             if v is not None and v in t.pure and caller.startswith("ember."):
                 # ember's own check of an input (a class-index range): assumed to hold for later inputs, as a
                 # device-side assert would be; a user's read, or one of anything the step computes from state, breaks
@@ -399,11 +400,18 @@ for _name in sorted(CONTRACT_METHODS - _PLUMBING):
 TraceStack._resolve_policies()
 
 
-def _caller() -> str:
-    """The nearest function outside ember's dispatch layers (names the code that read a value)."""
+#: core modules between an op and the stack (skipped when naming the code that read a value)
+_PLUMBING_MODULES = frozenset({__name__, "ember.decorator", "ember.tensor", "ember.dispatch", "ember.extension"})
+
+
+def _caller(skip_packages: frozenset[str]) -> str:
+    """The nearest function outside the stack's layers (names the code that read a value): core's plumbing and
+    the packages of the decorators in the recording chain are skipped."""
     f = sys._getframe(2)
-    skip = (__file__, "decorator.py", "tensor.py", os.sep + "ember_autodiff" + os.sep, os.sep + "ember_fusion" + os.sep)
-    while f is not None and any(s in f.f_code.co_filename for s in skip):
+    while f is not None:
+        mod = f.f_globals.get("__name__", "?")
+        if mod not in _PLUMBING_MODULES and mod.split(".", 1)[0] not in skip_packages:
+            break
         f = f.f_back
     return "?" if f is None else f"{f.f_globals.get('__name__', '?')}.{f.f_code.co_name}"
 
@@ -483,6 +491,9 @@ class _DeviceRecording:
             stack = spec.factory(stack, **dict(opts.get(name, ())))
         self.chain = stack
         self.router = _Router(real, device, stack)
+        #: top-level packages of the chains' decorators (their frames are plumbing when naming a reader)
+        self.packages = frozenset(type(d).__module__.split(".", 1)[0] for d in (*chain[:-1], *stack_chain(stack))
+                                  if isinstance(d, Decorator)) - {"ember"}
 
 
 _install_lock = threading.RLock()
@@ -1048,6 +1059,7 @@ class CompiledFunction:
                 dev._stack = router
             router.users += 1
         trace = _Trace(dev, rec.base, rec.norm)
+        trace.skip_packages = rec.packages
         real = rec.real
         in_slots: dict[int, int] = {}
         for i, a in enumerate(args):
