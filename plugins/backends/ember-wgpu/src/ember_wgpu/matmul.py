@@ -80,17 +80,18 @@ def strip_source(dtype: DType, strip: int) -> str:
             "  if (t >= M * strips) { return; }\n"
             f"  let row = t / strips; let col0 = (t % strips) * {strip};\n"
             "  let batch = i32(gid.y) + p[4];\n" + _BATCH
-            + f"  var acc: array<{ct}, {strip}>;\n"
-            f"  for (var s = 0; s < {strip}; s = s + 1) {{ acc[s] = {ct}(0); }}\n"
-            f"  let ncols = min({strip}, N - col0);\n"
-            "  let arow = ao + row * ars;\n"
+            # scalar accumulators with constant names stay in registers (see tiled_source); the columns past N of
+            # the last strip read clamped or foreign elements of b, never stored
+            + "".join(f"  var c{s} = {ct}(0);\n" for s in range(strip))
+            + "  let arow = ao + row * ars;\n"
             "  for (var k = 0; k < K; k = k + 1) {\n"
             f"    let av = {load('a[arow + k * acs]')};\n"
             "    let bk = bo + k * brs + col0 * bcs;\n"
-            "    for (var s = 0; s < ncols; s = s + 1) {\n"
-            f"      acc[s] = acc[s] + av * {load('b[bk + s * bcs]')};\n    }}\n  }}\n"
+            + "".join(f"    c{s} = c{s} + av * {load(f'b[bk + {s} * bcs]')};\n" for s in range(strip))
+            + "  }\n"
             "  let obase = batch * M * N + row * N + col0;\n"
-            f"  for (var s = 0; s < ncols; s = s + 1) {{ out[obase + s] = {store('acc[s]')}; }}\n}}\n")
+            + "".join(f"  if (col0 + {s} < N) {{ out[obase + {s}] = {store(f'c{s}')}; }}\n" for s in range(strip))
+            + "}\n")
     from .kernels import _with_library
 
     return _with_library(body, [dtype])
@@ -109,9 +110,10 @@ def tiled_source(dtype: DType, tx: int, ty: int, rm: int, rn: int, bk: int) -> s
             "  let batch = i32(wid.z) + p[4];\n" + _BATCH
             + f"  let tc = i32(lid.x); let tr = i32(lid.y); let tid = tr * {tx} + tc;\n"
             f"  let row0 = i32(wid.y) * {bm}; let col0 = i32(wid.x) * {bn};\n"
-            f"  var acc: array<{ct}, {rm * rn}>;\n"
-            f"  for (var s = 0; s < {rm * rn}; s = s + 1) {{ acc[s] = {zero}; }}\n"
-            f"  for (var k0 = 0; k0 < K; k0 = k0 + {bk}) {{\n"
+            # the accumulators are scalars, not an array: constant names keep them in registers (a dynamically
+            # indexed array lives in memory on CPU drivers, and costs registers on some GPU compilers)
+            + "".join(f"  var c{i}_{j} = {zero};\n" for i in range(rm) for j in range(rn))
+            + f"  for (var k0 = 0; k0 < K; k0 = k0 + {bk}) {{\n"
             f"    for (var e = tid; e < {bm * bk}; e = e + {nt}) {{\n"
             f"      let r = e / {bk}; let kk = e % {bk}; let gr = row0 + r; let gk = k0 + kk;\n"
             f"      var v = {zero};\n"
@@ -124,20 +126,15 @@ def tiled_source(dtype: DType, tx: int, ty: int, rm: int, rn: int, bk: int) -> s
             f"      Bs[kk * {bn} + c] = v;\n    }}\n"
             "    workgroupBarrier();\n"
             f"    for (var kk = 0; kk < {bk}; kk = kk + 1) {{\n"
-            f"      var av: array<{ct}, {rm}>;\n"
-            f"      for (var i = 0; i < {rm}; i = i + 1) {{ av[i] = As[kk * {bm} + tr + i * {ty}]; }}\n"
-            f"      for (var j = 0; j < {rn}; j = j + 1) {{\n"
-            f"        let bv = Bs[kk * {bn} + tc + j * {tx}];\n"
-            f"        for (var i = 0; i < {rm}; i = i + 1) {{ acc[i * {rn} + j] = acc[i * {rn} + j] + av[i] * bv; }}\n"
-            "      }\n    }\n"
-            "    workgroupBarrier();\n  }\n"
+            + "".join(f"      let a{i} = As[kk * {bm} + tr + {i * ty}];\n" for i in range(rm))
+            + "".join(f"      let b{j} = Bs[kk * {bn} + tc + {j * tx}];\n" for j in range(rn))
+            + "".join(f"      c{i}_{j} = c{i}_{j} + a{i} * b{j};\n" for i in range(rm) for j in range(rn))
+            + "    }\n    workgroupBarrier();\n  }\n"
             "  let obase = batch * M * N;\n"
-            f"  for (var i = 0; i < {rm}; i = i + 1) {{\n"
-            f"    let r = row0 + tr + i * {ty};\n"
-            f"    for (var j = 0; j < {rn}; j = j + 1) {{\n"
-            f"      let c = col0 + tc + j * {tx};\n"
-            f"      if (r < M && c < N) {{ out[obase + r * N + c] = {store(f'acc[i * {rn} + j]')}; }}\n"
-            "    }\n  }\n}\n")
+            + "".join(f"  if (row0 + tr + {i * ty} < M && col0 + tc + {j * tx} < N) {{ "
+                      f"out[obase + (row0 + tr + {i * ty}) * N + col0 + tc + {j * tx}] = {store(f'c{i}_{j}')}; }}\n"
+                      for i in range(rm) for j in range(rn))
+            + "}\n")
     from .kernels import _with_library
 
     return _with_library(body, [dtype])
