@@ -5,6 +5,9 @@
 * conv2d forward, and forward+backward, at the seed CNN's second conv shape ((B, 64, 13, 13) * (64, 64, 3, 3))
 * an 8-op GELU-like elementwise chain on 1M float32
 * reductions (sum, mean, amax) over 1M float32
+* exact GELU and layer_norm, forward and forward+backward
+* the fused training kernels: cross-entropy at class indices, training batch norm, causal scaled-dot-product
+  attention, forward and forward+backward
 * copy bandwidth: GB/s of a 64 MB clone (bytes cloned per second)
 
 Every figure is the median over >= 5 timed repetitions after warm-up, the frameworks rotating inside every repeat,
@@ -316,6 +319,97 @@ def bench_gelu_layer_norm(rows: int, repeats: int) -> list[dict[str, Any]]:
     return out
 
 
+def bench_train_kernels(rows: int, bn_batch: int, att_batch: int, repeats: int) -> list[dict[str, Any]]:
+    """The fused training kernels and attention against torch, each one op per direction on flex
+    (``ember.ops.train_kernels``, ``ember.ops.attention``): cross-entropy over (rows, 1000) float32 logits at class
+    indices, training-mode batch norm over (bn_batch, 64, 28, 28) with weight and bias (the seed CNN's first
+    block), and scaled-dot-product attention over (att_batch, 8, 128, 64) (causal) -- forward on ``Device.flex()``
+    (batch norm: forward on the autodiff device, since it updates running stats either way), forward+backward on
+    its autodiff device."""
+    torch = torch_module()
+    rng = np.random.default_rng(6)
+    logits = rng.standard_normal((rows, 1000), dtype=np.float32)
+    target = rng.integers(0, 1000, rows)
+    xb = rng.standard_normal((bn_batch, 64, 28, 28), dtype=np.float32)
+    w, bias = rng.uniform(0.5, 1.5, 64).astype(np.float32), rng.standard_normal(64, dtype=np.float32)
+    q, k, v = (rng.standard_normal((att_batch, 8, 128, 64), dtype=np.float32) for _ in range(3))
+    flex, ad = Device.flex(), Device.flex().autodiff()
+    el, et = ember.tensor(logits, device=flex), ember.tensor(target, device=flex)
+    gl, gt = ember.tensor(logits, device=ad, requires_grad=True), ember.tensor(target, device=ad)
+    gx, gw, gb = (ember.tensor(a, device=ad, requires_grad=True) for a in (xb, w, bias))
+    rm, rv = ember.zeros(64, device=ad), ember.ones(64, device=ad)
+    eq, ek, ev = (ember.tensor(a, device=flex) for a in (q, k, v))
+    aq, ak, av = (ember.tensor(a, device=ad, requires_grad=True) for a in (q, k, v))
+
+    def ember_ce_fb() -> Any:
+        F.cross_entropy(gl, gt).backward()
+        return gl.grad
+
+    def ember_bn_f() -> Any:
+        with ember.no_grad():
+            return F.batch_norm(gx, rm, rv, gw, gb, training=True)
+
+    def ember_bn_fb() -> tuple[Any, ...]:
+        F.batch_norm(gx, rm, rv, gw, gb, training=True).sum().backward()
+        return gx.grad, gw.grad, gb.grad
+
+    def ember_att_fb() -> tuple[Any, ...]:
+        F.scaled_dot_product_attention(aq, ak, av, is_causal=True).sum().backward()
+        return aq.grad, ak.grad, av.grad
+
+    cases: dict[str, dict[str, Callable[[], Any]]] = {
+        f"cross_entropy fwd ({rows},1000)": {EMBER: partial(F.cross_entropy, el, et)},
+        f"cross_entropy fwd+bwd ({rows},1000)": {EMBER_AD: ember_ce_fb},
+        f"batch_norm train fwd ({bn_batch},64,28,28)": {EMBER_AD: ember_bn_f},
+        f"batch_norm train fwd+bwd ({bn_batch},64,28,28)": {EMBER_AD: ember_bn_fb},
+        f"sdpa causal fwd ({att_batch},8,128,64)": {EMBER: partial(F.scaled_dot_product_attention, eq, ek, ev,
+                                                                   is_causal=True)},
+        f"sdpa causal fwd+bwd ({att_batch},8,128,64)": {EMBER_AD: ember_att_fb},
+    }
+    if torch is not None:
+        tF = torch.nn.functional
+        tl, tt = torch.from_numpy(logits.copy()), torch.from_numpy(target.copy())
+        rl = tl.clone().requires_grad_()
+        tx, tw, tb = (torch.from_numpy(a.copy()).requires_grad_() for a in (xb, w, bias))
+        trm, trv = torch.zeros(64), torch.ones(64)
+        tq, tk, tv = (torch.from_numpy(a.copy()) for a in (q, k, v))
+        rq, rk, rv_ = (t.clone().requires_grad_() for t in (tq, tk, tv))
+        checks = ((F.cross_entropy(el, et), tF.cross_entropy(tl, tt)),
+                  (F.scaled_dot_product_attention(eq, ek, ev, is_causal=True),
+                   tF.scaled_dot_product_attention(tq, tk, tv, is_causal=True)))
+        for ours, ref in checks:
+            if not np.allclose(ours.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5):
+                raise SystemExit("micro: ember cross_entropy/attention disagrees with torch")
+
+        def no_grad(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+            with torch.no_grad():
+                return fn(*args, **kw)
+
+        def torch_ce_fb() -> Any:
+            tF.cross_entropy(rl, tt).backward()
+            return rl.grad
+
+        def torch_bn_fb() -> tuple[Any, ...]:
+            tF.batch_norm(tx, trm, trv, tw, tb, training=True).sum().backward()
+            return tx.grad, tw.grad, tb.grad
+
+        def torch_att_fb() -> tuple[Any, ...]:
+            tF.scaled_dot_product_attention(rq, rk, rv_, is_causal=True).sum().backward()
+            return rq.grad, rk.grad, rv_.grad
+
+        torch_cases = [partial(no_grad, tF.cross_entropy, tl, tt), torch_ce_fb,
+                       partial(no_grad, tF.batch_norm, tx, trm, trv, tw, tb, training=True), torch_bn_fb,
+                       partial(no_grad, tF.scaled_dot_product_attention, tq, tk, tv, is_causal=True), torch_att_fb]
+        for c, fn in zip(cases.values(), torch_cases):
+            c[TORCH] = fn
+    out = []
+    for name, c in cases.items():
+        ember_case = EMBER_AD if EMBER_AD in c else EMBER
+        out.append(figure("train kernels", f"{name} f32", "ms", measure(c, repeats, 1, warmup=2),
+                          ember_case=ember_case))
+    return out
+
+
 def bench_copy(megabytes: int, repeats: int) -> list[dict[str, Any]]:
     """GB/s of cloning a ``megabytes`` MB float32 tensor (bytes cloned per second; read + write is twice that)."""
     torch = torch_module()
@@ -336,6 +430,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
         figs += bench_conv(16, 5)
         figs += bench_elementwise_and_reductions(10**6, 5)
         figs += bench_gelu_layer_norm(256, 5)
+        figs += bench_train_kernels(256, 8, 2, 5)
         figs += bench_copy(16, 5)
     else:
         figs = bench_per_op(9, 10000)
@@ -343,6 +438,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
         figs += bench_conv(64, 7)
         figs += bench_elementwise_and_reductions(10**6, 9)
         figs += bench_gelu_layer_norm(2048, 9)
+        figs += bench_train_kernels(2048, 64, 8, 9)
         figs += bench_copy(64, 9)
     return figs
 
