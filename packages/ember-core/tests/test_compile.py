@@ -361,3 +361,42 @@ def test_a_list_growing_every_call_runs_eagerly():
         assert fn(ember.full((3,), float(k), device=AD)).item() == 6.0 * k
     assert len(history) == 5 and [h.numpy()[0] for h in history] == [0.0, 2.0, 4.0, 6.0, 8.0]
     assert fn.stats()["replays"] == 0 and "kept outside" in fn.stats()["reason"]
+
+
+def test_aliased_arguments_and_untouched_outputs():
+    def f(a, b):
+        return a * 2 + b, b
+
+    fn = ember.compile(f)
+    x = ember.ones(3, device=AD)
+    for _ in range(3):
+        out, same = fn(x, x)  # one tensor twice: one input
+    np.testing.assert_array_equal(out.numpy(), [3.0, 3.0, 3.0])
+    np.testing.assert_array_equal(same.numpy(), x.numpy())
+    y = ember.full((3,), 5.0, device=AD)
+    out, same = fn(x, y)  # two tensors: another guard value, not the aliased graph
+    np.testing.assert_array_equal(out.numpy(), [7.0, 7.0, 7.0])
+    np.testing.assert_array_equal(same.numpy(), [5.0, 5.0, 5.0])
+    assert fn.stats()["graphs"] == 2
+
+    w = ember.arange(3, dtype=ember.float32, device=AD)
+
+    def g(x):
+        return x + 1, w  # w is returned as it is: never touched by a kernel
+
+    gn = ember.compile(g)
+    for _ in range(3):
+        _, ww = gn(x)
+    assert isinstance(ww, ember.Tensor) and ww.tolist() == [0.0, 1.0, 2.0] and gn.stats()["replays"] == 2
+
+
+def test_tensor_keyword_arguments_run_eagerly():
+    fn = ember.compile(lambda x, *, scale: x * scale)
+    x = ember.ones(2, device=AD)
+    for v in (2.0, 3.0):
+        np.testing.assert_array_equal(fn(x, scale=ember.full((2,), v, device=AD)).numpy(), [v, v])
+    assert "keyword" in fn.stats()["reason"]
+    # a Python keyword argument is a guard (compared by value)
+    kn = ember.compile(lambda x, *, scale: x * scale)
+    assert [kn(x, scale=s).tolist() for s in (2.0, 2.0, 2.0, 4.0)] == [[2.0, 2.0]] * 3 + [[4.0, 4.0]]
+    assert kn.stats()["graphs"] == 2 and kn.stats()["replays"] == 2

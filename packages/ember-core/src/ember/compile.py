@@ -980,6 +980,8 @@ class CompiledFunction:
             return self._eager("EMBER_REPLAY=0", args, kwargs)
         if is_capturing() or is_recording():
             return self._eager("called inside a capture or another compiled step", args, kwargs)
+        if any(isinstance(v, Tensor) for v in kwargs.values()):
+            return self._eager("tensor keyword arguments are not replayed (pass tensors positionally)", args, kwargs)
         tensors = [a for a in args if isinstance(a, Tensor)]
         devices = {t._device for t in tensors}
         if len(devices) != 1:
@@ -996,8 +998,10 @@ class CompiledFunction:
             real = real.inner
         handles = state.handles(real)
         try:
-            key = (dev, tuple((tuple(a.shape), a._dtype) if isinstance(a, Tensor) else ("py", _hashable(a))
-                              for a in args), tuple((k, _hashable(v)) for k, v in sorted(kwargs.items())),
+            first: dict[int, int] = {}  # which tensor arguments are the same tensor (one input slot)
+            key = (dev, tuple((tuple(a.shape), a._dtype, first.setdefault(id(a), i)) if isinstance(a, Tensor)
+                              else ("py", _hashable(a)) for i, a in enumerate(args)),
+                   tuple((k, _hashable(v)) for k, v in sorted(kwargs.items())),
                    is_grad_enabled(), state.flags, state.hyper, state.structure(handles))
             hash(key)
         except TypeError:
@@ -1035,9 +1039,7 @@ class CompiledFunction:
                 t.grad = None if v is None else Tensor._make(lift(vals[v]), d, dev)
             else:
                 t._h = lift(vals[v])
-        flat = []
-        for v, h, d in g.outputs:
-            flat.append(h if v is None else Tensor._make(lift(vals[v]), d, dev))
+        flat = [Tensor._make(lift(h if v is None else vals[v]), d, dev) for v, h, d in g.outputs]
         with self._lock:
             self._stats["replays"] += 1
             self._last_reason = None
