@@ -344,3 +344,20 @@ def test_bad_input() -> None:
     with pytest.raises(ValueRangeError, match="pissa"):
         apply_lora(model, LoraConfig(r=9, target_modules=["q_proj"], init_lora_weights="pissa"))
     assert type(model.self_attn) is nn.MultiheadAttention and model.self_attn.projection_hook is None
+
+
+def test_deepcopy_keeps_each_copy_on_its_own_adapters() -> None:
+    import copy
+
+    model = _model()
+    apply_lora(model, LoraConfig(r=2, target_modules=["q_proj", "out_proj"]))
+    _randomise(model)
+    x = _e(np.random.default_rng(0).normal(size=(2, 4, 8)))
+    want = model(x).numpy()
+    twin = copy.deepcopy(model)
+    assert twin.self_attn.base_layer.projection_hook.__self__ is twin.self_attn  # the copy's hook is the copy's
+    np.testing.assert_array_equal(twin(x).numpy(), want)
+    with ember.no_grad():
+        twin.self_attn.lora_B["default"]["q_proj"].weight.add_(1.0)
+    np.testing.assert_array_equal(model(x).numpy(), want)
+    assert not np.allclose(twin(x).numpy(), want)

@@ -14,7 +14,7 @@ import pytest
 import ember
 from ember import Device
 from ember import quantization as Q
-from ember.errors import DeviceError, DTypeError, PluginError, ShapeError
+from ember.errors import DeviceError, DTypeError, PluginError, ShapeError, ValueRangeError
 from ember.quantization import ops as qops
 from ember_lora import LoraConfig, apply_qlora
 from ember_lora import quant_opencl as K
@@ -253,3 +253,20 @@ def test_threads_share_the_kernels(cl: Device) -> None:
     for i, w_out in enumerate(want):
         np.testing.assert_array_equal(got[i][0], w_out)
         np.testing.assert_array_equal(got[i][1], want_q)
+
+
+def test_int8_ops_refuse_bad_input_on_every_device() -> None:
+    x = ember.randn(2, 3, 4)
+    with pytest.raises(ShapeError, match="quantize_int8: expected a 3-d"):
+        qops.quantize_int8(ember.randn(3, 4), ember.ones(3), None, qmin=-127, qmax=127)
+    with pytest.raises(DTypeError, match="quantize_int8: expected a float32 tensor, got float64"):
+        qops.quantize_int8(x.to(ember.float64), ember.ones(3), None, qmin=-127, qmax=127)
+    with pytest.raises(ShapeError, match="quantize_int8: expected a float32 zero_point of shape"):
+        qops.quantize_int8(x, ember.ones(3), ember.zeros(2), qmin=-128, qmax=127)
+    with pytest.raises(ValueRangeError, match="quantize_int8: expected -128 <= qmin < qmax <= 127"):
+        qops.quantize_int8(x, ember.ones(3), None, qmin=-200, qmax=127)
+    q = qops.quantize_int8(x, ember.ones(3), None, qmin=-127, qmax=127)
+    with pytest.raises(ShapeError, match="dequantize_int8: expected a int8 zero_point"):
+        qops.dequantize_int8(q, ember.ones(3), ember.zeros(3))
+    with pytest.raises(DTypeError, match="dequantize_int8: dtype must be a floating-point"):
+        qops.dequantize_int8(q, ember.ones(3), None, dtype=ember.int32)
