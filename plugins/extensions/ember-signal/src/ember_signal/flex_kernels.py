@@ -27,8 +27,12 @@ def _c2r(backend: Any, h: np.ndarray, *, s: tuple[int, ...], dims: tuple[int, ..
 
 
 def _frames(backend: Any, h: np.ndarray, w: np.ndarray, *, n_fft: int, hop: int) -> np.ndarray:
-    # a strided view of the frames (no copy), multiplied by the window into one new contiguous array
-    view = np.lib.stride_tricks.sliding_window_view(h, n_fft, axis=-1)[..., ::hop, :]
+    # a strided view of the frames (no copy; as_strided directly: sliding_window_view's checks cost more than the
+    # multiply on small inputs), multiplied by the window into one new contiguous array
+    count = (h.shape[-1] - n_fft) // hop + 1
+    step = h.strides[-1]
+    view = np.lib.stride_tricks.as_strided(h, shape=(*h.shape[:-1], count, n_fft),
+                                           strides=(*h.strides[:-1], step * hop, step), writeable=False)
     return np.multiply(view, w, dtype=np.result_type(h, w))
 
 
