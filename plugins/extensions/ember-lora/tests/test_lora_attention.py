@@ -249,6 +249,10 @@ def test_lora_only_bias_trains_the_attention_biases() -> None:
     base = model.self_attn.base_layer
     assert base.in_proj_bias.requires_grad and base.out_proj.bias.requires_grad
     assert not base.in_proj_weight.requires_grad and not model.head.bias.requires_grad
+    every = _model()
+    apply_lora(every, LoraConfig(r=2, target_modules=["q_proj"], bias="all"))
+    trained = sorted(n for n, p in every.named_parameters() if p.requires_grad and "lora_" not in n)
+    assert trained == ["head.bias", "self_attn.base_layer.in_proj_bias", "self_attn.base_layer.out_proj.bias"]
 
 
 def test_save_load_round_trip_and_mismatch(tmp_path: object) -> None:

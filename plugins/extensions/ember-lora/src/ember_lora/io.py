@@ -34,6 +34,7 @@ from .model import (
     _saved_wrappers,
     _walk,
     delete_adapter,
+    is_bias,
     target_candidates,
 )
 
@@ -66,7 +67,7 @@ def _adapter_state(model: nn.Module, adapter: str) -> OrderedDict[str, Tensor]:
     if config.bias == "all":
         inside = {id(p) for _, w in _saved_wrappers(model) for p in w.parameters()}
         for name, p in model.named_parameters():
-            if name.rsplit(".", 1)[-1] == "bias" and id(p) not in inside:
+            if is_bias(name) and id(p) not in inside:
                 out[name] = p
     elif config.bias == "lora_only":
         for path, layer in wrapped:

@@ -303,7 +303,7 @@ def _refresh(model: nn.Module) -> None:
     if config.bias == "all":
         inside_copies = {id(p) for _, w in _saved_wrappers(model) for p in w.parameters()}
         for path, p in model.named_parameters():
-            if path.rsplit(".", 1)[-1] == "bias" and id(p) not in inside_copies and p.dtype.is_floating_point:
+            if is_bias(path) and id(p) not in inside_copies and p.dtype.is_floating_point:
                 p.requires_grad_(True)
     else:  # lora_only
         for _, layer in lora_layers(model):
@@ -433,6 +433,12 @@ def unload(model: nn.Module) -> nn.Module:
     for _, layer in lora_layers(model):
         layer.unmerge()
     return _unload(model, do_merge=False)
+
+
+def is_bias(path: str) -> bool:
+    """Whether a parameter path names a bias (``bias="all"``): ``bias``, or a name ending in it, as attention's
+    ``in_proj_bias``."""
+    return path.rsplit(".", 1)[-1].endswith("bias")
 
 
 def _kind(path: str) -> str:
