@@ -223,7 +223,11 @@ def to_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
 
 
 def transfer(t: Tensor, device: Device) -> Tensor:
-    """Move t to another device: DLPack between backends that both speak it, else through host memory."""
+    """Move t to another device: DLPack between backends that both speak it, else through host memory.
+
+    A destination backend may move data from a peer itself: ``from_peer(source_backend, handle)`` (optional, on
+    the undecorated backend) gets the source's undecorated backend and handle and returns its own handle, or None
+    to decline (ember-remote moves a tensor between two devices of one server on the server)."""
     src = t._device
     if src is device:
         return t
@@ -231,6 +235,11 @@ def transfer(t: Tensor, device: Device) -> Tensor:
     if src.base is device.base:  # same backend, other decorators: share the data, not the decoration
         return Tensor._make(device.stack.lift(src.stack.lower(t._h)), t._dtype, device)
     stack = device.stack
+    from_peer = getattr(stack.base_backend, "from_peer", None)
+    if from_peer is not None:
+        moved = from_peer(src.stack.base_backend, src.stack.lower(t._h))
+        if moved is not None:
+            return Tensor._make(stack.lift(moved), t._dtype, device)
     h = t._h
     if hasattr(stack, "from_dlpack") and hasattr(h, "__dlpack__"):
         try:
