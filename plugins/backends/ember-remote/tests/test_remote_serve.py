@@ -288,6 +288,39 @@ def test_several_devices_per_server_the_path_picks_one(pki: dict[str, Any]) -> N
         r.stop()
 
 
+def test_to_between_two_devices_of_one_server_moves_on_the_server(pki: dict[str, Any], tls: Running) -> None:
+    """.to() between remote devices of one server: exported by one session, imported by the other (no download,
+    no upload through the client); to another server's device, or to flex, through the host as before."""
+    r = Running(Server({"flex": FLEX, "flex+fusion(False)": Device.parse("flex+fusion(False)")}, pki["token_text"],
+                       port=0, ssl_context=server_ssl_context(pki["cert"], pki["key"])))
+    try:
+        url = f"ember://127.0.0.1:{r.port}"
+        a = Device.remote(url + "/flex", token=pki["token_text"], fingerprint=pki["fp"], timeout=31.0)
+        b = Device.remote(url + "/flex+fusion(False)", token=pki["token_text"], fingerprint=pki["fp"], timeout=31.0)
+        a2 = Device.remote(url + "/flex", token=pki["token_text"], fingerprint=pki["fp"], timeout=32.0)  # 2nd session
+        want = np.arange(12, dtype=np.float32).reshape(3, 4)
+        x = ember.tensor(want, device=a) * 2
+        x.numpy()
+        before = {d: d.memory_report() for d in (a, b, a2)}
+        y = x.to(b)
+        z = (y + 1).to(a2)
+        x.add_(100.0)  # the moved tensors are their own: a later write to the source does not reach them
+        assert y.device == b and z.device == a2
+        np.testing.assert_array_equal(y.numpy(), want * 2)
+        np.testing.assert_array_equal(z.numpy(), want * 2 + 1)
+        after = {d: d.memory_report() for d in (a, b, a2)}
+        for d in (a, b, a2):
+            delta = {k: after[d][f"remote_{k}"] - before[d][f"remote_{k}"] for k in ("uploads", "downloads")}
+            assert delta["uploads"] == 0 and delta["downloads"] <= 1  # the reads above, none for the moves
+        assert after[b]["remote_peer_moves"] - before[b]["remote_peer_moves"] == 1
+        assert after[a2]["remote_peer_moves"] - before[a2]["remote_peer_moves"] == 1
+        other = _remote(tls, pki, timeout=33.0)  # another server: through the host
+        np.testing.assert_array_equal(y.to(other).numpy(), want * 2)
+        assert other.memory_report()["remote_peer_moves"] == 0
+    finally:
+        r.stop()
+
+
 def test_compression_negotiated_and_measured(tls: Running, pki: dict[str, Any]) -> None:
     """compress=True: the hello negotiates zlib, large compressible frames shrink (both ways), values are
     unchanged; incompressible data travels as it is."""

@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import itertools
 import os
+import secrets
 import socket
 import ssl
 import threading
@@ -56,6 +57,7 @@ from .protocol import (
     DEFAULT_MAX_FRAME,
     HEADER,
     OPTIONAL_KERNELS,
+    TICKET_BYTES,
     Out,
     RemoteError,
     Slice,
@@ -76,7 +78,7 @@ QUEUE_BYTES = 32 << 20
 
 _SCALARS = (bool, int, float)
 _COUNTERS = ("graphs_registered", "graph_hits", "replays", "ops_sent", "bytes_sent", "bytes_received",
-             "round_trips", "calls", "uploads", "downloads", "reconnects", "strides_asked")
+             "round_trips", "calls", "uploads", "downloads", "reconnects", "strides_asked", "peer_moves")
 #: a handle whose strides were not asked for yet
 _UNASKED: Any = object()
 
@@ -294,6 +296,8 @@ class RemoteBackend(Backend):
             raise RemoteError(f"remote: {self.host}:{self.port} serves {served!r}, not {self.device_name!r}",
                               "DeviceMismatch")
         self.served = served
+        #: the server process's identity: two devices with the same one can move tensors on the server
+        self.server_instance = str(hello.get("server", ""))
         offered = hello.get("kernels", ())
         for k in OPTIONAL_KERNELS:  # a method only where the server has the kernel: autodiff probes with getattr
             if type(offered) is list and k in offered:
@@ -498,6 +502,26 @@ class RemoteBackend(Backend):
                 raise RemoteError(f"remote: malformed strides {reply!r:.60} for a tensor of shape {h.shape}",
                                   "ProtocolError")
             return st
+
+    def from_peer(self, source: Any, h: Any) -> RemoteHandle | None:
+        """``.to()`` from another remote device of the same server (core's optional hook): the tensor moves on the
+        server, handed from the source's session to this one under a random ticket -- no data through this
+        process. None (core then moves it through host memory) for any other source."""
+        if type(source) is not RemoteBackend or type(h) is not RemoteHandle or source is self:
+            return None
+        if source._conn is None or self._conn is None or not source.server_instance \
+                or source.server_instance != self.server_instance:
+            return None  # another server (or a connection to re-establish first): through the host
+        ticket = secrets.token_bytes(TICKET_BYTES)
+        with source._lock:  # one lock at a time: two devices moving tensors both ways cannot deadlock
+            vid = source._check(h)
+            source.flush()
+            source._exchange([["export", vid, ticket]])  # on the server before the import below is sent
+        with self._lock:
+            out = self._new(tuple(h.shape), h.dtype)
+            self.counts["peer_moves"] += 1
+            self._enqueue(["import", out.vid, ticket])
+            return out
 
     # -- plumbing --------------------------------------------------------------------------------------------
     def to_numpy(self, h: Any) -> np.ndarray:

@@ -16,6 +16,7 @@ Running a validated graph, resolving record arguments and running extension reco
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
@@ -55,6 +56,40 @@ class Limits:
     max_graph_ops: int = 100_000
     #: generator streams
     max_streams: int = 1024
+    #: tensors exported and not yet imported by another session
+    max_exports: int = 1024
+
+
+class Exports:
+    """Tensors handed between sessions of one server (``.to()`` between two of its devices): ticket -> the
+    exporting session's id, device, stack, handle and dtype. An entry ends when it is imported or its session
+    closes; sessions run in worker threads and close in the event loop's, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[bytes, tuple[int, Any, Any, Any, DType]] = {}
+
+    def put(self, ticket: bytes, owner: int, device: Any, stack: Any, h: Any, dtype: DType, limit: int) -> None:
+        with self._lock:
+            if sum(1 for v in self._items.values() if v[0] == owner) >= limit:
+                raise OutOfMemoryError(f"remote: the session has {limit} tensors exported and not imported")
+            if ticket in self._items:
+                raise ProtocolError("remote: an export ticket was used twice")
+            self._items[ticket] = (owner, device, stack, h, dtype)
+
+    def take(self, ticket: bytes) -> tuple[Any, Any, Any, DType]:
+        with self._lock:
+            try:
+                _owner, device, stack, h, dtype = self._items.pop(ticket)
+            except KeyError:
+                raise DeviceError("remote: no tensor was exported under this ticket (the exporting session ended, "
+                                  "or it was imported already)") from None
+        return device, stack, h, dtype
+
+    def drop_owner(self, owner: int) -> None:
+        with self._lock:
+            for t in [t for t, v in self._items.items() if v[0] == owner]:
+                del self._items[t]
 
 
 def offered_kernels(stack: Any) -> tuple[str, ...]:
@@ -70,8 +105,10 @@ def _nbytes(shape: Sequence[int], dtype: DType) -> int:
 class Session:
     """One client's tensors and graphs on ``stack`` (the served device's backend stack)."""
 
-    def __init__(self, stack: Any, device: Any, limits: Limits) -> None:
+    def __init__(self, stack: Any, device: Any, limits: Limits, exports: Exports | None = None) -> None:
         self.stack = stack
+        #: the server's table of tensors handed between sessions (None: this session cannot hand any)
+        self.exports = exports
         self.device = device
         self.limits = limits
         #: the methods records and calls may name: the contract's (less plumbing) and the stack's optional kernels
@@ -118,7 +155,9 @@ class Session:
             self.bytes -= self.meta.pop(vid)[1]
 
     def close(self) -> None:
-        """Free every tensor and graph of the session."""
+        """Free every tensor and graph of the session (and its exports that no session imported)."""
+        if self.exports is not None:
+            self.exports.drop_owner(id(self))
         self.table.clear()
         self.meta.clear()
         self.graphs.clear()
@@ -152,6 +191,20 @@ class Session:
             # backend reports it (bytes, numpy's convention); None where the backend does not say
             st = getattr(self.get(a[0]), "strides", None)
             return None if st is None else [int(x) for x in st]
+        if kind == "export":
+            if self.exports is None:
+                raise ProtocolError("remote: this server hands no tensors between sessions")
+            vid, ticket = a
+            h = self.get(vid)
+            self.exports.put(ticket, id(self), self.device, self.stack, h, self.meta[vid][0], self.limits.max_exports)
+            return None
+        if kind == "import":
+            if self.exports is None:
+                raise ProtocolError("remote: this server hands no tensors between sessions")
+            vid, ticket = a
+            src_device, _src_stack, h, dtype = self.exports.take(ticket)
+            self.put(vid, self._moved(src_device, h, dtype), dtype)
+            return None
         if kind == "release":
             for vid in a[0]:
                 self.drop(vid)
@@ -195,6 +248,18 @@ class Session:
         result = self._method(method)(*resolve_args(args, ins, (), _protocol_error))
         self.ops_run += 1
         return self._outs(result)
+
+    def _moved(self, src_device: Any, h: Any, dtype: DType) -> Any:
+        """Handle ``h`` of ``src_device`` (another device of this server) as a new tensor of this session's device:
+        core's own move (DLPack, else host memory), run here on the server. Always a tensor of its own, as the
+        client's ``.to()`` between two remote devices promises: where core would share the data (one device, or
+        two stacks of one backend) it is copied."""
+        from ember import Tensor
+        from ember.bridge import transfer
+
+        if src_device.base is self.device.base:
+            return self.stack.copy(self.stack.lift(src_device.stack.lower(h)))
+        return transfer(Tensor._make(h, dtype, src_device), self.device)._h
 
     def _stream(self, sid: int) -> Any:
         try:

@@ -9,7 +9,9 @@ so decoding is unambiguous and walks a bounded depth. No pickle: a frame can onl
 Client -> server kinds: ``hello`` (must be first: the token, the device the client wants and the compressions it
 reads), ``batch`` (a list of messages run in order, one reply). Messages inside a batch: ``register``, ``replay``,
 ``upload``, ``download``, ``release``, ``call``, ``seed``, ``sync``, ``stats``, ``forget`` (graphs), ``strides``
-(of a stored tensor: the server's layout, which core checks before ``view`` and in-place writes), and for
+(of a stored tensor: the server's layout, which core checks before ``view`` and in-place writes), ``export`` and
+``import`` (a tensor handed from one session to another under a random 16-byte ticket: ``.to()`` between two
+devices of one server moves the data on the server), and for
 ``ember.Generator`` streams kept on the server ``stream``, ``draw``, ``stream_state``, ``stream_set``. Server ->
 client: ``ok`` (the replies of the batch's reply-bearing messages) or ``err`` (``[error type, message, index of the
 failing message]``).
@@ -57,6 +59,8 @@ COMPRESS_MIN = 16 << 10
 #: backend methods outside the contract that a server may offer (autodiff uses them where the backend has them:
 #: flex's and OpenCL's convolution gradient kernels); the hello lists those the served stack has
 OPTIONAL_KERNELS = ("conv_input_grad", "conv_weight_grad")
+#: the length of an export ticket (random: only the exporting client knows it)
+TICKET_BYTES = 16
 
 _DTYPES: dict[str, DType] = {d.name: d for d in dt.ALL_DTYPES + dt.COMPLEX_DTYPES}
 
@@ -335,6 +339,8 @@ def decode_message(m: Any, max_bytes: int) -> Msg:
         return Msg(kind, (_int(rest[0], "tensor id", 1), decode_array(rest[1], max_bytes)))
     if kind in ("download", "strides") and n == 1:
         return Msg(kind, (_int(rest[0], "tensor id"),))
+    if kind in ("export", "import") and n == 2 and type(rest[1]) is bytes and len(rest[1]) == TICKET_BYTES:
+        return Msg(kind, (_int(rest[0], "tensor id", 1 if kind == "import" else -(1 << 62)), rest[1]))
     if kind == "forget" and n == 1:
         return Msg(kind, (_ints(rest[0], "graph ids", lo=1),))
     if kind == "release" and n == 1:

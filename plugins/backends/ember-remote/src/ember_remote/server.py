@@ -26,6 +26,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import signal
 import ssl
 import sys
@@ -128,6 +129,12 @@ class Server:
         self._server: asyncio.base_events.Server | None = None
         self._sessions: dict[int, dict[str, Any]] = {}
         self._session_ids = itertools.count(1)
+        from .executor import Exports
+
+        #: tensors handed between sessions (.to() between two devices of this server), and this server's identity
+        #: in the hello, by which a client knows that two of its devices are on one server
+        self.exports = Exports()
+        self.instance = secrets.token_hex(16)
         self._stopping = False
         self._stopped: asyncio.Event | None = None
         self.stats = {"accepted": 0, "refused": 0, "auth_failed": 0, "protocol_errors": 0, "batches": 0}
@@ -200,7 +207,7 @@ class Server:
             from .executor import Session
 
             device, compress = chosen
-            session = Session(self.stacks[id(device)], device, self.limits)
+            session = Session(self.stacks[id(device)], device, self.limits, self.exports)
             session.compress = compress
             self.stats["accepted"] += 1
             _event("session", session=sid, peer=peer, device=str(device), compress=compress)
@@ -268,7 +275,7 @@ class Server:
                                        "dtypes": sorted(x.name for x in d.supported_dtypes),
                                        "max_frame": self.max_frame, "describe": d.describe(),
                                        "max_graphs": self.limits.max_graphs, "compress": compress,
-                                       "kernels": list(offered_kernels(d))}))
+                                       "kernels": list(offered_kernels(d)), "server": self.instance}))
         await writer.drain()
         return device, compress
 
