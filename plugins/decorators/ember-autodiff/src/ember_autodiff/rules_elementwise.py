@@ -15,7 +15,7 @@ from typing import Any
 from ember.autograd import GRAD_MODE
 from ember.errors import AutodiffError
 
-from .complex_grads import conj, conjugated, is_complex, real_part
+from .complex_grads import conj, is_complex, real_part
 from .graph import ADArray, Meta, Node
 from .recorder import Recorder
 
@@ -236,6 +236,14 @@ def _scalar_getter(be: Any, scalar: Any, other: Getter) -> Getter:
     return lambda: be.full((), scalar, be.dtype_of(other()))
 
 
+def _unary_vjp(inner: Any, rule: Callable[..., Any], x: Getter, y: Getter, g: Any) -> tuple[Any]:
+    """The vjp of a recorded unary op (``ElementwiseRules.unary``); complex values as in :func:`_binary_vjp`."""
+    if is_complex(inner, g):
+        r = rule(inner, conj(inner, g), x, y)
+        return (conj(inner, r) if r is not None and is_complex(inner, r) else r,)
+    return (rule(inner, g, x, y),)
+
+
 def _binary_vjp(inner: Any, op: str, sided: Any, rule: Any, pa: Getter, pb: Getter, y: Getter,
                 sa: tuple[int, ...] | None, sb: tuple[int, ...] | None, need_a: bool, need_b: bool,
                 g: Any) -> tuple[Any, Any]:
@@ -270,18 +278,29 @@ class ElementwiseRules(Recorder):
     def unary(self, op: str, h: ADArray) -> ADArray:
         inner = self.inner
         value = inner.unary(op, h.value)
-        if not self.tracking(h) or (op not in UNARY_VJP and op not in ZERO_GRAD_UNARY):
-            return self.wrap(value)
+        if h.meta is None or not GRAD_MODE.enabled or (op not in UNARY_VJP and op not in ZERO_GRAD_UNARY):
+            return ADArray(value)  # self.tracking(h) and self.wrap inlined
         if op in ZERO_GRAD_UNARY:
             return self.record(op, value, (h,), lambda g: (_zeros_like(inner, g),))
         x = self.save(h)
         rule = UNARY_VJP[op]
+        if self.balanced:
+            return self._record_balanced_unary(op, value, h, x, rule)
+        # recorded without self.record and with a partial, no closure (see binary): this runs for every activation
+        out = ADArray(value)
+        out.meta = Meta(Node(op, (h.meta,), partial(_unary_vjp, inner, rule, x, self.save(out))))
+        return out
+
+    def _record_balanced_unary(self, op: str, value: Any, h: ADArray, x: Getter,
+                               rule: Callable[..., Any]) -> ADArray:
+        """unary's recording under balanced checkpointing: the node carries the recipe that recomputes it."""
+        inner = self.inner
+        y: Getter = _unsaved
 
         def vjp(g: Any) -> tuple[Any]:
-            return (rule(inner, g, x, y),)
+            return _unary_vjp(inner, rule, x, y, g)
 
-        out = self.record(op, value, (h,), conjugated(inner, vjp) if is_complex(inner, value) else vjp,
-                          recompute=lambda: inner.unary(op, x()))
+        out = self.record(op, value, (h,), vjp, recompute=lambda: inner.unary(op, x()))
         y = self.save(out)
         return out
 
