@@ -431,9 +431,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register_serve(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to core's ``ember`` subcommands (the ``ember.commands`` entry point)."""
-    p = subparsers.add_parser("serve", help="serve a device to Device.remote clients over TLS (ember-remote)",
-                              description="Serve an ember device: ember serve --device flex --port 7433 "
-                              "--token-file T --cert C --key K (ember serve --init DIR makes C, K and T)")
+    p = subparsers.add_parser("serve", help="serve devices to Device.remote clients over TLS (ember-remote)",
+                              description="Serve ember devices: ember serve --device flex [--device opencl:0] "
+                              "--port 7433 --token-file T --cert C --key K (ember serve --init DIR makes C, K and T)")
     _add_arguments(p)
     p.set_defaults(func=run)
     return p
