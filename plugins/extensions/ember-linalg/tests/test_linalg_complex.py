@@ -210,3 +210,15 @@ def test_matrix_rank_is_an_integer_without_gradient_as_in_torch() -> None:
     c = _c(np.random.default_rng(5), 2, 4, 3)
     np.testing.assert_array_equal(LA.matrix_rank(ember.tensor(c)).numpy(), torch.linalg.matrix_rank(
         torch.from_numpy(c)).numpy())
+
+
+def test_toy_backend_refuses_complex_with_a_typed_error() -> None:
+    """A backend without complex dtypes (the toy example) refuses complex matrices naming the dtype and backend,
+    before any linear algebra runs; eig of a real matrix there needs complex outputs and is refused the same way."""
+    from ember.errors import DTypeError
+
+    toy = _device("toy")
+    with pytest.raises(DTypeError, match="complex128.*not supported by backend 'toy'"):
+        LA.inv(ember.tensor(_sq(np.random.default_rng(6), 3, 3), device=toy))
+    with pytest.raises(DTypeError, match="complex64.*not supported by backend 'toy'"):
+        LA.eigvals(ember.tensor(np.eye(3, dtype=np.float32), device=toy))

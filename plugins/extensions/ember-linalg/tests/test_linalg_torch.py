@@ -60,6 +60,11 @@ VALUE_PARAMS = [pytest.param(c, d, t, id=f"{c.id}-{d}-{np.dtype(t).name}")
 def test_values_match_torch(case: Any, device: str, dtype: Any) -> None:
     dev = C.device(device)
     arrays = _inputs(case, dtype)
+    if case.id in ("eig", "eigvals") and not dev.supports_dtype(ember.complex128):
+        # complex results on a device without complex dtypes (toy): the typed error, not a computation
+        with pytest.raises(ember.DTypeError, match="linalg.eig: the result dtype complex.* is not supported"):
+            case.fn(ember.linalg, *(ember.tensor(a, device=dev) for a in arrays))
+        return
     want = C.outputs(case.fn(torch.linalg, *(torch.from_numpy(a) for a in arrays)))
     got = C.outputs(case.fn(ember.linalg, *(ember.tensor(a, device=dev) for a in arrays)))
     _compare(case, got, want, TOL[dtype])

@@ -247,7 +247,14 @@ def eig(A: Tensor) -> EigResult:
     dtypes; otherwise :class:`ember.errors.UnsupportedError` names the limitation (use :func:`eigh` for symmetric
     matrices). Differentiable (torch's rule); a loss that depends on the eigenvectors' phase raises
     :class:`ember.errors.AutodiffError`."""
-    return EigResult(*call(_ops.eig, _tensor("eig", A)))
+    A = _tensor("eig", A)
+    out = _ops.eig.output_spec(A)[0].dtype
+    if out.is_complex and not A.device.supports_dtype(out):  # a real A's results are complex: the device stores them?
+        raise DTypeError(f"linalg.eig: the result dtype {out.name} is not supported by backend "
+                         f"{A.device.stack.base_backend.name!r} (device {A.device}); the eigenvalues of a real matrix "
+                         "are complex in general: run on a device with complex dtypes (flex), or use linalg.eigh for "
+                         "symmetric matrices")
+    return EigResult(*call(_ops.eig, A))
 
 
 def eigvals(A: Tensor) -> Tensor:
