@@ -707,7 +707,7 @@ class _Step:
     """One scheduled record: ``fn(*args)`` with args filled from slots; outputs stored in ``outs``; ``free`` the
     slots whose last use this is."""
 
-    __slots__ = ("fn", "args", "dynamic", "outs", "single", "free", "call", "kwargs", "kw_dynamic")
+    __slots__ = ("fn", "args", "dynamic", "slots", "outs", "single", "free", "call", "kwargs", "kw_dynamic")
 
     def __init__(self) -> None:
         self.free: tuple[int, ...] = ()
@@ -744,7 +744,12 @@ class _Schedule:
             vals[slot] = state_handles[e]
         bvals = [float(src()) for src in self.sources]
         for st in self.steps:
-            if st.dynamic:
+            slots = st.slots
+            if slots is not None:  # the common case: tensors at the top level of the arguments
+                args = list(st.args)
+                for p, s in slots:
+                    args[p] = vals[s]
+            elif st.dynamic:
                 args = [_fill(a, vals, bvals) for a in st.args]
             else:
                 args = st.args
@@ -818,6 +823,8 @@ def _schedule(trace: _Trace, in_slots: dict[int, int], state: _State, pre: list[
             args = r.args
         st.dynamic = any(p is not None for p in tmpl)
         st.args = tuple(a if p is None else p for a, p in zip(args, tmpl))
+        simple = st.dynamic and all(p is None or type(p) is _Slot for p in tmpl)
+        st.slots = tuple((k, p.i) for k, p in enumerate(tmpl) if p is not None) if simple else None
         st.outs = r.outputs
         st.single = len(r.outputs) == 1 and i not in trace.tuple_out
         st.free = tuple(v for v in set(r.inputs) if last.get(v) == i and v not in keep and v in trace.produced)
