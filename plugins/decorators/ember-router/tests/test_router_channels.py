@@ -208,6 +208,15 @@ def test_a_third_party_channel_runs_the_same_program() -> None:
     assert {"Upload", "Register", "Replay", "Download"} <= set(channel.kinds)
     moved = y.to("flex")  # across devices by download and upload (the channel is not local)
     np.testing.assert_array_equal(moved.numpy(), y.numpy())
+    # layout checks are the channel device's: asked for with a Strides message, once per handle
+    t = ember.arange(24.0, device=dev).reshape(2, 3, 4).transpose(1, 2)
+    with pytest.raises(ember.ShapeError, match="not compatible with input tensor's size"):
+        t.view(2, 12)
+    e = ember.zeros(3, device=dev).expand(2, 3)
+    with pytest.raises(ember.UnsupportedError, match="refers to a single memory location"):
+        e[0, 0] = 1.0
+    asked = channel.kinds.count("Strides")
+    assert asked == 2 and e._h.strides == (0, 4) and channel.kinds.count("Strides") == asked
 
 
 def test_local_channel_on_another_device() -> None:

@@ -15,7 +15,7 @@ CONTRACT = 1
 from typing import Any  # noqa: E402
 
 __all__ = ["Call", "CaptureChannel", "Channel", "Download", "Executor", "LocalChannel", "Message", "Register",
-           "Release", "Replay", "RouterBackend", "Seed", "SliceArg", "Sync", "Upload"]
+           "Release", "Replay", "RouterBackend", "Seed", "SliceArg", "Strides", "Sync", "Upload"]
 
 _HOMES = {"CaptureChannel": "channel", "Channel": "channel", "Executor": "channel", "LocalChannel": "channel",
           "RouterBackend": "backend"}

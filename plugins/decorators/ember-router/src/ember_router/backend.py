@@ -54,7 +54,7 @@ from ember.ir_exec import (
 )
 
 from .channel import Channel
-from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Sync, Upload
+from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Strides, Sync, Upload
 
 #: records accumulated before a flush (bounds the graph size and the memory its temporaries hold)
 DEFAULT_MAX_PENDING = 1024
@@ -69,6 +69,9 @@ _GRADIENT_API = ("tracking", "requires_grad", "set_requires_grad", "is_leaf", "g
 #: calls of the gradient API that only read the state of tensors already on the channel: no flush before them
 _READ_ONLY_CALLS = frozenset({"tracking", "requires_grad", "is_leaf", "grad_fn", "grad_of", "detach"})
 
+#: a handle whose strides were not asked for yet
+_UNASKED: Any = object()
+
 _COUNTERS = ("graphs_registered", "graph_hits", "replays", "ops_sent", "bytes_sent", "messages", "calls",
              "uploads", "downloads")
 
@@ -76,21 +79,25 @@ _COUNTERS = ("graphs_registered", "graph_hits", "replays", "ops_sent", "bytes_se
 class RouterHandle:
     """A router's handle: the id of a tensor on the channel's side, its shape and dtype."""
 
-    __slots__ = ("shape", "dtype", "vid", "router", "__weakref__")
+    __slots__ = ("shape", "dtype", "vid", "router", "_strides", "__weakref__")
 
     def __init__(self, shape: tuple[int, ...], dtype: DType, vid: int, router: RouterBackend) -> None:
         self.shape = shape
         self.dtype = dtype
         self.vid = vid
         self.router = router
+        self._strides: Any = _UNASKED
 
     @property
     def strides(self) -> Any:
-        """The strides of the data on a local channel's side (core checks them before in-place writes: a
-        broadcast view is refused); None on other channels, where the layout is unknown."""
+        """The strides of the data on the channel's side (core checks them before ``view()`` and in-place writes:
+        a broadcast view is refused), as the channel device's backend reports them: read from a local channel's
+        handle, asked for once with a :class:`~ember_router.protocol.Strides` message on other channels."""
         router = self.router
         if not router.channel.local:
-            return None
+            if self._strides is _UNASKED:
+                self._strides = router.strides_of(self)
+            return self._strides
         with router._lock:
             return getattr(router._local_handle(self), "strides", None)
 
@@ -284,6 +291,13 @@ class RouterBackend(Decorator):
         """The channel device's handle for h (local channels only)."""
         self.flush()
         return self.channel.executor.get(h.vid)  # type: ignore[attr-defined]
+
+    def strides_of(self, h: RouterHandle) -> tuple[int, ...] | None:
+        """The strides of ``h``'s tensor on the channel's side: sends what is pending, then asks (one message)."""
+        with self._lock:
+            self.flush()
+            reply = self._send(Strides(h.vid))
+            return None if reply is None else tuple(int(x) for x in reply)
 
     def to_numpy(self, h: Any) -> np.ndarray:
         if type(h) is not RouterHandle:

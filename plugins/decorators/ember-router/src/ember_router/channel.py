@@ -26,7 +26,7 @@ from ember.extension import TensorSpec
 from ember.ir import Bindings, OpRecord, Placeholder
 from ember.ir_exec import resolve_args, run_extension_record, run_graph
 
-from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Sync, Upload
+from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Strides, Sync, Upload
 
 _SCALARS = (bool, int, float)
 #: backend methods outside the contract a channel's device may offer: autodiff above a router differentiates a
@@ -133,6 +133,9 @@ class Executor:
             if t is Sync:
                 self.stack.sync()
                 return None
+            if t is Strides:
+                st = getattr(self.get(msg.id), "strides", None)
+                return None if st is None else tuple(int(x) for x in st)
         raise DeviceError(f"router: unknown message {t.__name__}")
 
     def _release(self, ids: Sequence[int]) -> None:

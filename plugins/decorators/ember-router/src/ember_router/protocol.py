@@ -109,4 +109,13 @@ class Sync:
     """Wait until the channel's queued work is done."""
 
 
-Message = Register | Replay | Upload | Download | Release | Call | Seed | Sync
+@dataclass(frozen=True)
+class Strides:
+    """The strides of tensor ``id`` on the channel's side, as its backend reports them (bytes, numpy's convention),
+    or None: the reply. Core checks them before ``view()`` and writes through an index (a broadcast view is
+    refused); a router asks once per handle, on channels that are not local."""
+
+    id: int
+
+
+Message = Register | Replay | Upload | Download | Release | Call | Seed | Sync | Strides
