@@ -273,8 +273,8 @@ class ClangHIP:
                 return out
 
             batches = [files[i:i + _CLANG_BATCH] for i in range(0, len(files), _CLANG_BATCH)]
-            with ThreadPoolExecutor(max_workers=min(jobs, len(batches) or 1)) as pool:
-                return [r for rs in pool.map(batch, batches) for r in rs]
+            with ThreadPoolExecutor(max_workers=min(jobs, len(batches) or 1)) as executor:
+                return [r for rs in executor.map(batch, batches) for r in rs]
 
 
 def compiler(target: str, arch: str | None = None) -> Compiler:
