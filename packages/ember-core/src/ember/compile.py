@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .backend import Backend
 from .capture import IN_PLACE, CaptureStack, _is_handle, is_capturing
 from .decorator import CONTRACT_METHODS, Decorator, Policy
 from .device import Device
@@ -620,8 +621,8 @@ class _State:
 
     def handles(self, real: Any) -> list[Any]:
         """The backend handle of each entry now (None for a missing gradient)."""
+        lower = _lowering(real)
         out = []
-        lower = real.lower
         for t, kind in self.entries:
             if kind == "grad":
                 g = t.grad
@@ -637,6 +638,22 @@ class _State:
 
     def tensors(self) -> tuple[tuple[int, str], ...]:
         return tuple((id(t), kind) for t, kind in self.entries)
+
+
+def _lowering(real: Any) -> Callable[[Any], Any]:
+    """``real.lower`` (a stack's handle -> its backend's), as one function over the decorators' ``_unwrap`` hooks
+    where the chain is made of plain decorators (one call per layer instead of two)."""
+    from .dispatch import stack_chain
+
+    chain = list(stack_chain(real))
+    hooks = [d._unwrap for d in chain[:-1]]
+    if not all(isinstance(d, Decorator) and type(d).lower is Decorator.lower for d in chain[:-1]) \
+            or type(chain[-1]).lower is not Backend.lower:
+        return real.lower  # a decorator with its own lowering: ask it
+    if len(hooks) == 2:
+        a, b = hooks
+        return lambda h: b(a(h))
+    return functools.reduce(lambda f, g: (lambda h: g(f(h))), hooks, lambda h: h)
 
 
 def _hashable(v: Any) -> Any:

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .. import compile as _compile
 from ..autograd import enable_grad, no_grad
 from ..errors import AutodiffError, DTypeError, EmberError, ValueRangeError
 from ..tensor import Tensor
@@ -428,15 +429,11 @@ def lerp_(a: Tensor, end: Tensor, weight: float) -> Tensor:
 
 def addcmul_(a: Tensor, t1: Tensor, t2: Tensor, value: float = 1.0) -> Tensor:
     """a <- a + value * t1 * t2, in place (``value`` may be an ember.compile binding: it then stays one)."""
-    from .. import compile as _compile
-
     return a.add_((t1 * _compile.scalar_tensor(value, t1)).mul_(t2) if value != 1 else t1 * t2)
 
 
 def addcdiv_(a: Tensor, t1: Tensor, t2: Tensor, value: float = 1.0) -> Tensor:
     """a <- a + value * t1 / t2, in place (``value`` may be an ember.compile binding: it then stays one)."""
-    from .. import compile as _compile
-
     return a.add_((t1 * _compile.scalar_tensor(value, t1)).div_(t2) if value != 1 else t1 / t2)
 
 
