@@ -76,8 +76,8 @@ PLUGINS: list[Plugin] = [
     # an extension on nn modules: no device of its own (no kit run); its tests train on flex+autodiff
     Plugin("lora", "plugins/extensions/ember-lora", needs=("flex", "autodiff")),
     # WebGPU; on machines without a GPU, Mesa's lavapipe (CPU Vulkan, installed by scripts/setup.sh as root)
-    # one worker: lavapipe already spreads each shader over the cores
-    Plugin("wgpu", "plugins/backends/ember-wgpu", device="wgpu", needs=("flex",)),
+    # two workers as OpenCL: a kit test's time is mostly Python (oracle, dispatch, submits), not lavapipe's shaders
+    Plugin("wgpu", "plugins/backends/ember-wgpu", device="wgpu", needs=("flex",), workers=2),
     # no GPU here: the kernels are compiled with NVRTC (hiprtc where it loads) and the CuPy calls checked by name
     Plugin("cuda", "plugins/backends/ember-cuda", needs=("flex",), libraries=(KERNELS, CUPY), extras="[nvrtc]",
            commands=(("ember", "kernels", "check", "--target", "cuda"),)),

@@ -115,6 +115,7 @@ ROWS: list[tuple[str, str, str, tuple[Any, ...]]] = [
     # extension ops (nn.gelu, nn.layer_norm and their backward), computed at the call: forward on flex,
     # forward+backward on flex+autodiff
     ("micro-gelu-layer-norm", "micro", "bench_gelu_layer_norm", (2, 1)),
+    ("micro-train-kernels", "micro", "bench_train_kernels", (8, 2, 1, 1)),
     ("overhead-add", "overhead", "bench_add", (1, 1)),
     ("autodiff-per-op", "autodiff", "bench_per_op", (1, 1)),
     ("autodiff-train-step", "autodiff", "bench_train_step", (2, 1, 0)),
