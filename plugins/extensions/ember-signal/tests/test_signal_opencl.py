@@ -18,13 +18,15 @@ from ember_signal import _opencl
 SIZES = [1, 2, 3, 5, 6, 7, 8, 12, 30, 49, 64, 105, 128, 11, 22, 1000]
 
 
-@pytest.fixture(scope="module")
-def dev() -> Device:
+@pytest.fixture
+def dev(monkeypatch: pytest.MonkeyPatch) -> Device:
+    """The OpenCL device with the device kernel forced (on a CPU runtime the default policy is the host)."""
     try:
         d = Device.parse("opencl")
         ember.zeros(1, device=d).numpy()
     except (DeviceError, PluginError) as exc:
         pytest.skip(f"no OpenCL device here: {exc}")
+    monkeypatch.setenv(_opencl.FFT_ENV, "device")
     return d
 
 
@@ -77,9 +79,15 @@ def test_several_dims_resizing_and_hermitian_match_torch(dev: Device) -> None:
     _close(ember.fft.hfft(ember.tensor(za, device=dev)), torch.fft.hfft(torch.from_numpy(za)), 3e-5)
 
 
-@pytest.mark.parametrize("n, on_device", [(480, True), (11 * 4, False)])
-def test_device_passes_or_host_fallback(dev: Device, n: int, on_device: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sizes of 2, 3, 5, 7 factors run the device passes; a size with a larger prime factor the host fallback."""
+@pytest.mark.parametrize("n, policy, on_device", [(480, "device", True), (11 * 4, "device", False),
+                                                  (480, "host", False), (480, "auto", None)])
+def test_device_passes_or_host_fallback(dev: Device, n: int, policy: str, on_device: bool | None,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sizes of 2, 3, 5, 7 factors run the device passes; a size with a larger prime factor the host fallback; the
+    policy can force the host, and ``auto`` uses the device kernel exactly on non-CPU runtimes."""
+    monkeypatch.setenv(_opencl.FFT_ENV, policy)
+    if on_device is None:
+        on_device = not dev.stack.base_backend.rt.is_cpu
     calls: list[int] = []
     lines = _opencl._lines
 
@@ -91,3 +99,25 @@ def test_device_passes_or_host_fallback(dev: Device, n: int, on_device: bool, mo
     x = np.random.default_rng(2).standard_normal((2, n)).astype(np.float32)
     _close(ember.fft.rfft(ember.tensor(x, device=dev)), torch.fft.rfft(torch.from_numpy(x)), 3e-5)
     assert (calls == [n]) is on_device, calls
+
+
+def test_bad_policy_is_a_typed_error(dev: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_opencl.FFT_ENV, "gpu")
+    with pytest.raises(ember.errors.ValueRangeError, match="EMBER_OPENCL_FFT='gpu': expected one of auto, device"):
+        ember.fft.fft(ember.tensor(np.ones(8, np.complex64), device=dev))
+
+
+def test_gradients_through_the_device_kernel_match_torch(dev: Device) -> None:
+    """stft and irfft(rfft) under opencl+autodiff with the device FFT: the vjps run the device passes too."""
+    sig = np.random.default_rng(4).standard_normal((2, 300))
+    adev = Device.parse("opencl+autodiff")
+    x = ember.tensor(sig, device=adev, requires_grad=True)
+    w = ember.hann_window(60, dtype=ember.float64, device=adev)
+    spec = ember.stft(x, 60, hop_length=15, window=w, return_complex=True)
+    back = ember.fft.irfft(ember.fft.rfft(x, norm="ortho") * 2, n=300, norm="ortho")
+    ((spec.abs() ** 2).mean() + (back * back).sum() * 1e-2).backward()
+    xt = torch.from_numpy(sig).requires_grad_()
+    st = torch.stft(xt, 60, hop_length=15, window=torch.hann_window(60, dtype=torch.float64), return_complex=True)
+    bt = torch.fft.irfft(torch.fft.rfft(xt, norm="ortho") * 2, n=300, norm="ortho")
+    ((st.abs() ** 2).mean() + (bt * bt).sum() * 1e-2).backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-10, atol=1e-12)

@@ -9,18 +9,24 @@ imaginary parts of the DC and Nyquist bins are ignored, as pocketfft and torch d
 
 A size with a prime factor above 7 (or any transform on a device without the needed precision) runs the host
 fallback: the input copied to the host, scipy.fft (pocketfft) there, the result copied back -- as every other
-backend does. Like ember-linalg's OpenCL kernels this module uses only the backend's public kernel API
-(``compile_kernel``, ``empty``, ``rt.queue``, ``rt.grid``, handles' ``buf``/``eoff``); ember-opencl is not imported.
+backend does. So does every transform on a CPU runtime (PoCL) unless ``EMBER_OPENCL_FFT=device``: there the host is
+the same cores and pocketfft beats the generic kernel many times over (:func:`mode`).
+
+Like ember-linalg's OpenCL kernels this module uses only the backend's public kernel API (``compile_kernel``,
+``empty``, ``rt.queue``, ``rt.grid``, handles' ``buf``/``eoff``); ember-opencl is not imported.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import weakref
 from typing import Any
 
 import numpy as np
 
 from ember import dtypes as dt
+from ember.errors import ValueRangeError
 
 from ._ops import c2c, c2r, host_c2c, host_c2r, host_r2c, r2c
 
@@ -32,13 +38,23 @@ RADICES = (4, 2, 3, 5, 7)
 _SOURCE = """{pragma}
 #define T {T}
 #define T2 {T2}
+/* the items of a kernel: on a GPU a grid-stride loop (neighbouring work-items, neighbouring items); on a CPU runtime
+   a contiguous run per work-item, which its compiler turns into a plain loop (PoCL: many times faster) */
+#if {chunked}
+#define EMBER_FFT_LOOP(g, total) \\
+    const long chunk_ = ((total) + get_global_size(0) - 1) / get_global_size(0); \\
+    const long start_ = get_global_id(0) * chunk_, end_ = min(start_ + chunk_, (long)(total)); \\
+    for (long g = start_; g < end_; ++g)
+#else
+#define EMBER_FFT_LOOP(g, total) for (long g = get_global_id(0); g < (total); g += get_global_size(0))
+#endif
 static inline T2 ember_fft_cmul(T2 a, T2 b) {{ return (T2)(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }}
 {passes}
 /* the Hermitian extension of half spectra (lines of `bins` = n / 2 + 1) to full lines of n bins */
 __kernel void ember_fft_hermitian(__global const T2* src, long src_off, __global T2* dst, long dst_off, long bins,
                                   long n, long lines) {{
     const long total = lines * n;
-    for (long g = get_global_id(0); g < total; g += get_global_size(0)) {{
+    EMBER_FFT_LOOP(g, total) {{
         const long line = g / n, k = g - line * n;
         __global const T2* in = src + src_off + line * bins;
         const T2 v = k < bins ? in[k] : in[n - k];
@@ -47,40 +63,45 @@ __kernel void ember_fft_hermitian(__global const T2* src, long src_off, __global
 }}
 /* the real parts of count complex values */
 __kernel void ember_fft_real(__global const T2* src, long src_off, __global T* dst, long dst_off, long count) {{
-    for (long g = get_global_id(0); g < count; g += get_global_size(0)) dst[dst_off + g] = src[src_off + g].x;
+    EMBER_FFT_LOOP(g, count) dst[dst_off + g] = src[src_off + g].x;
 }}
 """
 
 _PASS = """
 /* one radix-{R} Stockham pass over `lines` contiguous lines of n points, the sub-transforms of length ns done:
-   work-item (line, j) twiddles x[j + r m] (m = n / {R}) by exp(sign 2 pi i r (j mod ns) / (ns {R})), takes their
-   {R}-point DFT and writes it to out[(j / ns) ns {R} + (j mod ns) + q ns], times scale */
-__kernel void ember_fft_r{R}(__global const T2* src, long src_off, __global T2* dst, long dst_off, long n, long ns,
-                            long lines, T sign, T scale) {{
+   work-item (line, j) twiddles x[j + r m] (m = n / {R}) by w^(r (j mod ns) n / (ns {R})), w = exp(-2 pi i / n) read
+   from the table tw (n entries, computed on the host in double precision; conjugated for the inverse, sign = 1),
+   takes their {R}-point DFT and writes it to out[(j / ns) ns {R} + (j mod ns) + q ns], times scale. Index math
+   within a line is 32-bit (n < 2^31): 64-bit division is slow on CPUs' OpenCL. */
+__kernel void ember_fft_r{R}(__global const T2* src, long src_off, __global T2* dst, long dst_off,
+                            __global const T2* tw, long tw_off, long n, long ns, long lines, T sign, T scale) {{
     const T twc[{R}] = {{{cos}}};
     const T tws[{R}] = {{{sin}}};
-    const long m = n / {R};
-    const long total = lines * m;
-    for (long g = get_global_id(0); g < total; g += get_global_size(0)) {{
-        const long line = g / m, j = g - line * m;
+    const uint un = (uint)n, uns = (uint)ns;
+    const uint m = un / {R}u;
+    const uint stride = un / (uns * {R}u);  /* table step of one unit of k r */
+    const long total = lines * (long)m;
+    tw += tw_off;
+    EMBER_FFT_LOOP(g, total) {{
+        const long line = g / m;
+        const uint j = (uint)(g - line * m);
         __global const T2* in = src + src_off + line * n;
         __global T2* out = dst + dst_off + line * n;
-        const long k = j % ns;
-        const long span = ns * {R};
+        const uint k = j % uns;
         T2 v[{R}];
         v[0] = in[j];
-        for (int r = 1; r < {R}; ++r) {{
-            const T a = sign * (T)6.283185307179586 * (T)((k * r) % span) / (T)span;
-            v[r] = ember_fft_cmul(in[j + r * m], (T2)(cos(a), sin(a)));
+        for (uint r = 1; r < {R}u; ++r) {{
+            const T2 w = tw[(k * r * stride) % un];
+            v[r] = ember_fft_cmul(in[j + r * m], (T2)(w.x, -sign * w.y));
         }}
-        const long d = (j / ns) * span + k;
-        for (int q = 0; q < {R}; ++q) {{
+        const uint d = (j / uns) * uns * {R}u + k;
+        for (uint q = 0; q < {R}u; ++q) {{
             T2 acc = v[0];
-            for (int r = 1; r < {R}; ++r) {{
-                const int e = (r * q) % {R};
+            for (uint r = 1; r < {R}u; ++r) {{
+                const uint e = (r * q) % {R}u;
                 acc += ember_fft_cmul(v[r], (T2)(twc[e], sign * tws[e]));
             }}
-            out[d + q * ns] = acc * scale;
+            out[d + q * uns] = acc * scale;
         }}
     }}
 }}
@@ -95,17 +116,19 @@ def _literal(v: float, t: str) -> str:
     return text + "f" if t == "float" else text
 
 
-def _source(dtype: dt.DType) -> str:
+def _source(dtype: dt.DType, chunked: bool) -> str:
     t, t2, pragma = _TYPES[dtype]
     passes = "".join(_PASS.format(R=r, cos=", ".join(_literal(math.cos(2 * math.pi * e / r), t) for e in range(r)),
                                   sin=", ".join(_literal(math.sin(2 * math.pi * e / r), t) for e in range(r)))
                      for r in sorted(set(RADICES)))
-    return _SOURCE.format(pragma=pragma, T=t, T2=t2, passes=passes)
+    return _SOURCE.format(pragma=pragma, T=t, T2=t2, passes=passes, chunked=int(chunked))
 
 
 def plan(n: int) -> list[int] | None:
     """The radices of a length-n transform on the device (their product is n), or None when n has a prime factor
     above 7 (those sizes use the host fallback)."""
+    if n >= 2**31:  # the passes index within a line in 32 bits
+        return None
     out: list[int] = []
     rest = n
     for r in RADICES:
@@ -115,8 +138,27 @@ def plan(n: int) -> list[int] | None:
     return out if rest == 1 else None
 
 
+_SOURCES: dict[tuple[dt.DType, bool], str] = {}
+#: per backend: (n, dtype) -> the device table of exp(-2 pi i t / n), t < n
+_TWIDDLES: weakref.WeakKeyDictionary[Any, dict[tuple[int, dt.DType], Any]] = weakref.WeakKeyDictionary()
+
+
 def _kernel(backend: Any, dtype: dt.DType, name: str) -> Any:
-    return backend.compile_kernel(_source(dtype), name)
+    chunked = bool(getattr(backend.rt, "is_cpu", False))
+    src = _SOURCES.get((dtype, chunked))
+    if src is None:
+        src = _SOURCES[(dtype, chunked)] = _source(dtype, chunked)
+    return backend.compile_kernel(src, name)
+
+
+def _twiddles(backend: Any, n: int, dtype: dt.DType) -> Any:
+    """exp(-2 pi i t / n) for t < n on the device (computed in double precision, uploaded once per size)."""
+    tables = _TWIDDLES.setdefault(backend, {})
+    table = tables.get((n, dtype))
+    if table is None:
+        t = np.exp(-2j * np.pi * np.arange(n) / n).astype(dtype.numpy)
+        table = tables[(n, dtype)] = backend.from_numpy(t)
+    return table
 
 
 def _launch(backend: Any, knl: Any, total: int, *args: Any) -> None:
@@ -131,13 +173,14 @@ def _lines(backend: Any, h: Any, n: int, sign: float, scale: float) -> Any:
     lines = math.prod(h.shape) // n
     radices = plan(n)
     assert radices is not None
+    tw = _twiddles(backend, n, dtype)
     src, ns = h, 1
     for i, r in enumerate(radices):
         dst = backend.empty(tuple(h.shape), dtype)
         last = i == len(radices) - 1
         _launch(backend, _kernel(backend, dtype, f"ember_fft_r{r}"), lines * (n // r), src.buf, np.int64(src.eoff),
-                dst.buf, np.int64(dst.eoff), np.int64(n), np.int64(ns), np.int64(lines), real(sign),
-                real(scale if last else 1.0))
+                dst.buf, np.int64(dst.eoff), tw.buf, np.int64(tw.eoff), np.int64(n), np.int64(ns), np.int64(lines),
+                real(sign), real(scale if last else 1.0))
         src, ns = dst, ns * r
     return src
 
@@ -174,7 +217,27 @@ def _c2c_dim(backend: Any, h: Any, d: int, n: int, norm: str, forward: bool) -> 
     return backend.permute(out, tuple(back))
 
 
+#: ``EMBER_OPENCL_FFT``: ``auto`` (default: the device kernel on GPUs and accelerators, pocketfft on the host for a
+#: CPU runtime such as PoCL, where the host is the same cores and pocketfft is many times faster than the generic
+#: kernel), ``device`` (always the kernel, for every size it handles) or ``host`` (always the host fallback)
+FFT_ENV = "EMBER_OPENCL_FFT"
+_MODES = ("auto", "device", "host")
+
+
+def mode() -> str:
+    """The FFT policy on OpenCL from ``EMBER_OPENCL_FFT`` (read per call: tests and users switch it at run time)."""
+    value = os.environ.get(FFT_ENV, "auto").strip().lower() or "auto"
+    if value not in _MODES:
+        raise ValueRangeError(f"{FFT_ENV}={value!r}: expected one of {', '.join(_MODES)}")
+    return value
+
+
 def _device_ok(backend: Any, dtype: dt.DType, sizes: tuple[int, ...]) -> bool:
+    """Whether the device kernel runs this transform: the policy (:func:`mode`), a complex dtype the device stores,
+    and every size a product of the radices."""
+    policy = mode()
+    if policy == "host" or (policy == "auto" and getattr(backend.rt, "is_cpu", False)):
+        return False
     return dtype in _TYPES and dtype in backend.supported_dtypes and all(n <= 1 or plan(n) is not None
                                                                        for n in sizes)
 
