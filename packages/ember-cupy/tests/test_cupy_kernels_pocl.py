@@ -399,3 +399,25 @@ def test_fused_reduction_of_half_keeps_float_partials_and_fills_empty(be: CuPyBa
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3)
     (empty,) = fn([a[:0], b], [], (0, 2, 200))
     np.testing.assert_array_equal(empty, np.zeros((1, 2, 1), np.float16))
+
+
+def test_cudnn_is_called_for_float_convs_with_symmetric_padding(be: CuPyBackend) -> None:
+    """Where CuPy ships cuDNN, the forward conv goes to ``cudnn.convolution_forward`` with tensor cores off (a
+    stand-in module here records the call and computes with torch); asymmetric padding and integers keep im2col."""
+    calls: list[tuple[Any, ...]] = []
+
+    def convolution_forward(x: Any, w: Any, b: Any, y: Any, pad: Any, stride: Any, dilation: Any, groups: int,
+                            *, auto_tune: bool, tensor_core: str) -> None:
+        calls.append((pad, stride, dilation, groups, auto_tune, tensor_core, b is None))
+        y[...] = torch.nn.functional.conv2d(_t(x), _t(w), None if b is None else _t(b), stride, pad, dilation,
+                                            groups).numpy()
+
+    be.__dict__["_cudnn"] = types.SimpleNamespace(convolution_forward=convolution_forward)
+    x = RNG.standard_normal((2, 4, 6, 5)).astype(np.float32)
+    w = RNG.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(6).astype(np.float32)
+    got = be.conv(x, w, b, (1, 2), ((1, 1), (2, 2)), (1, 1), 2)
+    _close(got, torch.nn.functional.conv2d(_t(x), _t(w), _t(b), (1, 2), (1, 2), 1, 2), 1e-5)
+    assert calls == [((1, 2), (1, 2), (1, 1), 2, False, "never", False)]
+    be.conv(x, w, None, (1, 1), ((1, 0), (0, 0)), (1, 1), 2)  # asymmetric: im2col + GEMM
+    assert len(calls) == 1
