@@ -46,7 +46,7 @@ def be() -> CuPyBackend:
     b.device, b.stream = contextlib.nullcontext(), contextlib.nullcontext()
     b.pool = _Pool()
     b.supported_dtypes = frozenset(d for d in dt.ALL_DTYPES if d is not dt.bfloat16)
-    b._modules, b._peak, b._key, b._offset = {}, 0, 0, 0
+    b._modules, b._peak, b._peak_reserved, b._key, b._offset = {}, 0, 0, 0, 0
     import threading
 
     b._lock = threading.Lock()

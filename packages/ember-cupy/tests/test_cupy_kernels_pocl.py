@@ -129,7 +129,7 @@ def be(pocl: _PoCL, catalogued: set[str]) -> Iterator[CuPyBackend]:
     b.device, b.stream = contextlib.nullcontext(), contextlib.nullcontext()
     b.pool = types.SimpleNamespace(used_bytes=lambda: 0, total_bytes=lambda: 0)
     b.supported_dtypes = frozenset(d for d in dt.ALL_DTYPES if d is not dt.bfloat16)
-    b._modules, b._peak, b._key, b._offset, b._staged = {}, 0, 0, 0, []
+    b._modules, b._peak, b._peak_reserved, b._key, b._offset, b._staged = {}, 0, 0, 0, 0, []
     b._lock = threading.Lock()
     b.__dict__["_multiprocessors"] = 8
     b.__dict__["_cudnn"] = None

@@ -88,7 +88,7 @@ def be() -> CuPyBackend:
         OutOfMemoryError=MemoryError)))
     b.device, b.stream = contextlib.nullcontext(), contextlib.nullcontext()
     b._lock = threading.Lock()
-    b._peak, b._staged, b._dry_run_active = 0, [], False
+    b._peak, b._peak_reserved, b._staged, b._dry_run_active = 0, 0, [], False
     b.describe = lambda: "cuda:0 (stand-in)"  # type: ignore[method-assign]
     b.sync = lambda: None  # type: ignore[method-assign]
     return b
@@ -191,3 +191,22 @@ def test_large_transfers_stage_through_pinned_memory(be: CuPyBackend, monkeypatc
     assert calls[-1] == "asnumpy(out=pinned)" and not isinstance(down, Pinned)  # returned pageable
     be.to_numpy(small)
     assert calls[-1] == "asnumpy(out=None)"
+
+
+def test_memory_report_has_opencls_fields(be: CuPyBackend) -> None:
+    pool = be.pool
+    pool.n_free_blocks = lambda: len(pool.cached)  # type: ignore[attr-defined]
+    pool.get_limit = lambda: 0  # type: ignore[attr-defined]
+    be.cp.cuda.runtime = types.SimpleNamespace(memGetInfo=lambda: (3 << 30, 8 << 30))
+    be.cp.get_default_pinned_memory_pool = lambda: types.SimpleNamespace(n_free_blocks=lambda: 2)
+    be._modules = {"src": object()}
+    live = pool.malloc(1500)
+    pool.malloc(600)  # freed at once: cached
+    rep = be.memory_report()
+    assert {k: rep[k] for k in ("in_use", "held", "reserved", "peak", "peak_reserved", "cached", "cached_blocks",
+                                "capacity", "free", "pinned_free_blocks", "staged_uploads")} == {
+        "in_use": 1536, "held": 1536, "reserved": 1536 + 1024, "peak": 1536, "peak_reserved": 1536 + 1024,
+        "cached": 1024, "cached_blocks": 1, "capacity": 8 << 30, "free": 3 << 30, "pinned_free_blocks": 2,
+        "staged_uploads": 0}
+    assert rep["kernels"] == {"programs": 1} and rep["allocator"] == "cupy.MemoryPool"
+    del live

@@ -83,6 +83,7 @@ class CuPyBackend(Backend):
         self._modules: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._peak = 0
+        self._peak_reserved = 0
         self._key = 0
         self._offset = 0
         self._staged: list[tuple[Any, Any]] = []  # (event, pinned buffer) of uploads still in flight
@@ -102,6 +103,7 @@ class CuPyBackend(Backend):
                 from exc
         finally:
             self._peak = max(self._peak, int(self.pool.used_bytes()))
+            self._peak_reserved = max(self._peak_reserved, int(self.pool.total_bytes()))
 
     def describe(self) -> str:
         props = self.cp.cuda.runtime.getDeviceProperties(self.index)
@@ -112,13 +114,21 @@ class CuPyBackend(Backend):
         self.stream.synchronize()
 
     def memory_report(self) -> dict[str, Any]:
-        """ember-opencl's fields: in_use (bytes held by live arrays), reserved (bytes the pool holds from the
-        driver), peak (highest in_use seen at an op boundary), cached (reserved - in_use), allocator."""
-        in_use, reserved = int(self.pool.used_bytes()), int(self.pool.total_bytes())
+        """ember-opencl's fields where CuPy's pool knows them: ``in_use`` (bytes of live blocks, rounded to CuPy's
+        512-byte bins), ``held`` (the same), ``reserved`` (bytes the pool holds from the driver), ``peak`` and
+        ``peak_reserved`` (the highest seen at an op boundary), ``cached`` (reserved - in_use), ``cached_blocks``,
+        ``limit`` (the pool's limit, 0 for none), ``capacity`` and ``free`` (the device's), ``allocator``,
+        ``device``, ``kernels`` (programs compiled by this backend), and the pinned staging state."""
+        pool = self.pool
+        in_use, reserved = int(pool.used_bytes()), int(pool.total_bytes())
         self._peak = max(self._peak, in_use)
+        self._peak_reserved = max(self._peak_reserved, reserved)
         free, total = self.cp.cuda.runtime.memGetInfo()
-        return {"device": self.describe(), "allocator": "cupy.MemoryPool", "in_use": in_use, "reserved": reserved,
-                "peak": self._peak, "cached": reserved - in_use, "capacity": int(total), "free": int(free),
+        return {"device": self.describe(), "allocator": "cupy.MemoryPool", "in_use": in_use, "held": in_use,
+                "reserved": reserved, "peak": self._peak, "peak_reserved": self._peak_reserved,
+                "cached": reserved - in_use, "cached_blocks": int(pool.n_free_blocks()),
+                "limit": int(pool.get_limit()), "capacity": int(total), "free": int(free),
+                "kernels": {"programs": len(self._modules)},
                 "pinned_free_blocks": int(self.cp.get_default_pinned_memory_pool().n_free_blocks()),
                 "staged_uploads": len(self._staged)}
 
