@@ -525,7 +525,8 @@ def _malformed_messages(rng: random.Random) -> Iterator[Any]:
                        {"r": 1}, {"d": "float99"}, {"p": ["dim", 10**9]}, {"x": [1, 2, 3]}, {"o": [1, [2], "int8"]},
                        ["float32", [2, 2], b"\x00" * 15], ["float32", [-1], b""], ["float32", [2**31, 2**31], b""],
                        [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]
-    kinds = ["register", "replay", "upload", "download", "release", "call", "seed", "sync", "stats", "bogus"]
+    kinds = ["register", "replay", "upload", "download", "release", "call", "seed", "sync", "stats", "bogus",
+             "strides", "export", "import", "forget"]
     while True:
         kind = rng.choice(kinds)
         yield [[kind, *[rng.choice(vals) for _ in range(rng.randrange(0, 6))]]]
@@ -544,6 +545,9 @@ def _graph_attacks() -> list[Any]:
         [["call", "new_random_stream", [], [1]]],
         [["download", 12345]],
         [["upload", 5, ["float32", [1000000, 1000000], b""]]],
+        [["import", 3, b"\x00" * 16]],  # a ticket nobody exported
+        [["export", 12345, b"\x01" * 16]],  # a tensor the session does not hold
+        [["strides", 777]],
     ]
 
 
