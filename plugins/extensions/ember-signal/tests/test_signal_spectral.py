@@ -141,14 +141,16 @@ def test_stft_istft_gradients_match_torch(dev_name: str) -> None:
 @pytest.mark.parametrize("complex_input", [False, True], ids=["real", "complex"])
 def test_stft_window_and_input_gradients_match_torch(kernel: str, complex_input: bool,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The framing op (signal.frames: unfold times the window in one pass) differentiates in the input and the
-    window, through flex's kernel and through the default composition (unfold * window) alike."""
+    """The framing op (signal.frames: unfold times the window in one pass) and the overlap-add op (its adjoint, used
+    by istft) differentiate in the input and the window, through flex's kernels and through the default
+    compositions alike."""
     need_complex_autodiff()
     import ember_signal._ops as ops
     from ember.extension import _clear_resolution
 
     if kernel == "composition":
         monkeypatch.delitem(ops.frames.kernels, "flex")
+        monkeypatch.delitem(ops.overlap_add.kernels, "flex")
         _clear_resolution()
     try:
         rng = np.random.default_rng(3)
@@ -160,11 +162,15 @@ def test_stft_window_and_input_gradients_match_torch(kernel: str, complex_input:
         x = ember.tensor(arr, device=dev, requires_grad=True)
         w = ember.tensor(win, device=dev, requires_grad=True)
         spec = ember.stft(x, 64, hop_length=20, win_length=48, window=w, return_complex=True)
-        (spec.abs() ** 2).mean().backward()
+        back = ember.istft(spec, 64, hop_length=20, win_length=48, window=w, length=300,
+                           return_complex=complex_input)
+        ((spec.abs() ** 2).mean() + (back.abs() ** 2).sum() * 1e-2).backward()
         xt = torch.from_numpy(arr).requires_grad_()
         wt = torch.from_numpy(win).requires_grad_()
         st = torch.stft(xt, 64, hop_length=20, win_length=48, window=wt, return_complex=True)
-        (st.abs() ** 2).mean().backward()
+        bt = torch.istft(st, 64, hop_length=20, win_length=48, window=wt, length=300, return_complex=complex_input)
+        ((st.abs() ** 2).mean() + (bt.abs() ** 2).sum() * 1e-2).backward()
+        close(back.detach(), bt, 1e-9)
         close(spec.detach(), st, 1e-9)
         close(x.grad, xt.grad, 1e-9)
         close(w.grad, wt.grad, 1e-9)

@@ -187,14 +187,14 @@ def frames(x: ember.Tensor, window: ember.Tensor, *, n_fft: int, hop: int) -> em
 @frames.vjp
 def _(ctx: Any, g: ember.Tensor) -> tuple[ember.Tensor, ember.Tensor]:
     # y[t, j] = x[t*hop + j] w[j]: gx is the overlap-add of g * conj(w) (the frames' adjoint), gw the sum over the
-    # frames of g * conj(frame) (real for a real window)
+    # frames of g * conj(frame) (real for a real window); the frames come from this op with a window of ones (one
+    # strided pass on flex, where Tensor.unfold would gather through an index array)
     x, window = ctx.inputs
     k = ctx.kwargs
     n_fft, hop = k["n_fft"], k["hop"]
     wc = window.conj() if window.dtype.is_complex else window
     lead = tuple(g.shape[:-2])
-    gf = (g * wc).reshape(-1, g.shape[-2], n_fft)
-    gx = overlap_add(gf, hop)
+    gx = overlap_add((g * wc).reshape(-1, g.shape[-2], n_fft), hop=hop)
     length = x.shape[-1]
     if gx.shape[-1] < length:  # samples after the last frame get no gradient
         gx = ember.cat([gx, ember.zeros((gx.shape[0], length - gx.shape[-1]), dtype=gx.dtype, device=gx.device)],
@@ -202,16 +202,26 @@ def _(ctx: Any, g: ember.Tensor) -> tuple[ember.Tensor, ember.Tensor]:
     gx = gx.reshape(*lead, length)
     if not x.dtype.is_complex and gx.dtype.is_complex:
         gx = ember.real(gx)
-    xs = x.unfold(-1, n_fft, hop)
+    xs = frames(x, ember.ones(n_fft, dtype=x.dtype.to_real, device=x.device), n_fft=n_fft, hop=hop)
     gw = (g * (xs.conj() if xs.dtype.is_complex else xs)).reshape(-1, n_fft).sum(0)
     if not window.dtype.is_complex and gw.dtype.is_complex:
         gw = ember.real(gw)
     return gx.to(x.dtype), gw.to(window.dtype)
 
 
-def overlap_add(frames: ember.Tensor, hop: int) -> ember.Tensor:
-    """Sum frames (B, T, n) placed hop apart: (B, n + hop * (T - 1)). Written as r = ceil(n / hop) shifted slices
-    of hop columns each, zero-padded along the frame axis and summed (plain ops: any device, differentiable)."""
+def _ola_spec(frames: TensorSpec, *, hop: int) -> TensorSpec:
+    b, t, n = frames.shape
+    return TensorSpec((b, n + hop * (t - 1)), frames.dtype)
+
+
+@backend_extension("signal.overlap_add", output=_ola_spec, publish=False)
+def overlap_add(frames: ember.Tensor, *, hop: int) -> ember.Tensor:
+    """Sum frames (B, T, n) placed hop apart: (B, n + hop * (T - 1)) -- the adjoint of framing (``signal.frames``
+    with a window of ones), and framing is its vjp.
+
+    The composition (any backend) is r = ceil(n / hop) shifted slices of hop columns each, zero-padded along the frame
+    axis and summed; ember-flex's kernel adds the r slices in place into one zeroed output.
+    """
     import ember.nn.functional as F
 
     b, t, n = frames.shape
@@ -225,6 +235,13 @@ def overlap_add(frames: ember.Tensor, hop: int) -> ember.Tensor:
         total = shifted if total is None else total + shifted
     assert total is not None
     return total.reshape(b, (t + r - 1) * hop)[:, : n + hop * (t - 1)]
+
+
+@overlap_add.vjp
+def _(ctx: Any, g: ember.Tensor) -> tuple[ember.Tensor]:
+    (x,) = ctx.inputs
+    n = x.shape[-1]
+    return (frames(g, ember.ones(n, dtype=g.dtype.to_real, device=g.device), n_fft=n, hop=ctx.kwargs["hop"]),)
 
 
 def check_dtype(x: ember.Tensor, op: str) -> ember.Tensor:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._ops import c2c, c2r, frames, host_c2c, host_c2r, host_r2c, r2c
+from ._ops import c2c, c2r, frames, host_c2c, host_c2r, host_r2c, overlap_add, r2c
 
 
 def _c2c(backend: Any, h: np.ndarray, *, s: tuple[int, ...], dims: tuple[int, ...], norm: str,
@@ -36,9 +36,22 @@ def _frames(backend: Any, h: np.ndarray, w: np.ndarray, *, n_fft: int, hop: int)
     return np.multiply(view, w, dtype=np.result_type(h, w))
 
 
+def _overlap_add(backend: Any, h: np.ndarray, *, hop: int) -> np.ndarray:
+    # r = ceil(n / hop) in-place adds of the frames' hop-wide column blocks into rows i .. i + t - 1 of the output
+    b, t, n = h.shape
+    r = -(-n // hop)
+    out = np.zeros((b, (t + r - 1) * hop), dtype=h.dtype)
+    rows = out.reshape(b, t + r - 1, hop)
+    for i in range(r):
+        w = min(hop, n - i * hop)
+        rows[:, i:i + t, :w] += h[:, :, i * hop:i * hop + w]
+    return np.ascontiguousarray(out[:, : n + hop * (t - 1)])
+
+
 def register() -> None:
-    """Register the flex kernels of signal.c2c, signal.r2c, signal.c2r and signal.frames."""
+    """Register the flex kernels of signal.c2c, signal.r2c, signal.c2r, signal.frames and signal.overlap_add."""
     c2c.kernel("flex")(_c2c)
     r2c.kernel("flex")(_r2c)
     c2r.kernel("flex")(_c2r)
     frames.kernel("flex")(_frames)
+    overlap_add.kernel("flex")(_overlap_add)

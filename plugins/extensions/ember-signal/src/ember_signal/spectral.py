@@ -160,8 +160,8 @@ def istft(input: ember.Tensor, n_fft: int, hop_length: int | None = None, win_le
     if w is None:
         w = ember.ones(n_fft, dtype=frames.dtype.to_real, device=frames.device)
     frames = frames * w
-    y = overlap_add(frames, hop)
-    envelope = overlap_add((w * w).reshape(1, 1, n_fft).expand(1, n_frames, n_fft), hop)
+    y = overlap_add(frames, hop=hop)
+    envelope = overlap_add((w * w).reshape(1, 1, n_fft).expand(1, n_frames, n_fft), hop=hop)
     expected = n_fft + hop * (n_frames - 1)
     start = n_fft // 2 if center else 0
     if length is not None:
