@@ -144,8 +144,8 @@ class Saved:
     __slots__ = ("_value", "_ref", "_version", "_counter", "_recipe", "_cache")
 
     def __init__(self, arr: ADArray, keep: bool) -> None:
-        self._counter = arr.version
-        self._version = arr.version.n
+        self._counter = counter = arr.version  # one property call: this runs for every saved value
+        self._version = counter.n
         self._cache = None
         if keep or arr.recipe is None:  # no recipe: a leaf or a compute-bound output, kept as is
             self._value = arr.value
