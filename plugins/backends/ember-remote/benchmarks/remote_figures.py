@@ -47,7 +47,8 @@ def _cpu_of(pid: int | None) -> float:
 
 
 def trainer(dev: Device, batch: int, counters: Callable[[], dict[str, int]] | None,
-            server_pid: int | None, out: dict[str, Any]) -> Iterator[None]:
+            server_pid: int | None, out: dict[str, Any], before_step: Callable[[], None] | None = None
+            ) -> Iterator[None]:
     """SGD steps of the seed CNN on ``dev`` (one loss read per step), one per ``next()``; fills ``out`` with the
     losses, per-step counter deltas, wall-clock times and CPU seconds (this process and the server's)."""
     ember.manual_seed(0)
@@ -56,6 +57,8 @@ def trainer(dev: Device, batch: int, counters: Callable[[], dict[str, int]] | No
     rng = np.random.default_rng(0)
     out.update(losses=[], deltas=[], times=[], cpu=[])
     while True:
+        if before_step is not None:
+            before_step()
         before = counters() if counters else {}
         cpu0 = _cpu_of(None) + (_cpu_of(server_pid) if server_pid else 0.0)
         t = time.perf_counter()
@@ -81,9 +84,10 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     steps: list[Iterator[None]] = []
 
-    def add(name: str, dev: Device, counters: Callable[[], dict[str, int]] | None, pid: int | None = None) -> None:
+    def add(name: str, dev: Device, counters: Callable[[], dict[str, int]] | None, pid: int | None = None,
+            before_step: Callable[[], None] | None = None) -> None:
         results[name] = {}
-        steps.append(trainer(dev, args.batch, counters, pid, results[name]))
+        steps.append(trainer(dev, args.batch, counters, pid, results[name], before_step))
 
     add("flex+autodiff (local)", Device.parse("flex+autodiff"), None)
     router = Device.parse("flex+autodiff+router(local)")
@@ -108,6 +112,13 @@ def main() -> None:
                     rdev = Device.remote(f"ember://127.0.0.1:{port}/flex", **opts)
                     name = f"remote ({'TLS' if tls else 'plaintext'}, {'zlib' if compress else 'no compression'})"
                     add(name, rdev.autodiff(), lambda b=rdev.stack: {k: b.counts[k] for k in _REMOTE}, proc.pid)
+                if not tls:
+                    # without graph replay: the client forgets its graphs before every step, so each step registers
+                    # every graph again (the server keeps the old ones: within its limit for these few steps)
+                    rdev = Device.remote(f"ember://127.0.0.1:{port}/flex", token=token, insecure=True, timeout=299.0)
+                    add("remote (plaintext, no graph replay)", rdev.autodiff(),
+                        lambda b=rdev.stack: {k: b.counts[k] for k in _REMOTE}, proc.pid,
+                        lambda b=rdev.stack: b._graphs.clear())
             for _ in range(args.steps):
                 for step in steps:  # in turn: load changes hit every configuration alike
                     next(step)
