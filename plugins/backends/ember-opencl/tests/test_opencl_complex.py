@@ -124,8 +124,24 @@ def test_sums_and_matmul(be, dtype):
         be.reduce("prod", h, (0,), False)
 
 
+@pytest.mark.parametrize("dtype", CPLX, ids=lambda d: np.dtype(d).name)
+def test_cumsum_on_the_real_view(be, dtype):
+    need(be, dtype)
+    a = rand((3, 4, 5), dtype, 8)
+    h = be.from_numpy(a)
+    for dim in (0, 1, 2, -1):
+        np.testing.assert_allclose(be.to_numpy(be.cumulative("sum", h, dim)), np.cumsum(a, axis=dim), **tol(dtype))
+    np.testing.assert_allclose(be.to_numpy(be.cumulative("sum", be.permute(h, (2, 0, 1)), 1)),
+                               np.cumsum(a.transpose(2, 0, 1), axis=1), **tol(dtype))
+
+
 def test_refused_ops_name_op_dtype_and_backend(be):
     h = be.from_numpy(rand((2, 2), np.complex64))
+    for call, op in ((lambda: be.cumulative("prod", h, 0), "cumprod"), (lambda: be.softmax(h, 0, False), "softmax"),
+                     (lambda: be.argreduce("argmax", h, 0, False), "argmax"),
+                     (lambda: be.sort(h, 0, False, True), "sort"), (lambda: be.logsumexp(h, (0,), False), "logsumexp")):
+        with pytest.raises(DTypeError, match=f"{op}: not supported for complex64 on the OpenCL backend"):
+            call()
     with pytest.raises(DTypeError, match="floor: not supported for complex64 on the OpenCL backend"):
         be.unary("floor", h)
     with pytest.raises(DTypeError, match="maximum: not supported for complex64 on the OpenCL backend"):

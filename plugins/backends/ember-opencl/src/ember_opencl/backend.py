@@ -157,21 +157,29 @@ class OpenCLBackend(Backend):
         return reduction.reduce(op, h, dims, keepdim)
 
     def argreduce(self, op: str, h: CLArray, dim: int | None, keepdim: bool) -> CLArray:
+        if h.dtype.is_complex:
+            raise cx.refuse(op, h.dtype)
         from . import reduction
 
         return reduction.argreduce(op, h, dim, keepdim)
 
     def cumulative(self, op: str, h: CLArray, dim: int) -> CLArray:
+        if h.dtype.is_complex:
+            return cx.cumulative(op, h, dim)
         from . import reduction
 
         return reduction.cumulative(op, h, dim)
 
     def softmax(self, h: CLArray, dim: int, log: bool) -> CLArray:
+        if h.dtype.is_complex:
+            raise cx.refuse("log_softmax" if log else "softmax", h.dtype)
         from . import reduction
 
         return reduction.softmax(h, dim, log)
 
     def logsumexp(self, h: CLArray, dims: tuple[int, ...], keepdim: bool) -> CLArray:
+        if h.dtype.is_complex:
+            raise cx.refuse("logsumexp", h.dtype)
         from . import reduction
 
         return reduction.logsumexp(h, dims, keepdim)
@@ -213,11 +221,15 @@ class OpenCLBackend(Backend):
 
     # -- sorting ---------------------------------------------------------------------------------------------------
     def sort(self, h: CLArray, dim: int, descending: bool, stable: bool) -> tuple[CLArray, CLArray]:
+        if h.dtype.is_complex:
+            raise cx.refuse("sort", h.dtype)
         from . import sorting
 
         return sorting.sort(h, dim, descending, stable)
 
     def topk(self, h: CLArray, k: int, dim: int, largest: bool, sorted_: bool) -> tuple[CLArray, CLArray]:
+        if h.dtype.is_complex:
+            raise cx.refuse("topk", h.dtype)
         from . import sorting
 
         return sorting.topk(h, k, dim, largest, sorted_)

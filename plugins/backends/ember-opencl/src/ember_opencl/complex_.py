@@ -23,7 +23,7 @@ from . import elementwise as ew
 from .array import CLArray, empty
 from .ctypes_ import ctype
 
-__all__ = ["as_complex", "as_real", "matmul", "reduce", "register"]
+__all__ = ["as_complex", "as_real", "cumulative", "matmul", "reduce", "refuse", "register"]
 
 
 def as_real(h: CLArray) -> CLArray:
@@ -53,6 +53,20 @@ def reduce(op: str, h: CLArray, dims: tuple[int, ...], keepdim: bool) -> CLArray
 
     out = reduction.reduce("sum", as_real(h), tuple(dims), keepdim)
     return as_complex(out, h.dtype)
+
+
+def cumulative(op: str, h: CLArray, dim: int) -> CLArray:
+    """cumsum of a complex array along dim: the real scan over the (real, imag) view (dim keeps its index)."""
+    if op != "sum":
+        raise DTypeError(f"cum{op}: not supported for {h.dtype.name} on the OpenCL backend (complex scans: cumsum)")
+    from . import reduction
+
+    return as_complex(reduction.cumulative("sum", as_real(h), dim % len(h.shape)), h.dtype)
+
+
+def refuse(op: str, dtype: DType) -> DTypeError:
+    """The typed error of an op with no complex kernel here."""
+    return DTypeError(f"{op}: not supported for {dtype.name} on the OpenCL backend")
 
 
 def _part(h: CLArray, k: int) -> CLArray:
