@@ -421,3 +421,25 @@ def test_cudnn_is_called_for_float_convs_with_symmetric_padding(be: CuPyBackend)
     assert calls == [((1, 2), (1, 2), (1, 1), 2, False, "never", False)]
     be.conv(x, w, None, (1, 1), ((1, 0), (0, 0)), (1, 1), 2)  # asymmetric: im2col + GEMM
     assert len(calls) == 1
+
+
+def test_half_precision_and_other_ranks(be: CuPyBackend) -> None:
+    """float16 storage (computed in float) through softmax, average pooling and linear interpolation; nearest
+    interpolation in 1-d and 3-d; max pooling of uint8."""
+    x = RNG.standard_normal((3, 2, 40)).astype(np.float16)
+    _close(be.softmax(x, 2, True), torch.log_softmax(_t(x).float(), 2).half(), 2e-3)
+    _close(be.avg_pool(x, (4,), (3,), (1,), False, True, None),
+           torch.nn.functional.avg_pool1d(_t(x).float(), 4, 3, 1).half(), 2e-3)
+    _close(be.interpolate(x, (57,), "linear", False, None),
+           torch.nn.functional.interpolate(_t(x).float(), size=57, mode="linear").half(), 2e-3)
+    _close(be.interpolate(x, (17,), "nearest", None, None),
+           torch.nn.functional.interpolate(_t(x).float(), size=17, mode="nearest").half(), 0)
+    x3 = RNG.standard_normal((1, 1, 3, 4, 5)).astype(np.float32)
+    _close(be.interpolate(x3, (6, 3, 9), "nearest", None, None),
+           torch.nn.functional.interpolate(_t(x3), size=(6, 3, 9), mode="nearest"), 0)
+    u = RNG.integers(0, 255, (2, 3, 9, 9)).astype(np.uint8)
+    v, i = be.max_pool(u, (3, 3), (2, 2), (1, 1), (1, 1), False, True)
+    tv, ti = torch.nn.functional.max_pool2d(_t(u).float(), 3, 2, 1, return_indices=True)
+    np.testing.assert_array_equal(v, tv.numpy().astype(np.uint8))
+    assert v.dtype == np.uint8
+    np.testing.assert_array_equal(i, ti.numpy())  # ties: the first maximum in row-major order, as torch
