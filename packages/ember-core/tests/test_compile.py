@@ -400,3 +400,22 @@ def test_tensor_keyword_arguments_run_eagerly():
     kn = ember.compile(lambda x, *, scale: x * scale)
     assert [kn(x, scale=s).tolist() for s in (2.0, 2.0, 2.0, 4.0)] == [[2.0, 2.0]] * 3 + [[4.0, 4.0]]
     assert kn.stats()["graphs"] == 2 and kn.stats()["replays"] == 2
+
+
+def test_elementwise_runs_replay_as_fused_kernels():
+    dev = ember.Device.flex()
+
+    def f(x, y):
+        h = ((x * 2 + 1).tanh() * y - 0.5).exp()
+        return h.sum(1), ember.where(h > 1.0, h, x)
+
+    fn = ember.compile(f)
+    rng = np.random.default_rng(0)
+    x, y = (ember.tensor(rng.standard_normal((64, 32)).astype(np.float32), device=dev) for _ in range(2))
+    for _ in range(3):
+        s, w = fn(x, y)
+    es, ew = f(x, y)
+    np.testing.assert_array_equal(s.numpy(), es.numpy())
+    np.testing.assert_array_equal(w.numpy(), ew.numpy())
+    stats = fn.stats()
+    assert stats["replays"] == 2 and stats["kernels"] < stats["records"]  # the chain ran as one compiled kernel

@@ -724,11 +724,13 @@ class _Step:
     """One scheduled record: ``fn(*args)`` with args filled from slots; outputs stored in ``outs``; ``free`` the
     slots whose last use this is."""
 
-    __slots__ = ("fn", "args", "dynamic", "slots", "outs", "single", "free", "call", "kwargs", "kw_dynamic")
+    __slots__ = ("fn", "args", "dynamic", "slots", "outs", "single", "free", "call", "kwargs", "kw_dynamic",
+                 "fused", "shape")
 
     def __init__(self) -> None:
         self.free: tuple[int, ...] = ()
         self.call: ExtensionCall | None = None
+        self.fused: tuple[tuple[int, ...], tuple[Any, ...]] | None = None  # (input slots, scalars) of a fused block
 
 
 class _Schedule:
@@ -761,6 +763,15 @@ class _Schedule:
             vals[slot] = state_handles[e]
         bvals = [float(src()) for src in self.sources]
         for st in self.steps:
+            if st.fused is not None:  # a block of elementwise records as one compiled kernel
+                in_slots, scalars = st.fused
+                sc = [bvals[x.i] if type(x) is _BSlot else x for x in scalars]
+                res = st.fn([vals[s] for s in in_slots], sc, st.shape, [None] * len(st.outs))
+                for s, h in zip(st.outs, res):
+                    vals[s] = h
+                for s in st.free:
+                    vals[s] = None
+                continue
             slots = st.slots
             if slots is not None:  # the common case: tensors at the top level of the arguments
                 args = list(st.args)
@@ -787,8 +798,137 @@ class _Schedule:
         return vals
 
 
+def _bind(b: Bound, bound: list[Bound]) -> int:
+    bound.append(b)
+    return len(bound) - 1
+
+
+#: the elementwise contract methods a fused block (an ember.ir.Kernel) can hold
+_ELEMENTWISE = frozenset({"unary", "binary", "where", "cast"})
+
+
+def _fusion_groups(trace: _Trace, keep: set[int], last: dict[int, int]) -> dict[int, tuple[Any, ...]]:
+    """Runs of consecutive elementwise records with one output shape, compiled by the backend's
+    ``fusion_compile`` into one kernel each: {first record: (end, kernel, input vids, scalars, output vids, shape)}.
+
+    A run's outputs are its values read after it (by a later record, as an output of the step or a rebound state
+    tensor). A run the backend declines (``fusion_compile`` returns None) stays record by record."""
+    from .backend import PREDICATE_UNARY_OPS
+    from .ir import Instr, Kernel
+
+    records, base = trace.records, trace.base
+    if type(base).fusion_compile is Backend.fusion_compile:
+        return {}
+    dtypes: dict[int, DType] = {}
+    for r in records:
+        dtypes.update(zip(r.outputs, r.dtypes))
+
+    def dtype_of(v: int) -> DType:
+        d = dtypes.get(v)
+        return d if d is not None else base.dtype_of(trace.handles[v])
+
+    def fits(r: OpRecord, shape: tuple[int, ...]) -> bool:
+        return r.op in _ELEMENTWISE and len(r.outputs) == 1 and r.shapes[0] == shape and all(
+            len(trace.handles[v].shape) <= len(shape) for v in r.inputs)
+
+    groups: dict[int, tuple[Any, ...]] = {}
+    cache: dict[Any, Any] = {}
+    i, n = 0, len(records)
+    while i < n:
+        r = records[i]
+        if r.op not in _ELEMENTWISE or len(r.outputs) != 1:
+            i += 1
+            continue
+        shape = r.shapes[0]
+        end = i + 1
+        while end < n and fits(records[end], shape):
+            end += 1
+        if end - i >= 2:
+            found = _build_kernel(records[i:end], i, end, shape, dtype_of, keep, last, Instr, Kernel,
+                                  PREDICATE_UNARY_OPS)
+            if found is not None:
+                kernel, in_vids, scalars, out_vids = found
+                if kernel not in cache:
+                    try:
+                        cache[kernel] = base.fusion_compile(kernel)
+                    except Exception:  # a backend that cannot compile this block: its records run one by one
+                        log.debug("fusion_compile failed for a replay block", exc_info=True)
+                        cache[kernel] = None
+                if cache[kernel] is not None:
+                    groups[i] = (end, cache[kernel], in_vids, scalars, out_vids, shape)
+        i = end
+    return groups
+
+
+def _build_kernel(run: list[OpRecord], start: int, end: int, shape: tuple[int, ...], dtype_of: Callable[[int], DType],
+                  keep: set[int], last: dict[int, int], Instr: Any, Kernel: Any, predicates: Any) -> Any:
+    """The ember.ir.Kernel of a run of elementwise records, or None where an argument does not fit one."""
+    body: list[Any] = []
+    at: dict[int, int] = {}  # value id -> instruction index
+    in_vids: list[int] = []
+    scalars: list[Any] = []
+    from .dtypes import bool_
+
+    def operand(a: Any, r: OpRecord, dtype: DType) -> int | None:
+        if type(a) is Ref:
+            v = r.inputs[a.k]
+            k = at.get(v)
+            if k is None:
+                body.append(Instr("load", (len(in_vids),), dtype_of(v)))
+                in_vids.append(v)
+                k = at[v] = len(body) - 1
+            return k
+        if type(a) in (bool, int, float, Bound):
+            body.append(Instr("scalar", (len(scalars),), dtype))
+            scalars.append(a)
+            return len(body) - 1
+        return None
+
+    for r in run:
+        out_dtype = r.dtypes[0]
+        if r.op == "unary":
+            name, a = r.args
+            x = operand(a, r, out_dtype)
+            if x is None or not isinstance(name, str):
+                return None
+            instr = Instr("unary", (name, x), bool_ if name in predicates else out_dtype)
+        elif r.op == "binary":
+            name, a, b = r.args
+            ref = a if type(a) is Ref else b
+            if type(ref) is not Ref:
+                return None
+            operand_dtype = dtype_of(r.inputs[ref.k])
+            x, y = operand(a, r, operand_dtype), operand(b, r, operand_dtype)
+            if x is None or y is None:
+                return None
+            instr = Instr("binary", (name, x, y), out_dtype)
+        elif r.op == "where":
+            c, a, b = r.args
+            if type(c) is not Ref:
+                return None
+            z, x, y = operand(c, r, bool_), operand(a, r, out_dtype), operand(b, r, out_dtype)
+            if z is None or x is None or y is None:
+                return None
+            instr = Instr("where", (z, x, y), out_dtype)
+        else:  # cast
+            a, _dtype = r.args
+            x = operand(a, r, out_dtype)
+            if x is None:
+                return None
+            instr = Instr("cast", (x,), out_dtype)
+        body.append(instr)
+        at[r.outputs[0]] = len(body) - 1
+    produced = [r.outputs[0] for r in run]
+    out_vids = tuple(v for v in produced if v in keep or last.get(v, -1) >= end)
+    if not out_vids:
+        return None
+    kernel = Kernel(len(shape), tuple(dtype_of(v) for v in in_vids), len(scalars), tuple(body),
+                    tuple(at[v] for v in out_vids))
+    return kernel, tuple(in_vids), tuple(scalars), out_vids
+
+
 def _schedule(trace: _Trace, in_slots: dict[int, int], state: _State, pre: list[Any], pre_vids: list[int | None],
-              post: list[Any], out_tree: Any, out_handles: list[Any]) -> _Schedule:
+              post: list[Any], out_tree: Any, out_handles: list[Any], fuse: bool = True) -> _Schedule:
     """Turn a finished trace into a :class:`_Schedule` (raises :class:`_Break` when it cannot replay)."""
     base = trace.base
     records = trace.records
@@ -819,10 +959,26 @@ def _schedule(trace: _Trace, in_slots: dict[int, int], state: _State, pre: list[
     steps: list[_Step] = []
     bound: list[Bound] = []
     externals: set[int] = set()
+    groups = _fusion_groups(trace, keep, last) if fuse else {}
+    skip_to = -1
     for i, r in enumerate(records):
         for v in r.inputs:
             if v not in trace.produced:
                 externals.add(v)
+        if i < skip_to:
+            continue
+        group = groups.get(i)
+        if group is not None:
+            end, fn, in_vids, scalars, out_vids, shape = group
+            st = _Step()
+            st.fn, st.shape, st.outs = fn, shape, out_vids
+            st.fused = (in_vids, tuple(_BSlot(_bind(b, bound)) if type(b) is Bound else b for b in scalars))
+            inside = {v for k in range(i, end) for v in records[k].inputs}
+            st.free = tuple(v for v in inside if last.get(v, -1) < end and v not in keep and v in trace.produced
+                            and v not in out_vids)
+            steps.append(st)
+            skip_to = end
+            continue
         st = _Step()
         slot = r.inputs.__getitem__
         if r.op == "extension":
@@ -956,14 +1112,15 @@ class CompiledFunction:
         self._found: Any = None
         self._warned: set[str] = set()
         self._stats = {"calls": 0, "replays": 0, "recordings": 0, "eager_calls": 0, "graph_breaks": 0,
-                       "guard_misses": 0, "warmups": 0, "records": 0, "input_reads": 0}
+                       "guard_misses": 0, "warmups": 0, "records": 0, "kernels": 0, "input_reads": 0}
         self._last_reason: str | None = None
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``calls``, ``replays``, ``recordings`` (every recording, the first included), ``guard_misses``
         (recordings because guards matched no graph after the first), ``graph_breaks``, ``warmups`` (recordings
         that changed the state's structure, such as an optimizer creating its state), ``eager_calls`` (calls run
-        eagerly without recording), ``graphs`` (graphs kept), ``records`` (kernel calls in the last graph),
+        eagerly without recording), ``graphs`` (graphs kept), ``records`` (backend calls recorded in the last
+        graph), ``kernels`` (calls its replay makes, after fusing runs of elementwise records),
         ``input_reads`` and ``reason`` (why the last call did not replay, or None)."""
         with self._lock:
             return {**self._stats, "graphs": len(self._graphs), "reason": self._last_reason}
@@ -1151,6 +1308,7 @@ class CompiledFunction:
             if key is not None:
                 self._graphs[key] = graph
             self._stats["records"] = graph.n_records
+            self._stats["kernels"] = len(graph.steps)
             self._stats["input_reads"] += trace.input_reads
             self._last_reason = None
         return out
