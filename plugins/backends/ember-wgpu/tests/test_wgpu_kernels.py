@@ -142,6 +142,33 @@ def test_matmul_tunes_once_and_persists(dev: ember.Device, tmp_path: Path) -> No
             del rt.tune
 
 
+def test_large_products_tune_on_a_corner(dev: ember.Device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ember_wgpu import matmul as mm
+    from ember_wgpu.tune import TuneStore
+
+    monkeypatch.setattr(mm, "TUNE_MIN_MACS", 1)
+    monkeypatch.setattr(mm, "TUNE_BLOCK", (8, 8, 8))
+    rt = _be(dev).rt
+    saved = rt.__dict__.get("tune")
+    rt.tune = TuneStore(tmp_path, rt.key)
+    timed: list[tuple[int, ...]] = []
+    real_timer = mm._timer
+    monkeypatch.setattr(mm, "_timer", lambda a, b, out: (timed.append(a.shape + b.shape), real_timer(a, b, out))[1])
+    try:
+        rng = np.random.default_rng(12)
+        a = rng.integers(-3, 3, (3, 20, 30)).astype(np.float32)
+        b = rng.integers(-3, 3, (3, 30, 11)).astype(np.float32)
+        r = (ember.tensor(a, device=dev) @ ember.tensor(b, device=dev)).numpy()
+        np.testing.assert_array_equal(r, a @ b)
+        assert timed == [(8, 8, 8, 8)]  # one batch element, an 8x8x8 corner
+        assert mm.shape_key(dt.float32, 20, 11, 30, 3) in rt.tune._entries[mm.TUNE_OP]
+    finally:
+        if saved is not None:
+            rt.tune = saved
+        else:
+            del rt.tune
+
+
 def test_tune_store_survives_a_corrupt_file(tmp_path: Path) -> None:
     from ember_wgpu.tune import TuneStore
 

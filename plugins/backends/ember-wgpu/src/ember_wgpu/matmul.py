@@ -12,8 +12,10 @@ Two kernel families read A and B through their strides (transposed and broadcast
 Which is fastest depends on the adapter and the shape, so the first product of a shape class (dtype, and M, N, K
 rounded up to powers of two) with at least :data:`TUNE_MIN_MACS` multiply-adds times every candidate on the real
 operands and keeps the winner in the adapter's :class:`~ember_wgpu.tune.TuneStore` (``tune.json`` under the ember
-cache directory, op :data:`TUNE_OP`): later processes read it instead of timing again. Smaller products use the
-4-wide strip untimed (timing them would cost more than any choice saves).
+cache directory, op :data:`TUNE_OP`): later processes read it instead of timing again. A product larger than
+:data:`TUNE_BLOCK` is timed on a corner of itself (views of A and B, one batch element), so tuning stays a few
+products' time however large the first product is. Smaller products use the 4-wide strip untimed (timing them
+would cost more than any choice saves).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ember import dtypes as dt
 from ember.dtypes import DType
 from ember.errors import ValueRangeError
 
+from . import array as arr
 from . import wgsl
 from .array import WArray, empty
 
@@ -34,6 +37,9 @@ TUNE_OP = "matmul.v1"
 #: products with fewer multiply-adds run the default kernel untimed
 TUNE_MIN_MACS = 1 << 21
 DEFAULT: dict[str, Any] = {"kind": "strip", "strip": 4}
+#: candidates are timed on at most this (rows, columns, depth) corner of the product, and on one batch element,
+#: when the product is larger: on a slow device a huge product would cost minutes per candidate
+TUNE_BLOCK = (512, 512, 1024)
 #: the candidates timed per shape class: strips of 4 and 8, (tx, ty, rm, rn, bk) tiles of 32x32 to 64x64 outputs
 CANDIDATES: tuple[dict[str, Any], ...] = (
     DEFAULT,
@@ -210,6 +216,13 @@ def choose(a: WArray, b: WArray, out: WArray) -> dict[str, Any]:
         return DEFAULT
     cands = [c for c in CANDIDATES if c["kind"] == "strip"
              or (-(-N // (c["tx"] * c["rn"])) <= 65535 and -(-M // (c["ty"] * c["rm"])) <= 65535)]
+    bm, bn, bk = TUNE_BLOCK
+    if M * N * K * nb > bm * bn * bk:  # time a corner of the product (views: no copy)
+        m, n, k = min(M, bm), min(N, bn), min(K, bk)
+        lead: tuple[Any, ...] = (0,) * (a.ndim - 2) if nb * m * n * k > bm * bn * bk else (slice(None),) * (a.ndim - 2)
+        a = arr.basic_index(a, (*lead, slice(0, m), slice(0, k)))
+        b = arr.basic_index(b, (*lead, slice(0, k), slice(0, n)))
+        out = empty(a.rt, (*a.shape[:-1], n), a.dtype)
     return a.rt.tune.tune(TUNE_OP, shape_key(a.dtype, M, N, K, nb), cands, _timer(a, b, out))
 
 
