@@ -77,6 +77,7 @@ def _bindings(dtype: DType) -> str:
 
 @functools.cache
 def strip_source(dtype: DType, strip: int) -> str:
+    """The strip kernel: one invocation per ``strip`` consecutive outputs of a row of C."""
     ct, load, store = _io(dtype)
     body = (_bindings(dtype) + f"@compute @workgroup_size({_STRIP_WG})\n"
             "fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n"
@@ -105,6 +106,7 @@ def strip_source(dtype: DType, strip: int) -> str:
 
 @functools.cache
 def tiled_source(dtype: DType, tx: int, ty: int, rm: int, rn: int, bk: int) -> str:
+    """The tiled kernel: a ``tx`` x ``ty`` workgroup per ``ty*rm`` x ``tx*rn`` tile of C, K in steps of ``bk``."""
     ct, load, store = _io(dtype)
     bm, bn, nt = ty * rm, tx * rn, tx * ty
     zero = f"{ct}(0)"
