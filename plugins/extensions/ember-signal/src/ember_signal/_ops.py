@@ -169,40 +169,69 @@ def _(ctx: Any, g: ember.Tensor) -> tuple[ember.Tensor]:
 
 
 # -- framing for stft: the frames of a signal times the window, in one pass -------------------------------------------
-def _frames_spec(x: TensorSpec, window: TensorSpec, *, n_fft: int, hop: int) -> TensorSpec:
-    count = (x.shape[-1] - n_fft) // hop + 1
+#: the centre paddings the framing op does itself (the others go through F.pad first)
+FRAME_PADS = ("constant", "reflect")
+
+
+def _frames_spec(x: TensorSpec, window: TensorSpec, *, n_fft: int, hop: int, pad: int = 0,
+                 pad_mode: str = "constant") -> TensorSpec:
+    count = (x.shape[-1] + 2 * pad - n_fft) // hop + 1
     return TensorSpec((*x.shape[:-1], count, n_fft), dt.promote_types(x.dtype, window.dtype))
 
 
 @backend_extension("signal.frames", output=_frames_spec, publish=False)
-def frames(x: ember.Tensor, window: ember.Tensor, *, n_fft: int, hop: int) -> ember.Tensor:
-    """The windowed frames of x (..., L): (..., T, n_fft) with frame t = x[..., t*hop : t*hop + n_fft] * window.
+def frames(x: ember.Tensor, window: ember.Tensor, *, n_fft: int, hop: int, pad: int = 0,
+           pad_mode: str = "constant") -> ember.Tensor:
+    """The windowed frames of x (..., L) padded by ``pad`` samples at each end (zeros, or ``"reflect"``: mirrored
+    without the edge, ``0 < pad < L``): (..., T, n_fft) with frame t = padded[..., t*hop : t*hop + n_fft] * window.
 
-    The composition (any backend) is ``x.unfold(-1, n_fft, hop) * window``; ember-flex's kernel writes the product
-    straight from a strided view of x, without materialising the unfolded copy first.
+    The composition (any backend) is ``F.pad`` then ``unfold(-1, n_fft, hop) * window``; ember-flex's kernel pads
+    with one concatenation and writes the product straight from a strided view, without materialising the unfolded
+    copy first.
     """
+    if pad:
+        import ember.nn.functional as F
+
+        shape = tuple(x.shape)
+        x = F.pad(x.reshape(1, -1, shape[-1]), (pad, pad), mode=pad_mode).reshape(*shape[:-1], shape[-1] + 2 * pad)
     return x.unfold(-1, n_fft, hop) * window
+
+
+def _unpad_grad(gp: ember.Tensor, length: int, pad: int, mode: str) -> ember.Tensor:
+    """The gradient of x from that of its padded copy (..., length + 2 pad): the middle, plus for ``reflect`` the
+    mirrored ends added back onto x[1 .. pad] and x[length - 1 - pad .. length - 2]."""
+    import ember.nn.functional as F
+
+    core = gp.narrow(-1, pad, length)
+    if mode == "reflect" and pad:
+        left = gp.narrow(-1, 0, pad).flip(-1)
+        right = gp.narrow(-1, length + pad, pad).flip(-1)
+        core = core + F.pad(left, (1, length - 1 - pad)) + F.pad(right, (length - 1 - pad, 1))
+    return core
 
 
 @frames.vjp
 def _(ctx: Any, g: ember.Tensor) -> tuple[ember.Tensor, ember.Tensor]:
-    # y[t, j] = x[t*hop + j] w[j]: gx is the overlap-add of g * conj(w) (the frames' adjoint), gw the sum over the
-    # frames of g * conj(frame) (real for a real window); the frames come from this op with a window of ones (one
-    # strided pass on flex, where Tensor.unfold would gather through an index array)
+    # y[t, j] = xp[t*hop + j] w[j] (xp: x padded): gxp is the overlap-add of g * conj(w) (the frames' adjoint), folded
+    # back through the padding; gw the sum over the frames of g * conj(frame) (real for a real window), the frames
+    # coming from this op with a window of ones (one strided pass on flex, where unfold would gather by index)
     x, window = ctx.inputs
     k = ctx.kwargs
     n_fft, hop = k["n_fft"], k["hop"]
+    pad, mode = k.get("pad", 0), k.get("pad_mode", "constant")
     wc = window.conj() if window.dtype.is_complex else window
     lead = tuple(g.shape[:-2])
     gx = overlap_add((g * wc).reshape(-1, g.shape[-2], n_fft), hop=hop)
     length = x.shape[-1]
-    if gx.shape[-1] < length:  # samples after the last frame get no gradient
-        gx = ember.cat([gx, ember.zeros((gx.shape[0], length - gx.shape[-1]), dtype=gx.dtype, device=gx.device)],
+    padded = length + 2 * pad
+    if gx.shape[-1] < padded:  # samples after the last frame get no gradient
+        gx = ember.cat([gx, ember.zeros((gx.shape[0], padded - gx.shape[-1]), dtype=gx.dtype, device=gx.device)],
                        dim=-1)
-    gx = gx.reshape(*lead, length)
+    gx = _unpad_grad(gx, length, pad, mode).reshape(*lead, length)
     if not x.dtype.is_complex and gx.dtype.is_complex:
         gx = ember.real(gx)
-    xs = frames(x, ember.ones(n_fft, dtype=x.dtype.to_real, device=x.device), n_fft=n_fft, hop=hop)
+    xs = frames(x, ember.ones(n_fft, dtype=x.dtype.to_real, device=x.device), n_fft=n_fft, hop=hop, pad=pad,
+                pad_mode=mode)
     gw = (g * (xs.conj() if xs.dtype.is_complex else xs)).reshape(-1, n_fft).sum(0)
     if not window.dtype.is_complex and gw.dtype.is_complex:
         gw = ember.real(gw)

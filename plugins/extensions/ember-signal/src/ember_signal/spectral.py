@@ -25,7 +25,7 @@ import ember.nn.functional as F
 from ember.errors import DTypeError, ShapeError, ValueRangeError
 
 from . import fft as _fft  # noqa: F401 - registers the transforms' ops and flex kernels
-from ._ops import c2c, c2r, check_dtype, frames, overlap_add, r2c
+from ._ops import FRAME_PADS, c2c, c2r, check_dtype, frames, overlap_add, r2c
 
 __all__ = ["stft", "istft"]
 
@@ -93,18 +93,24 @@ def stft(input: ember.Tensor, n_fft: int, hop_length: int | None = None, win_len
     batched = x.ndim == 2
     if not batched:
         x = x.unsqueeze(0)
+    pad = 0
     if center:
         if pad_mode not in _PAD_MODES:
             raise ValueRangeError(f"{op}: pad_mode must be one of {_PAD_MODES}, got {pad_mode!r}")
         p = n_fft // 2
-        x = F.pad(x.unsqueeze(0), (p, p), mode=pad_mode).squeeze(0)
-    length = x.shape[-1]
+        if pad_mode in FRAME_PADS and (pad_mode == "constant" or 0 < p < x.shape[-1]):
+            pad = p  # padded by the framing op itself (flex: one concatenation)
+        else:  # F.pad checks the other modes (and reflect padding as long as the signal)
+            x = F.pad(x.unsqueeze(0), (p, p), mode=pad_mode).squeeze(0)
+    length = x.shape[-1] + 2 * pad
     if not 0 < n_fft <= length:
         raise ValueRangeError(f"{op}: expected 0 < n_fft <= {length} (the padded input length), but got "
                               f"n_fft={n_fft}")
     w = _window(window, n_fft, win, x, op)
-    # (B, n_frames, n_fft): the windowed frames in one op (one pass on flex), then one batched FFT over all frames
-    framed = x.unfold(-1, n_fft, hop) if w is None else frames(x, w, n_fft=n_fft, hop=hop)
+    if w is None:
+        w = ember.ones(n_fft, dtype=x.dtype.to_real, device=x.device)
+    # (B, n_frames, n_fft): padding, framing and windowing in one op (one pass on flex), then one batched FFT
+    framed = frames(x, w, n_fft=n_fft, hop=hop, pad=pad, pad_mode=pad_mode if pad else "constant")
     if onesided is None:
         onesided = not framed.dtype.is_complex
     if onesided and framed.dtype.is_complex:
