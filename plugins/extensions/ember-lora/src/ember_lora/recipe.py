@@ -234,8 +234,8 @@ def _model(size: Sizes, s: Settings) -> TextTransformer:
 
 
 def _fit(s: Settings, phase: str, model: nn.Module, optimizer: Any, train: DataLoader, valid: DataLoader,
-         timer: Callback | None = None) -> Any:
-    learner = Learner(model, train, valid, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer,
+         timer: Callback | None = None, scheduler: Any = None) -> Any:
+    learner = Learner(model, train, valid, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, scheduler=scheduler,
                       metrics=("loss", "accuracy"), device=s.device, out_dir=os.path.join(s.out, phase),
                       best_metric="valid_accuracy", best_mode="max", dashboard=s.dashboard, seed=s.seed,
                       callbacks=() if timer is None else (timer,))
@@ -243,8 +243,9 @@ def _fit(s: Settings, phase: str, model: nn.Module, optimizer: Any, train: DataL
 
 
 def _lora_config(size: Sizes) -> LoraConfig:
-    # every Linear outside attention (the feed-forward layers); the new task's head trains as a full copy. Biases
-    # stay frozen, so with the adapters switched off the model is exactly the pre-trained one (or its NF4 twin)
+    # every Linear: the feed-forward layers and the attention's q/k/v/out projections; the new task's head trains as
+    # a full copy. Biases stay frozen, so with the adapters switched off the model is exactly the pre-trained one (or
+    # its NF4 twin)
     return LoraConfig(r=size.rank, lora_alpha=2 * size.rank, target_modules="all-linear", modules_to_save=["head"])
 
 
@@ -269,7 +270,10 @@ def _fine_tune(s: Settings, size: Sizes, method: str, pretrained: dict[str, Any]
         loss_fn(model(x), y).backward()
         optimizer.step()
     timer = _StepTimer()
-    history = _fit(s, method, model, optimizer, b_train, b_valid, timer)
+    # every fine-tuning run anneals its rate to zero over its steps (cosine): at the adapters' higher rate a constant
+    # one let LoRA on the attention projections overshoot in the last epochs
+    schedule = ember.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(s.epochs * len(b_train), 1))
+    history = _fit(s, method, model, optimizer, b_train, b_valid, timer, schedule)
     off = None
     if method != "full":
         with disable_adapters(model):
