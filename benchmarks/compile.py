@@ -5,7 +5,8 @@ on ``flex+autodiff`` and ``opencl+autodiff`` (when an OpenCL device is present),
    suite's weights and batches) at batch 16 and 64 (``--quick``: 16 only). The eager and the compiled step train two
    copies of the model from the same weights, alternating inside every repeat; each timed call reads the loss and
    syncs the device with it alive. Reports ms medians with spread, the replay speedup (eager time / replayed time;
-   target >= 1.5x) and the compiled function's counters (replays, recordings, graph breaks, kernel calls per step).
+   target >= 1.5x) and the compiled function's counters (replays, recordings, graph breaks, backend calls recorded
+   and kernel calls a replay makes per step).
    Before timing, eager and compiled runs of ``CHECK_STEPS`` steps from the same weights and dropout seed are
    compared: ``identical`` (bit for bit, expected on flex) and ``max_rel_diff`` of the losses.
 2. **profile**: where a replayed step's time goes: cProfile over ``PROFILE_STEPS`` replayed steps at batch 16, split
@@ -115,7 +116,8 @@ def bench_train(backends: Sequence[tuple[str, Device]], batches: Sequence[int], 
                               ember_case=f"{name} replay", torch_case=TORCH, backend=name, speedup=speedup,
                               target=TARGET, met=speedup >= TARGET, stats=st, **checks[name],
                               note=(f"replay {speedup:.2f}x faster than eager (target {TARGET}x); "
-                                    f"{st['records']} kernel calls/step; replays {st['replays']}, "
+                                    f"{st['records']} records -> {st['kernels']} kernel calls/step; "
+                                    f"replays {st['replays']}, "
                                     f"breaks {st['graph_breaks']}; eager==replay bit for bit: "
                                     f"{checks[name]['identical']} (max rel diff {checks[name]['max_rel_diff']:.2e})")))
     return out

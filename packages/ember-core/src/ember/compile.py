@@ -14,8 +14,9 @@ out of the chain: they only decide how ops run, and the replay schedule makes th
 
 The recording is then *scheduled* once: each record resolved to its bound kernel (the backend's method, or the
 extension op's kernel), its arguments turned into a template over value slots, each value freed after its last
-use, and runs of elementwise records with one shape compiled into one kernel by the backend's ``fusion_compile``. A later call whose guards match replays the schedule: the new inputs' handles are bound to the input slots,
-the kernels run one after another, the tensors the step replaced (a gradient, a state tensor rebound out of place)
+use, and runs of elementwise records with one shape compiled into one kernel by the backend's ``fusion_compile``.
+A later call whose guards match replays the schedule: the new inputs' handles are bound to the input slots, the
+kernels run one after another, the tensors the step replaced (a gradient, a state tensor rebound out of place)
 get the replay's results, and the outputs are returned as tensors. No per-op dispatch, no autodiff bookkeeping.
 
 Guards (checked on every call; a miss records again, counted in :meth:`CompiledFunction.stats`): the tensor
