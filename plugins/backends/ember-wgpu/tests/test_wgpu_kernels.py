@@ -68,6 +68,25 @@ def test_tree_argmax_argmin_first_occurrence_and_nan(dev: ember.Device, nan: boo
     np.testing.assert_array_equal(ember.tensor(x.ravel(), device=dev).argmax().numpy(), t.argmax().numpy())
 
 
+@pytest.mark.parametrize(("shape", "dim"), [((70000,), 0), ((3, 5000), 1), ((4000, 3), 0), ((5, 40), 1)],
+                         ids=["long-1d", "long-rows", "long-columns", "short-rows"])
+def test_chunked_scans_match_torch(dev: ember.Device, shape: tuple[int, ...], dim: int) -> None:
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal(shape).astype(np.float32)
+    e, t = ember.tensor(x, device=dev), torch.from_numpy(x)
+    np.testing.assert_allclose(ember.cumsum(e, dim).numpy(), torch.cumsum(t.double(), dim).numpy(),
+                               rtol=1e-5, atol=2e-3)
+    signs = np.where(x > 0, 1.0, -1.0).astype(np.float32)  # exact products: a chunk-boundary slip shows
+    np.testing.assert_array_equal(ember.cumprod(ember.tensor(signs, device=dev), dim).numpy(),
+                                  torch.cumprod(torch.from_numpy(signs), dim).numpy())
+    xi = rng.integers(-50, 50, shape).astype(np.int32)
+    np.testing.assert_array_equal(ember.cumsum(ember.tensor(xi, device=dev), dim).numpy(),
+                                  torch.cumsum(torch.from_numpy(xi), dim).numpy())
+    if len(shape) == 2:  # a transposed (strided) view
+        np.testing.assert_array_equal(ember.cumsum(ember.tensor(xi, device=dev).T, 1 - dim).numpy(),
+                                      torch.cumsum(torch.from_numpy(xi).T, 1 - dim).numpy())
+
+
 # -- sort ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("shape", "dim"), [((1,), 0), ((3, 17), 1), ((17, 3), 0), ((2, 513), 1), ((1500,), 0)],
                          ids=["one", "short-rows", "columns", "just-over-a-block", "several-blocks"])

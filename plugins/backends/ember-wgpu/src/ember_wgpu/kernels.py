@@ -312,17 +312,75 @@ def scan_source(op: str, dtype: DType) -> str:
     return _with_library(body, [dtype])
 
 
+@functools.cache
+def scan_chunks_source(op: str, dtype: DType, pdtype: DType) -> str:
+    """The last pass of a chunked scan: one invocation per (line, chunk) scans its chunk, starting from the scanned
+    chunk totals ``pre`` (``p`` = [lines * nchunks, len, outer dims, step, offset, chunk, nchunks, outer sizes...,
+    outer strides...])."""
+    ct = wgsl.ctype(dtype)
+    pct = wgsl.ctype(pdtype)
+    kahan = op == "sum" and ct == "f32"
+    if kahan:
+        step = ("let y = v - comp; let t = acc + y; comp = select((t - acc) - y, 0.0, is_inf(t) || is_nan(t)); "
+                "acc = t;")
+    elif ct == "bool":
+        step = "acc = acc || v;" if op == "sum" else "acc = acc && v;"
+    else:
+        step = "acc = acc + v;" if op == "sum" else "acc = acc * v;"
+    body = (f"@group(0) @binding(0) var<storage, read> inp: array<{wgsl.stype(dtype)}>;\n"
+            f"@group(0) @binding(1) var<storage, read> pre: array<{wgsl.stype(pdtype)}>;\n"
+            f"@group(0) @binding(2) var<storage, read_write> out: array<{wgsl.stype(dtype)}>;\n"
+            "@group(0) @binding(3) var<storage, read> p: array<i32>;\n"
+            + _MAIN.format(wg=WG) + "  " + _FLAT_ID.format(wg=WG) + "\n"
+            "  if (i >= p[0]) { return; }\n"
+            "  let len = p[1]; let ndo = p[2]; let step = p[3]; let chunk = p[5]; let nchunks = p[6];\n"
+            "  let line = i / nchunks; let c = i % nchunks;\n"
+            "  let j0 = c * chunk; let j1 = min(j0 + chunk, len);\n"
+            "  var base = p[4];\n  var rem = line;\n"
+            "  for (var d = ndo - 1; d >= 0; d = d - 1) {\n"
+            "    let cc = rem % p[7 + d]; rem = rem / p[7 + d]; base = base + cc * p[7 + ndo + d];\n  }\n"
+            f"  var acc = {wgsl.load(dtype, 'inp[base + j0 * step]')};\n"
+            + ("  var comp: f32 = 0.0;\n" if kahan else "")
+            + "  if (c > 0) {\n"
+            f"    let v = acc; acc = {wgsl.convert(wgsl.load(pdtype, 'pre[line * nchunks + c - 1]'), pct, ct)};\n"
+            f"    {step}\n  }}\n"
+            f"  out[line * len + j0] = {wgsl.store(dtype, 'acc')};\n"
+            "  for (var j = j0 + 1; j < j1; j = j + 1) {\n"
+            f"    let v = {wgsl.load(dtype, 'inp[base + j * step]')};\n    {step}\n"
+            f"    out[line * len + j] = {wgsl.store(dtype, 'acc')};\n  }}\n}}\n")
+    return _with_library(body, [dtype, pdtype])
+
+
 def scan(op: str, h: WArray, dim: int) -> WArray:
-    """Inclusive scan along ``dim`` (one thread per line); returns a view of a contiguous (outer..., len) array."""
+    """Inclusive scan along ``dim``; returns a view of a contiguous (outer..., len) array.
+
+    Many lines: one invocation per line. Few long lines: in chunks of ``_CHUNK`` -- the chunk totals (one
+    invocation each), their scan along the line (recursively), then each chunk scanned from its predecessor's
+    total (one invocation each)."""
     rt = h.rt
     keep = [d for d in range(h.ndim) if d != dim]
     moved = tuple(h.shape[d] for d in keep) + (h.shape[dim],)
     out = empty(rt, moved, h.dtype)
     lines = math.prod(h.shape[d] for d in keep)
+    n = h.shape[dim]
     if h.size:
         ko, ks = collapse(tuple(h.shape[d] for d in keep), tuple(h.estrides[d] for d in keep))
-        prm = _params(rt, [lines, h.shape[dim], len(ko), h.estrides[dim], h.offset, *ko, *ks[0]])
-        rt.launch(scan_source(op, h.dtype), [h.buf, out.buf, prm.buffer], _groups(lines))
+        if lines < _PARALLEL and n >= 4 * _CHUNK:
+            nchunks = -(-n // _CHUNK)
+            pdtype = dt.float32 if h.dtype is dt.float16 else h.dtype  # float16 totals would round twice
+            totals = empty(rt, (lines, nchunks), pdtype)
+            prm = _params(rt, [lines * nchunks, n, len(ko), 1, h.offset, _CHUNK, nchunks, *ko, *ks[0], n,
+                               h.estrides[dim]])
+            rt.launch(reduce_source(op, h.dtype, pdtype), [h.buf, totals.buf, prm.buffer],
+                      _groups(lines * nchunks))
+            pre = scan(op, totals, 1)  # a contiguous (lines, nchunks) view at offset 0
+            prm = _params(rt, [lines * nchunks, n, len(ko), h.estrides[dim], h.offset, _CHUNK, nchunks, *ko,
+                               *ks[0]])
+            rt.launch(scan_chunks_source(op, h.dtype, pdtype), [h.buf, pre.buf, out.buf, prm.buffer],
+                      _groups(lines * nchunks))
+        else:
+            prm = _params(rt, [lines, n, len(ko), h.estrides[dim], h.offset, *ko, *ks[0]])
+            rt.launch(scan_source(op, h.dtype), [h.buf, out.buf, prm.buffer], _groups(lines))
     perm = list(range(h.ndim - 1))
     perm.insert(dim, h.ndim - 1)
     return out.view(tuple(out.shape[d] for d in perm), tuple(out.estrides[d] for d in perm), 0)
