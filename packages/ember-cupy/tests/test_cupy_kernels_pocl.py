@@ -8,6 +8,7 @@ memory. Results are checked against torch. What this does not cover: the dialect
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import re
 import threading
 import types
@@ -56,31 +57,37 @@ class _PoCL:
 
     @staticmethod
     def _root(a: np.ndarray) -> np.ndarray:
+        """The bytes of the memory block a views: its owner's, which is dense in some order (numpy's astype and
+        copy keep the layout, order 'K', as CuPy's do), as a uint8 array aliasing it."""
         root = a
         while isinstance(root.base, np.ndarray):
             root = root.base
-        assert root.flags.c_contiguous, "stand-in arrays own contiguous memory"
-        return root
+        span = sum((n - 1) * abs(s) for n, s in zip(root.shape, root.strides)) + root.itemsize if root.size else 0
+        assert span == root.nbytes and min(root.strides, default=0) >= 0, "owners hold dense memory"
+        if not root.nbytes:
+            return np.zeros(0, np.uint8)
+        return np.ctypeslib.as_array((ctypes.c_uint8 * root.nbytes).from_address(root.ctypes.data))
 
     def run(self, source: str, name: str, blocks: int, threads: int, args: list[Any], shared_mem: int = 0) -> None:
         self.launched.append(name)
         self.sources.add(source)
-        buffers: dict[int, tuple[np.ndarray, Any]] = {}
+        buffers: dict[int, tuple[np.ndarray, Any]] = {}  # by the address of the memory block
         call: list[Any] = []
         i = 0
         while i < len(args):
             a = args[i]
             if isinstance(a, np.ndarray):
                 root = self._root(a)
-                if id(root) not in buffers:
+                base = root.__array_interface__["data"][0] if root.nbytes else 0
+                if base not in buffers or not root.nbytes:
                     flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
                     host = root if root.nbytes else np.zeros(1, np.uint8)
-                    buffers[id(root)] = (root, cl.Buffer(self.ctx, flags, hostbuf=host))
-                byte_off = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+                    buffers[base] = (root, cl.Buffer(self.ctx, flags, hostbuf=host))
+                byte_off = a.__array_interface__["data"][0] - base if root.nbytes else 0
                 assert byte_off % a.itemsize == 0
                 off = args[i + 1]
                 assert isinstance(off, np.int64), f"{name}: argument {i + 1} should be the element offset"
-                call += [buffers[id(root)][1], np.int64(int(off) + byte_off // a.itemsize)]
+                call += [buffers[base][1], np.int64(int(off) + byte_off // a.itemsize)]
                 i += 2
                 continue
             call.append(a)

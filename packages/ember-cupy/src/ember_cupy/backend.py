@@ -436,12 +436,12 @@ class CuPyBackend(Backend):
         cp = self.cp
         with self._on():
             if not descending:
-                idx = cp.argsort(h, axis=dim)
+                idx = cp.argsort(h, axis=dim, kind="stable")  # CuPy's sorts are stable; say so (numpy's default is not)
             else:
                 # reverse, sort ascending (stable), reverse back: descending with ties in their original order
                 n = h.shape[dim]
                 rev = cp.flip(h, axis=dim)
-                idx = cp.flip(cp.argsort(rev, axis=dim), axis=dim)
+                idx = cp.flip(cp.argsort(rev, axis=dim, kind="stable"), axis=dim)
                 idx = (n - 1) - idx
             idx = idx.astype(np.int64)
             return cp.take_along_axis(h, idx, axis=dim), idx
