@@ -23,9 +23,9 @@ from .ir import OpRecord, Placeholder, Ref, Scalar, Shape
 if TYPE_CHECKING:
     from .capture import ExtensionArgs
 
-__all__ = ["NOT_RECORDED", "RECORDED_METHODS", "TUPLE_RESULTS", "graph_interface", "lower_arg", "output_specs",
-           "record_args", "recording_method", "ref_for", "resolve_args", "returns_tuple", "run_extension_record",
-           "run_graph"]
+__all__ = ["NOT_RECORDED", "OPTIONAL_KERNELS", "RECORDED_METHODS", "TUPLE_RESULTS", "graph_interface", "lower_arg",
+           "optional_kernel_shape", "optional_kernels", "output_specs", "record_args", "recording_method", "ref_for",
+           "resolve_args", "returns_tuple", "run_extension_record", "run_graph"]
 
 #: contract methods that return a tuple of handles: always (None), or when the argument at that position is true
 #: (``return_indices``); the table :mod:`ember.capture` records with
@@ -35,6 +35,20 @@ TUPLE_RESULTS: dict[str, int | None] = _TUPLE_RESULTS
 NOT_RECORDED: frozenset[str] = _NOT_RECORDED
 #: the contract methods a recording stack records, sorted
 RECORDED_METHODS: tuple[str, ...] = tuple(sorted(CONTRACT_METHODS - NOT_RECORDED))
+#: backend methods outside the contract that autodiff uses when the backend has them (the contract's "optional
+#: backward kernels"); a recorder offers them where the receiving device has them, so gradients keep its bits
+OPTIONAL_KERNELS: tuple[str, ...] = ("conv_input_grad", "conv_weight_grad")
+
+
+def optional_kernels(stack: Any) -> tuple[str, ...]:
+    """The :data:`OPTIONAL_KERNELS` that ``stack`` (a device's backend stack) has."""
+    return tuple(k for k in OPTIONAL_KERNELS if callable(getattr(stack, k, None)))
+
+
+def optional_kernel_shape(args: Sequence[Any]) -> Shape:
+    """The result shape of an optional kernel call: ``conv_input_grad(grad_y, w, x_shape, ...)`` gives ``x_shape``,
+    ``conv_weight_grad(x, grad_y, w_shape, ...)`` gives ``w_shape`` (both in the dtype of their first argument)."""
+    return tuple(int(n) for n in args[2])
 
 _SCALARS = (bool, int, float)
 #: builds the error a malformed reference raises, from a message (None: no range checks, trusted input)

@@ -42,9 +42,11 @@ from ember.dtypes import DType
 from ember.errors import ValueRangeError
 from ember.ir import OpRecord, Ref, relative_form
 from ember.ir_exec import (
+    OPTIONAL_KERNELS,
     RECORDED_METHODS,
     graph_interface,
     lower_arg,
+    optional_kernel_shape,
     output_specs,
     record_args,
     recording_method,
@@ -56,7 +58,6 @@ from .protocol import (
     COMPRESSIONS,
     DEFAULT_MAX_FRAME,
     HEADER,
-    OPTIONAL_KERNELS,
     TICKET_BYTES,
     Out,
     RemoteError,
@@ -482,10 +483,10 @@ class RemoteBackend(Backend):
         return tuple(out)
 
     def _record_kernel(self, name: str, *args: Any) -> Any:
-        """An optional kernel the server offers (:data:`~ember_remote.protocol.OPTIONAL_KERNELS`), recorded like a
+        """An optional kernel the server offers (:data:`~ember.ir_exec.OPTIONAL_KERNELS`), recorded like a
         contract method: ``conv_input_grad(grad_y, w, x_shape, ...)`` gives x_shape, ``conv_weight_grad(x,
         grad_y, w_shape, ...)`` w_shape, in the dtype of the first argument."""
-        return self._record(name, args, [(tuple(int(n) for n in args[2]), args[0].dtype)])
+        return self._record(name, args, [(optional_kernel_shape(args), args[0].dtype)])
 
     def strides_of(self, h: RemoteHandle) -> tuple[int, ...] | None:
         """The strides of ``h``'s tensor on the server (what :attr:`RemoteHandle.strides` returns): sends what is

@@ -2,7 +2,7 @@
 
 A session holds its tensors by id (positive: allocated by the client; negative: results of calls) and its
 registered graphs (relative forms, :func:`ember.ir.relative_form`). Only contract methods of the backend, and the
-optional kernels of :data:`~ember_remote.protocol.OPTIONAL_KERNELS` the served stack has, may be named by a record
+optional kernels of :data:`~ember.ir_exec.OPTIONAL_KERNELS` the served stack has, may be named by a record
 or a call; plumbing methods (``lift``, ``memory_dry_run``, ...) and anything else are refused, and no value from the
 wire is ever a callable. Graphs are checked when registered (every position refers to an
 input or an earlier value, every dtype is an ember dtype) and replays before they run (input and output counts,
@@ -29,9 +29,9 @@ from ember.decorator import CONTRACT_METHODS
 from ember.dtypes import DType
 from ember.errors import DeviceError, OutOfMemoryError
 from ember.ir import Bindings, Placeholder, Ref
-from ember.ir_exec import resolve_args, run_extension_record, run_graph
+from ember.ir_exec import optional_kernels, resolve_args, run_extension_record, run_graph
 
-from .protocol import OPTIONAL_KERNELS, Msg, Out, ProtocolError, encode_array
+from .protocol import Msg, Out, ProtocolError, encode_array
 
 #: contract methods a client may not name: plumbing that hands out backend objects or host memory views
 _PLUMBING = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run", "describe", "fusion_compile",
@@ -93,9 +93,9 @@ class Exports:
 
 
 def offered_kernels(stack: Any) -> tuple[str, ...]:
-    """The optional kernels (:data:`~ember_remote.protocol.OPTIONAL_KERNELS`) that ``stack`` has: the hello lists
+    """The optional kernels (:data:`~ember.ir_exec.OPTIONAL_KERNELS`) that ``stack`` has: the hello lists
     them, and a session allows records of them."""
-    return tuple(k for k in OPTIONAL_KERNELS if callable(getattr(stack, k, None)))
+    return optional_kernels(stack)
 
 
 def _nbytes(shape: Sequence[int], dtype: DType) -> int:

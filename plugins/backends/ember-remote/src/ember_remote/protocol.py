@@ -56,9 +56,6 @@ MAX_BATCH = 1 << 16
 COMPRESSIONS = ("zlib",)
 #: frames smaller than this are sent as they are (compressing a few kB buys nothing)
 COMPRESS_MIN = 16 << 10
-#: backend methods outside the contract that a server may offer (autodiff uses them where the backend has them:
-#: flex's and OpenCL's convolution gradient kernels); the hello lists those the served stack has
-OPTIONAL_KERNELS = ("conv_input_grad", "conv_weight_grad")
 #: the length of an export ticket (random: only the exporting client knows it)
 TICKET_BYTES = 16
 

@@ -46,6 +46,7 @@ from ember.ir_exec import (
     RECORDED_METHODS,
     graph_interface,
     lower_arg,
+    optional_kernel_shape,
     output_specs,
     record_args,
     recording_method,
@@ -214,7 +215,7 @@ class RouterBackend(Decorator):
         """An optional kernel of the channel's device, recorded like a contract method: ``conv_input_grad(grad_y,
         w, x_shape, ...)`` gives x_shape, ``conv_weight_grad(x, grad_y, w_shape, ...)`` w_shape, in the dtype of
         the first argument."""
-        return self._record(name, args, [(tuple(int(n) for n in args[2]), self.dtype_of(args[0]))])
+        return self._record(name, args, [(optional_kernel_shape(args), self.dtype_of(args[0]))])
 
     def _rec_args(self, name: str, args: tuple[Any, ...], inputs: list[int], pos: dict[int, int]) -> tuple[Any, ...]:
         return record_args(name, args, lambda a: self._lower_rec(a, inputs, pos))

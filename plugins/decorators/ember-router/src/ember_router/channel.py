@@ -24,14 +24,13 @@ from ember.dtypes import DType
 from ember.errors import DeviceError
 from ember.extension import TensorSpec
 from ember.ir import Bindings, OpRecord, Placeholder
-from ember.ir_exec import resolve_args, run_extension_record, run_graph
+from ember.ir_exec import optional_kernels, resolve_args, run_extension_record, run_graph
 
 from .protocol import Call, Download, Out, Register, Release, Replay, Seed, SliceArg, Strides, Sync, Upload
 
 _SCALARS = (bool, int, float)
 #: backend methods outside the contract a channel's device may offer: autodiff above a router differentiates a
 #: convolution with them where the backend has them (flex's, OpenCL's), so the router gives the bits of the device
-OPTIONAL_KERNELS = ("conv_input_grad", "conv_weight_grad")
 
 
 class Channel:
@@ -58,8 +57,9 @@ class Channel:
         """Told the router's device once it is known (the device extension ops were called on)."""
 
     def kernels(self) -> tuple[str, ...]:
-        """The optional kernels (:data:`OPTIONAL_KERNELS`) the receiving side runs; the router records them like
-        contract methods. None by default: a third-party channel lists those its executor's stack has."""
+        """The optional kernels (:data:`~ember.ir_exec.OPTIONAL_KERNELS`) the receiving side runs; the router
+        records them like contract methods. None by default: a third-party channel lists those its executor's
+        stack has."""
         return ()
 
     def memory_report(self) -> dict[str, Any]:
@@ -238,8 +238,7 @@ class LocalChannel(Channel):
             self.executor.device = device
 
     def kernels(self) -> tuple[str, ...]:
-        stack = self.executor.stack
-        return tuple(k for k in OPTIONAL_KERNELS if callable(getattr(stack, k, None)))
+        return optional_kernels(self.executor.stack)
 
     def memory_report(self) -> dict[str, Any]:
         return dict(self.executor.stack.memory_report())
