@@ -152,7 +152,7 @@ def test_sections_option_and_fusion_switched_off(tmp_path: Path) -> None:
     """--sections picks sections; with EMBER_FUSION=0 the benchmark still runs and says fusion is not active."""
     if not SCRIPT.is_file():
         pytest.skip("benchmarks/fusion.py is not in this checkout")
-    bad = _run([str(SCRIPT), "--sections", "nope"], _env(), timeout=120)
+    bad = _run([str(SCRIPT), "--sections", "nope"], _env(), timeout=300)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
     path = tmp_path / "overhead.json"
     out = _run([str(SCRIPT), "--quick", "--sections", "overhead", "--json", str(path)], _env(EMBER_FUSION="0"),

@@ -31,7 +31,7 @@ def _distribution(path: Path, name: str, entry_points: str) -> str:
 def _run(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("EMBER_DEVICE", "EMBER_DEBUG")}
     return subprocess.run([sys.executable, "-m", "ember.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**env, **extra_env}, timeout=120)
+                          env={**env, **extra_env}, timeout=300)
 
 
 def test_every_legacy_benchmark_name_is_registered_with_its_script() -> None:
