@@ -140,6 +140,27 @@ def test_reductions_and_matmul_match_torch(dev_name: str) -> None:
 
 
 @pytest.mark.parametrize("dev_name", DEVICES)
+@pytest.mark.parametrize("ord_", [2, 1, 0, 3, float("inf"), -float("inf")])
+def test_vector_norm_of_complex_matches_torch(dev_name: str, ord_: float) -> None:
+    dev = device(dev_name)
+    z, tz = ember.tensor(Z, device=dev), torch.from_numpy(Z)
+    close(ember.linalg.vector_norm(z, ord_), torch.linalg.vector_norm(tz, ord_), 1e-5)
+    close(ember.linalg.vector_norm(z, ord_, dim=1, keepdim=True), torch.linalg.vector_norm(tz, ord_, 1, True), 1e-5)
+    close(ember.linalg.vector_norm(z, ord_, dtype=ember.complex128),
+          torch.linalg.vector_norm(tz, ord_, dtype=torch.complex128), 1e-5)
+    with pytest.raises(DTypeError, match="vector_norm.*complex.*float64"):
+        ember.linalg.vector_norm(z, ord_, dtype=ember.float64)
+
+
+def test_vector_norm_of_complex_gradient_matches_torch() -> None:
+    z = ember.tensor(Z, device=device("flex+autodiff"), requires_grad=True)
+    tz = torch.from_numpy(Z).requires_grad_()
+    ember.linalg.vector_norm(z, 3).backward()
+    torch.linalg.vector_norm(tz, 3).backward()
+    close(z.grad, tz.grad, 1e-5)
+
+
+@pytest.mark.parametrize("dev_name", DEVICES)
 def test_complex_functions_match_torch(dev_name: str) -> None:
     dev = device(dev_name)
     z, tz = ember.tensor(Z, device=dev), torch.from_numpy(Z)

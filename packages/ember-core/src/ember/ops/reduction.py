@@ -697,6 +697,14 @@ def vector_norm(x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False,
     _check_keepdim(keepdim, "linalg.vector_norm")
     if isinstance(ord, bool) or not isinstance(ord, (int, builtins.float)):
         raise DTypeError(f"linalg.vector_norm: ord must be a number, got {type(ord).__name__} {ord!r}")
+    if t._dtype.is_complex:  # torch: the norm of |x|, a real result (dtype, if given, is complex: x's cast)
+        if dtype is not None:
+            want = dt.as_dtype(dtype)
+            if not want.is_complex:
+                raise DTypeError(f"linalg.vector_norm: dtype should be complex for complex inputs, but got "
+                                 f"{want.name}")
+            t = t.to(want)
+        return vector_norm(t.abs(), ord, dim, keepdim)
     if not t._dtype.is_floating_point:
         raise DTypeError(
             f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {t._dtype.name}"
