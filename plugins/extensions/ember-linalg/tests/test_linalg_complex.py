@@ -101,6 +101,14 @@ CASES: list[tuple[str, Callable[..., Any], Callable[[np.random.Generator], list[
     ("eigvals", lambda L, A: L.eigvals(A), lambda g: [_c(g, 3, 3)], _weighted),
     ("eig_real", lambda L, A: tuple(L.eig(A)), lambda g: [_r(g, 3, 3)], _phase_free),
     ("eigvals_real", lambda L, A: L.eigvals(A), lambda g: [_r(g, 2, 4, 4)], _weighted),
+    ("matrix_norm_fro", lambda L, A: L.matrix_norm(A), lambda g: [_c(g, 2, 3, 4)], _weighted),
+    ("matrix_norm_nuc", lambda L, A: L.matrix_norm(A, "nuc"), lambda g: [_c(g, 2, 3, 4)], _weighted),
+    ("matrix_norm_2", lambda L, A: L.matrix_norm(A, 2), lambda g: [_c(g, 3, 4)], _weighted),
+    ("matrix_norm_1", lambda L, A: L.matrix_norm(A, 1), lambda g: [_c(g, 2, 3, 4)], _weighted),
+    ("matrix_norm_inf", lambda L, A: L.matrix_norm(A, float("inf")), lambda g: [_c(g, 2, 3, 4)], _weighted),
+    ("norm", lambda L, A: L.norm(A), lambda g: [_c(g, 2, 3, 4)], _weighted),
+    ("vector_norm_3", lambda L, A: L.vector_norm(A, 3, dim=-1), lambda g: [_c(g, 2, 5)], _weighted),
+    ("cond", lambda L, A: L.cond(A), lambda g: [_sq(g, 2, 3, 3)], _weighted),
 ]
 IDS = [c[0] for c in CASES]
 

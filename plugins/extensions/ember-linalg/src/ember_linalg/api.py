@@ -369,11 +369,16 @@ def _norm_dims(fn: str, A: Tensor, dim: Sequence[int]) -> tuple[int, int]:
 
 
 def _float_input(fn: str, A: Tensor, dtype: Any) -> Tensor:
+    """A as a float32/float64/complex64/complex128 tensor (cast to ``dtype`` first: complex for complex input, as
+    torch requires), or a typed error naming the function."""
     if dtype is not None:
-        A = A.to(dtype)
-    if A.dtype not in (dt.float32, dt.float64):
-        raise DTypeError(f"linalg.{fn}: Expected a floating point tensor (float32 or float64) as input. Got "
-                         f"{A.dtype.name} (shape {A.shape})")
+        want = dt.as_dtype(dtype)
+        if A.dtype.is_complex and not want.is_complex:
+            raise DTypeError(f"linalg.{fn}: dtype should be complex for complex inputs, but got {want.name}")
+        A = A.to(want)
+    if A.dtype not in (dt.float32, dt.float64, dt.complex64, dt.complex128):
+        raise DTypeError(f"linalg.{fn}: Expected a floating point or complex tensor (float32, float64, complex64 or "
+                         f"complex128) as input. Got {A.dtype.name} (shape {A.shape})")
     return A
 
 
