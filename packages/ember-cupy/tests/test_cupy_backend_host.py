@@ -34,7 +34,8 @@ def _numpy_cupy() -> Any:
     """numpy with the few CuPy-only names the backend uses."""
     shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
     shim.asnumpy = lambda a, stream=None, blocking=True: np.asarray(a)
-    shim.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=_OOM))
+    shim.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=_OOM),
+                                      runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 44, 1 << 44)))
     return shim
 
 
@@ -167,6 +168,15 @@ def test_out_of_memory_is_typed(be: CuPyBackend) -> None:
     be.cp.empty = boom
     with pytest.raises(OutOfMemoryError, match="out of device memory .*1099511627776.* in use 1.0 KiB"):
         be.empty((1 << 40,), dt.uint8)
+
+
+def test_requests_past_device_memory_are_typed_before_cupy(be: CuPyBackend) -> None:
+    be.cp.cuda.runtime = types.SimpleNamespace(memGetInfo=lambda: (1 << 33, 1 << 34))  # 16 GiB device
+    with pytest.raises(OutOfMemoryError, match=r"full: cannot allocate 73786976294838206464 bytes .*16.0 GiB"):
+        be.full((2**62, 4), 1.0, dt.float32)
+    with pytest.raises(OutOfMemoryError, match="empty: cannot allocate"):
+        be.empty((1 << 32, 5), dt.float32)
+    assert be.empty((1 << 20,), dt.uint8).nbytes == 1 << 20  # below the check: straight to CuPy
 
 
 def test_fusion_compiles_elementwise_blocks_and_reductions(be: CuPyBackend) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -42,6 +43,8 @@ from ember_kernels.ctypes_ import CType, ctype
 from ember_kernels.random import _source as philox_source
 
 MASK64 = (1 << 64) - 1
+#: allocation requests from this size on are compared with the device's memory before CuPy sees them
+_HUGE = 1 << 30
 #: host arrays of at least this many bytes move through pinned (page-locked) staging buffers
 PINNED_MIN_BYTES = 64 << 10
 #: threads per block of the grid-stride kernels; blocks are capped so a launch never exceeds the grid limit
@@ -202,8 +205,21 @@ class CuPyBackend(Backend):
         if any(n < 0 for n in shape):
             raise ShapeError(f"{type(self).__name__}.empty: negative dimension in shape {shape}")
         self._check_dtype(dtype, "empty")
+        self._check_request(shape, dtype, "empty")
         with self._on():
             return self.cp.empty(shape, dtype=dtype.numpy)
+
+    def _check_request(self, shape: Sequence[int], dtype: DType, op: str) -> None:
+        """An allocation larger than the device's whole memory is ember's OutOfMemoryError at once (CuPy, like
+        numpy, refuses sizes past the address space with a ValueError instead)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < _HUGE:
+            return
+        capacity = int(self.cp.cuda.runtime.memGetInfo()[1])
+        if nbytes > capacity:
+            raise OutOfMemoryError(f"{op}: cannot allocate {nbytes} bytes for shape {tuple(shape)} ({dtype.name}) on "
+                                   f"{self.describe()}, which has {_human(capacity)}; pool in use "
+                                   f"{_human(self.pool.used_bytes())}, reserved {_human(self.pool.total_bytes())}")
 
     def _check_dtype(self, dtype: DType, op: str) -> None:
         if dtype not in self.supported_dtypes:
@@ -257,6 +273,7 @@ class CuPyBackend(Backend):
 
     def full(self, shape: tuple[int, ...], value: Any, dtype: DType) -> Any:
         self._check_dtype(dtype, "full")
+        self._check_request(tuple(shape), dtype, "full")
         with self._on():
             return self.cp.full(tuple(shape), value, dtype=dtype.numpy)
 
