@@ -123,6 +123,7 @@ __kernel void ember_q8_dequantize(__global const char* q, long q_off, __global c
 }}
 """
 
+
 def _hex_floats(values: Any) -> str:
     """C hexadecimal float literals of the float32 values: exact, whatever the compiler's decimal rounding."""
     return ", ".join(f"{float(v).hex()}f" for v in np.asarray(values, dtype=np.float32))
