@@ -25,31 +25,25 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
-import math
 import os
 import pathlib
 import re
 import struct
-import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
 
 from ember.errors import ValueRangeError
+from ember.utils import tune_store
+from ember.utils.tune_store import atomic_write, cache_dir
 
 from .errors import AutotuneError, KernelBuildError
-
-try:  # POSIX advisory locks for the tune file's read-merge-write; elsewhere the merge is best effort.
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +54,9 @@ _HEADER = struct.Struct("<8s32sQ")  # magic, sha256(binary), len(binary)
 
 
 def default_cache_dir() -> pathlib.Path:
-    """The ember cache directory: ``$EMBER_CACHE_DIR`` if set, else the user cache directory for ``ember``.
-
-    The OpenCL backend keeps its files under ``<dir>/opencl/``.
-    """
-    env = os.environ.get("EMBER_CACHE_DIR")
-    if env:
-        return pathlib.Path(env).expanduser()
-    import platformdirs
-
-    return pathlib.Path(platformdirs.user_cache_dir("ember"))
+    """The ember cache directory (:func:`ember.utils.tune_store.cache_dir`: ``$EMBER_CACHE_DIR`` if set, else the user
+    cache directory for ``ember``); the OpenCL backend keeps its files under ``<dir>/opencl/``."""
+    return cache_dir()
 
 
 def _device_strings(device: cl.Device) -> list[str]:
@@ -113,20 +100,6 @@ def _program_hash(source: str, options: tuple[str, ...]) -> str:
     # pyopencl appends these to every build, so they change the binary.
     h.update(b"\0\0" + os.environ.get("PYOPENCL_BUILD_OPTIONS", "").encode())
     return h.hexdigest()
-
-
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _clean_cl_error(err: BaseException) -> str:
@@ -352,157 +325,22 @@ class ProgramCache:
         if not binary:
             return
         try:
-            _atomic_write(path, _HEADER.pack(_MAGIC, hashlib.sha256(binary).digest(), len(binary)) + bytes(binary))
+            atomic_write(path, _HEADER.pack(_MAGIC, hashlib.sha256(binary).digest(), len(binary)) + bytes(binary))
         except OSError as err:
             self._persist = False
             logger.debug("ember-opencl: cache dir %s is not writable (%s); binaries stay in memory", self.dir, err)
 
 
-class TuneStore:
-    """Autotune winners for one device, persisted as JSON in ``<cache>/opencl/<device_key>/tune.json``.
-
-    Entries are ``{op: {key: config}}`` where ``key`` names a shape class (the caller decides its granularity) and
-    ``config`` is a JSON-serialisable dict (tile sizes, work-group sizes, ...). Writes are atomic and merge with what
-    other processes wrote meanwhile; an unreadable file counts as empty and an unwritable directory keeps results in
-    memory only.
-    """
+class TuneStore(tune_store.TuneStore):
+    """Autotune winners for one device, persisted as JSON in ``<cache>/opencl/<device_key>/tune.json`` (the store and
+    format of :mod:`ember.utils.tune_store`); :meth:`tune` raises :class:`~ember_opencl.errors.AutotuneError` when
+    every candidate fails."""
 
     def __init__(self, cache_dir: pathlib.Path | None, device_key: str) -> None:
         root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.device_key = device_key
-        self.path = root / "opencl" / device_key / "tune.json"
-        self._entries: dict[str, dict[str, dict[str, Any]]] = {}
-        self._stamp: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read
-        self._persist = True
-        self._lock = threading.RLock()
-        self._refresh()
-
-    def _refresh(self) -> None:
-        """Merge the file's entries into memory if it changed since the last read (the file, being newer, wins)."""
-        try:
-            st = self.path.stat()
-        except OSError:
-            return
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp == self._stamp:
-            return
-        self._stamp = stamp
-        for op, table in self._read_file().items():
-            self._entries.setdefault(op, {}).update(table)
-
-    def _read_file(self) -> dict[str, dict[str, dict[str, Any]]]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as err:
-            logger.debug("ember-opencl: ignoring unreadable tune file %s: %s", self.path, err)
-            return {}
-        entries = data.get("entries") if isinstance(data, dict) and data.get("format") == _FORMAT else None
-        if not isinstance(entries, dict):
-            return {}
-        # Keep only well-formed entries so one bad record cannot poison lookups.
-        return {
-            op: {k: v for k, v in table.items() if isinstance(v, dict)}
-            for op, table in entries.items()
-            if isinstance(table, dict)
-        }
-
-    def get(self, op: str, key: str) -> dict[str, Any] | None:
-        """The stored config for ``(op, key)``, or ``None``. A miss rereads the file if another process changed it."""
-        with self._lock:
-            hit = self._entries.get(op, {}).get(key)
-            if hit is None:
-                self._refresh()
-                hit = self._entries.get(op, {}).get(key)
-            return dict(hit) if hit is not None else None
-
-    def put(self, op: str, key: str, value: dict[str, Any]) -> None:
-        """Store ``value`` for ``(op, key)`` in memory and on disk (merged with the file's current content)."""
-        if not isinstance(value, dict):
-            raise ValueRangeError(f"TuneStore.put({op!r}, {key!r}): value must be a dict, got {type(value).__name__}")
-        try:
-            blob = json.dumps(value, sort_keys=True)
-        except (TypeError, ValueError) as err:
-            raise ValueRangeError(f"TuneStore.put({op!r}, {key!r}): value is not JSON-serialisable: {err}") from err
-        with self._lock:
-            self._entries.setdefault(op, {})[key] = json.loads(blob)
-            if not self._persist:
-                return
-            try:
-                with self._file_lock():
-                    merged = self._read_file()
-                    for o, table in self._entries.items():
-                        merged.setdefault(o, {}).update(table)
-                    text = json.dumps({"format": _FORMAT, "entries": merged}, indent=1, sort_keys=True)
-                    _atomic_write(self.path, text.encode("utf-8"))
-                    self._entries = merged
-                    st = self.path.stat()
-                    self._stamp = (st.st_mtime_ns, st.st_size)
-            except OSError as err:
-                self._persist = False
-                logger.debug("ember-opencl: cannot write tune file %s (%s); results stay in memory", self.path, err)
-
-    @contextlib.contextmanager
-    def _file_lock(self) -> Iterator[None]:
-        # Serialises read-merge-write among processes on POSIX so that neither loses the other's entries.
-        if fcntl is None:
-            yield
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a+b") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-    def tune(
-        self, op: str, key: str, candidates: Sequence[dict[str, Any]], run: Callable[[dict[str, Any]], float]
-    ) -> dict[str, Any]:
-        """The fastest of ``candidates`` for ``(op, key)``, timed once per device and then remembered.
-
-        If a winner is stored (by this or an earlier process) and is still among ``candidates``, it is returned
-        without timing. Otherwise ``run(candidate)`` is called for each candidate and must return its time in
-        seconds (measure a warmed-up run: ``run`` should build and launch once before timing). Candidates whose
-        ``run`` raises (a build failure, ``CL_INVALID_WORK_GROUP_SIZE``, out of resources) or returns a non-finite or
-        negative time are skipped. The winner is stored and returned; if every candidate fails,
-        :class:`~ember_opencl.errors.AutotuneError` is raised.
-        """
-        if not candidates:
-            raise ValueRangeError(f"autotune {op!r} for {key!r}: no candidate configurations given")
-        stored = self.get(op, key)
-        # A stored winner outside today's candidate list comes from an older kernel generator; retune.
-        if stored is not None and stored in candidates:
-            return stored
-        best: dict[str, Any] | None = None
-        best_t = math.inf
-        failures: list[str] = []
-        last_err: BaseException | None = None
-        for cand in candidates:
-            try:
-                t = float(run(cand))
-            except Exception as err:  # any failure just disqualifies the candidate
-                last_err = err
-                failures.append(f"{cand}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-                logger.debug("ember-opencl: autotune %s %s: candidate %s failed: %s", op, key, cand, err)
-                continue
-            if not math.isfinite(t) or t < 0:
-                failures.append(f"{cand}: run() returned {t!r}")
-                continue
-            logger.debug("ember-opencl: autotune %s %s: %s took %.3g s", op, key, cand, t)
-            if t < best_t:
-                best, best_t = cand, t
-        if best is None:
-            shown = "\n  ".join(failures[:8]) + (f"\n  ... ({len(failures) - 8} more)" if len(failures) > 8 else "")
-            raise AutotuneError(
-                f"autotune {op!r} for {key!r} on device {self.device_key}: all {len(candidates)} candidate "
-                f"configurations failed:\n  {shown}"
-            ) from last_err
-        winner = dict(best)
-        self.put(op, key, winner)
-        logger.debug("ember-opencl: autotune %s %s: winner %s (%.3g s)", op, key, winner, best_t)
-        return winner
+        super().__init__(root / "opencl" / device_key / "tune.json", owner="ember-opencl", device=device_key,
+                         error=AutotuneError)
 
 
 __all__ = ["ProgramCache", "TuneStore", "default_cache_dir", "describe_device", "device_key"]
