@@ -40,13 +40,17 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
 
 
-def _train(make_model, make_opt, batches, compiled: bool, sched: bool = False, seed: int = 0):
-    """Run one training loop; returns (losses, parameters + buffers + optimizer state, compiled stats)."""
+def _train(make_model, make_opt, batches, compiled: bool, sched: bool | str = False, seed: int = 0):
+    """Run one training loop; returns (losses, parameters + buffers + optimizer state, compiled stats).
+    ``sched``: True for StepLR (lr changes), ``"onecycle"`` for OneCycleLR (lr and Adam's beta1 change)."""
     ember.manual_seed(seed, AD)
     model = make_model().to(AD)
     model.train()
     opt = make_opt(model.parameters())
-    scheduler = ember.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if sched else None
+    if sched == "onecycle":
+        scheduler = ember.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-2, total_steps=len(batches))
+    else:
+        scheduler = ember.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if sched else None
     loss_fn = nn.CrossEntropyLoss()
 
     def step(x, y):
@@ -88,6 +92,27 @@ def test_mlp_adamw_scheduler_bit_identical():
     # the first call creates Adam's state (a warm-up recording), the second records the steady step, the rest
     # replay although the scheduler changes lr every other step
     assert stats["replays"] == 4 and stats["graph_breaks"] == 0 and stats["graphs"] == 1
+
+
+def test_onecycle_cycling_adams_momentum_replays_bit_identical():
+    # OneCycleLR moves lr and betas[0] every step: both are bindings where Adam runs its fused kernel (flex)
+    batches = _batches(7, (8, 6), 3)
+
+    def opt(ps):
+        return ember.optim.Adam(ps, lr=1e-2)
+
+    la, sa, _ = _train(_mlp, opt, batches, compiled=False, sched="onecycle")
+    lb, sb, stats = _train(_mlp, opt, batches, compiled=True, sched="onecycle")
+    _assert_same(la, lb)
+    _assert_same(sa, sb)
+    assert stats["replays"] == 5 and stats["graph_breaks"] == 0 and stats["graphs"] == 1
+
+
+def test_adam_binds_betas_only_where_every_parameter_runs_the_fused_kernel():
+    p32 = ember.zeros(3, device=AD, requires_grad=True)
+    assert ember.optim.Adam([p32])._compile_bindings == ("lr", "betas")
+    p16 = ember.zeros(3, dtype=ember.float16, device=AD, requires_grad=True)  # no fused kernel: the composition
+    assert ember.optim.Adam([p32, p16])._compile_bindings == ("lr",)
 
 
 def test_batchnorm_dropout_sgd_bit_identical():

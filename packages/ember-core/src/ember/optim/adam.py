@@ -31,9 +31,16 @@ class Adam(Optimizer):
                         decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
 
-    #: hyper-parameters passed to kernels as ember.compile bindings: a replayed step reads them anew (a scheduler
-    #: changing lr replays the same graph), so they are no guard of a compiled step
-    _compile_bindings = ("lr",)
+    @property
+    def _compile_bindings(self) -> tuple[str, ...]:
+        """Hyper-parameters passed to kernels as ember.compile bindings: a replayed step reads them anew (a
+        scheduler changing them replays the same graph), so they are no guard of a compiled step. ``lr`` always;
+        ``betas`` (cycled by OneCycleLR's momentum) where every parameter takes the fused kernel, whose arguments
+        keep bindings -- the composition passes them through ops that would fix their values, so there they stay
+        guards (a change records again)."""
+        if all(_fused(p) for g in self.param_groups for p in g["params"]):
+            return ("lr", "betas")
+        return ("lr",)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
         _check_adam_group(type(self).__name__, group)
@@ -47,6 +54,9 @@ class Adam(Optimizer):
         eps, wd = group["eps"], group["weight_decay"]
         recording = _compile.is_recording()
         beta1, beta2 = group["betas"]
+        if recording and "betas" in self._compile_bindings:
+            beta1 = _compile.scalar(float(beta1), lambda: float(group["betas"][0]))
+            beta2 = _compile.scalar(float(beta2), lambda: float(group["betas"][1]))
         amsgrad, maximize, decoupled = group["amsgrad"], group["maximize"], group["decoupled_weight_decay"]
         synced: set[Any] = set()
         for p in params:
@@ -77,7 +87,7 @@ class Adam(Optimizer):
             mx = targets[3] if amsgrad else None
             kw = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, decoupled_weight_decay=decoupled,
                       amsgrad=amsgrad, maximize=maximize, step=step)
-            if p._dtype in _FUSED_DTYPES and _tk.has_kernel(_tk.adam_step, p):
+            if _fused(p):
                 # one kernel updates the parameter and its state in place (ember.ops.train_kernels): first the
                 # device runs whatever pending value may read their old contents, then each result is written back
                 # through the stack (onto itself: free) so autodiff's version counters see the update
@@ -93,6 +103,11 @@ class Adam(Optimizer):
                 _tk.adam_step.composition(p, g, targets[1], targets[2], mx, **kw)
 
 
+def _fused(p: Tensor) -> bool:
+    """Whether ``p``'s update runs the fused ``optim.adam_step`` kernel (its device has one for its dtype)."""
+    return p._dtype in _FUSED_DTYPES and _tk.has_kernel(_tk.adam_step, p)
+
+
 def _adam_capturable(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, max_exp_avg_sq: Tensor | None,
                      *, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
                      decoupled_weight_decay: bool, amsgrad: bool, maximize: bool, step: float) -> None:
@@ -103,6 +118,9 @@ def _adam_capturable(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: T
     from ..ops.train_kernels import adam_scalars
     from .optimizer import addcdiv_, addcmul_, lerp_
 
+    # the betas are bindings only where every parameter takes the fused kernel (Adam._compile_bindings), so here
+    # they are guarded numbers; made plain so that a bound one could never reach lerp_/addcmul_ and be fixed there
+    beta1, beta2 = float(beta1), float(beta2)
     g = -grad if maximize else grad
     if weight_decay != 0:
         if decoupled_weight_decay:
