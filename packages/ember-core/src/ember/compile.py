@@ -55,7 +55,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .backend import Backend
-from .capture import IN_PLACE, CaptureStack, _is_handle, is_capturing
+from .capture import IN_PLACE, CaptureStack, _is_handle, _unflatten, is_capturing
 from .decorator import CONTRACT_METHODS, Decorator, Policy
 from .device import Device
 from .dtypes import DType
@@ -1043,17 +1043,6 @@ def _flatten(out: Any, flat: list[Tensor]) -> Any:
     if isinstance(out, dict):
         return ("dict", tuple(out), tuple(_flatten(o, flat) for o in out.values()))
     return ("const", out)
-
-
-def _unflatten(tree: Any, flat: Iterator[Tensor]) -> Any:
-    kind = tree[0]
-    if kind == "t":
-        return next(flat)
-    if kind == "seq":
-        return tree[1](_unflatten(t, flat) for t in tree[2])
-    if kind == "dict":
-        return dict(zip(tree[1], (_unflatten(t, flat) for t in tree[2])))
-    return tree[1]
 
 
 def replay_enabled() -> bool:
