@@ -230,3 +230,18 @@ def test_toy_backend_refuses_complex_with_a_typed_error() -> None:
         LA.inv(ember.tensor(_sq(np.random.default_rng(6), 3, 3), device=toy))
     with pytest.raises(DTypeError, match="complex64.*not supported by backend 'toy'"):
         LA.eigvals(ember.tensor(np.eye(3, dtype=np.float32), device=toy))
+
+
+def test_norms_of_complex_input_refuse_a_real_dtype_and_integers() -> None:
+    from ember.errors import DTypeError
+
+    z = ember.tensor(_c(np.random.default_rng(3), 3, 3))
+    with pytest.raises(DTypeError, match=r"linalg\.matrix_norm: dtype should be complex for complex inputs.*float64"):
+        ember.linalg.matrix_norm(z, dtype=ember.float64)
+    with pytest.raises(DTypeError, match=r"linalg\.matrix_norm: .*Got int64 \(shape"):
+        ember.linalg.matrix_norm(ember.ones(3, 3, dtype=ember.int64))
+    # a complex dtype for complex input is a cast, as torch's
+    got = ember.linalg.matrix_norm(z, "nuc", dtype=ember.complex128)
+    want = torch.linalg.matrix_norm(torch.from_numpy(z.numpy()), "nuc", dtype=torch.complex128)
+    assert got.dtype == ember.float64
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
