@@ -120,6 +120,12 @@ class Backend:
     # ------------------------------------------------------------------------------------------------------
     # fusion: code generation for fused blocks (optional)
     # ------------------------------------------------------------------------------------------------------
+    #: whether the fusion decorator wraps this backend on devices that do not name it (a backend that supports
+    #: fusion, see :meth:`fusion_compile`). False where fused kernels do not beat the backend's own ops run one by
+    #: one (flex: numpy chains), so recording would only add its cost; ``dev.fusion()`` still fuses there, and
+    #: ``ember.compile`` fuses replayed steps through :meth:`fusion_compile` either way.
+    fuse_by_default: bool = True
+
     def may_share_memory(self, a: Handle, b: Handle) -> bool:
         """False only when a and b certainly use disjoint memory (numpy's ``may_share_memory``). The fusion
         decorator writes an in-place result straight into its target when no other input may alias it; the

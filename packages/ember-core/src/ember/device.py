@@ -327,7 +327,8 @@ class Device(metaclass=_DeviceType):
                 raise DeviceError(f"{self}.{name}(): option(s) {both} given both by position and by keyword")
             options = {**named, **options}
             return Device(self.kind, self.index, self.options, self.decorators + ((name, _freeze(options)),))
-        # an automatic decorator is on by default: name(False) opts out, name(**options) sets its options
+        # an automatic decorator is on by default where it applies to the backend: name(False) opts out, name()
+        # turns it on whatever the backend prefers (it is then named), name(**options) sets its options
         if len(args) > 1 or (args and not isinstance(args[0], bool)):
             raise DeviceError(f"{self}.{name}(): expected one bool (on/off) and keyword options, got {args!r}")
         if "enabled" in options:  # a bool, or a device string's spelling of one ("enabled=off")
@@ -342,8 +343,9 @@ class Device(metaclass=_DeviceType):
             options = {"enabled": False} if spec.on_by_default() else {}
         elif not spec.on_by_default():
             options = {}  # the global switch wins: settings cannot turn it back on, so they are not kept
+        turned_on = not (args and not args[0])
         rest = [d for d in self.decorators if d[0] != name]
-        if options:
+        if options or (turned_on and spec.on_by_default()):
             rest.append((name, _freeze(options)))
         # settings of automatic decorators come first, in name order: they apply innermost whatever the order
         # they were given in, so flex+autodiff+fusion(False) and flex+fusion(False)+autodiff are one device

@@ -51,10 +51,13 @@ def resolve_stack(device: Device) -> Any:
                 raise DeviceError(f"could not create device {device}: {type(exc).__name__}: {exc}") from exc
             _backend_cache[bkey] = backend
         named = dict(device.decorators)
-        # each automatic decorator with this device's settings and its global switch (part of the key, so a
-        # switch turned off later is not served the stack built while it was on)
-        autos = tuple((d.name, named.get(d.name, ()), d.on_by_default()) for d in registry.automatic_decorators())
-        # the automatically decorated backend is shared too: flex and flex+autodiff use one fusion stack
+        # each automatic decorator with this device's settings and whether it is on (part of the key, so a global
+        # switch turned off later is not served the stack built while it was on); one the device does not name
+        # applies only where it says it does (applies_to: flex declines fusion)
+        autos = tuple((d.name, named.get(d.name, ()),
+                       d.on_by_default() and (d.name in named or d.applies_unnamed(backend)))
+                      for d in registry.automatic_decorators())
+        # the automatically decorated backend is shared too: flex+fusion and flex+fusion+autodiff use one stack
         stack = _backend_cache.get((*bkey, autos))
         if stack is None:
             stack = backend

@@ -54,7 +54,7 @@ def register_backends(register: Callable[..., None]) -> None:
 def register_decorators(register: Callable[..., None]) -> None:
     """Register backend decorators (autodiff, fusion, router, ...).
 
-    ``register(name, factory, *, contract, description="", automatic=False, enabled=None, differentiable=False, positional=())``
+    ``register(name, factory, *, contract, description="", automatic=False, enabled=None, applies_to=None, differentiable=False, positional=())``
 
     ``factory(inner: ember.backend.Backend, **options) -> ember.backend.Backend`` wraps an inner backend.
     Once registered, ``device.<name>(**options)`` returns the decorated device (``device.autodiff()``). ``name``
@@ -65,6 +65,9 @@ def register_decorators(register: Callable[..., None]) -> None:
     a device out (the factory is then not called) and ``device.<name>(**options)`` sets its options.
     ``enabled() -> bool`` says whether it is on by default right now (fusion reads ``EMBER_FUSION``); when it
     is off, devices print as opted out (``flex+fusion(enabled=False)``) so labels say what runs.
+    ``applies_to(backend) -> bool`` says whether it wraps a given backend on a device that does not name it
+    (fusion declines a backend whose ``fuse_by_default`` is False: flex); a device that names it
+    (``device.fusion()``) gets it anyway.
 
     ``positional`` names the options that positional arguments fill, in order: ``dev.router("local")`` and the
     device string ``flex+router(local)`` are ``router(channel="local")``.

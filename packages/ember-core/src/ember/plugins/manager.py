@@ -101,6 +101,22 @@ class DecoratorSpec:
     #: option names that positional arguments fill, in order (``device.router("local")`` is
     #: ``router(channel="local")``, and the device string ``flex+router(local)`` too)
     positional: tuple[str, ...] = ()
+    #: for an automatic decorator: whether it applies to a given backend on a device that does not name it (a
+    #: backend may decline: flex declines fusion, whose fused kernels do not beat its eager ops); None means every
+    #: backend. A device that names the decorator (``dev.fusion()``) gets it whatever this says.
+    applies_to: Callable[[Any], bool] | None = None
+
+    def applies_unnamed(self, backend: Any) -> bool:
+        """Whether this automatic decorator wraps ``backend`` on a device that does not name it (never raises)."""
+        if self.applies_to is None:
+            return True
+        try:
+            return bool(self.applies_to(backend))
+        except BaseException as exc:  # a broken predicate: apply it, as the documented default
+            if _propagates(exc):
+                raise
+            log.debug("decorator %s applies_to() failed: %s", self.name, exc)
+            return True
 
     def on_by_default(self) -> bool:
         """Whether this automatic decorator applies to devices that do not mention it (never raises)."""

@@ -294,6 +294,10 @@ class FlexBackend(Backend):
     contract_version = 1
     #: the real dtypes and complex64/complex128 (numpy's complex arrays)
     supported_dtypes = frozenset(dt.ALL_DTYPES + dt.COMPLEX_DTYPES)
+    #: fusion only when asked for (``Device.flex().fusion()``): recording costs ~1.3 us per op and the numexpr
+    #: kernels did not beat numpy's op-by-op chains on a training step (0.83-1.04x, docs/plugins/fusion.md);
+    #: ember.compile still fuses replayed steps through fusion_compile
+    fuse_by_default = False
 
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)

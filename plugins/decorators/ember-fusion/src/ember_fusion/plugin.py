@@ -23,6 +23,12 @@ def supports_fusion(backend: Any) -> bool:
     return getattr(type(backend), "fusion_compile", Backend.fusion_compile) is not Backend.fusion_compile
 
 
+def fuses_unnamed(backend: Any) -> bool:
+    """Whether fusion wraps ``backend`` on a device that does not name it: it supports fusion and does not
+    decline it (``Backend.fuse_by_default``; flex declines, its fused kernels measured no faster than its ops)."""
+    return supports_fusion(backend) and bool(getattr(backend, "fuse_by_default", True))
+
+
 def _count_option(name: str, value: Any, default: int, minimum: int) -> int:
     """A whole-number option given as an int (or as digits, from a device string built by hand), checked."""
     from ember.errors import ValueRangeError
@@ -58,6 +64,7 @@ def register_decorators(register: Callable[..., None]) -> None:
         contract=CONTRACT,
         automatic=True,
         enabled=enabled_by_environment,  # EMBER_FUSION=0: devices print as opted out (flex+fusion(enabled=False))
+        applies_to=fuses_unnamed,  # Device.flex() is unfused; Device.flex().fusion() fuses
         description=f"lazy recording and fused kernels (ember-fusion {__version__})",
     )
 
