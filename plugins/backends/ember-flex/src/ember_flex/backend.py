@@ -235,6 +235,14 @@ _INPLACE_OK = frozenset(
 _REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "max": np.maximum.reduce, "min": np.minimum.reduce}
 
 
+def _copy_c(h: ndarray) -> ndarray:
+    """A C-order copy of h; large ones filled in chunks on flex's thread pool (the new pages' first touch and the
+    copy spread over the cores; a copy is exact however it is split)."""
+    if h.size >= _par.min_elems and _par.active() and (r := _par.copy(h)) is not None:
+        return r
+    return np.array(h, copy=True, order="C")
+
+
 def _too_big(exc: BaseException) -> bool:
     """numpy's refusals of a size past what the address space can hold (raised as ValueError, not MemoryError)."""
     msg = str(exc)
@@ -359,11 +367,11 @@ class FlexBackend(Backend):
 
     @_alloc_guard
     def copy(self, h: ndarray) -> ndarray:
-        return np.array(h, copy=True, order="C")
+        return _copy_c(h)
 
     @_alloc_guard
     def contiguous(self, h: ndarray) -> ndarray:
-        return np.require(h, requirements="C")
+        return h if h.flags.c_contiguous else _copy_c(h)
 
     def assign(self, dst: ndarray, src: Any) -> None:
         np.copyto(dst, src, casting="unsafe")
@@ -418,7 +426,7 @@ class FlexBackend(Backend):
         return r
 
     def reduce(self, op: str, h: ndarray, dims: tuple[int, ...], keepdim: bool) -> ndarray:
-        if h.size >= _par.min_elems:  # large: chunked on flex's thread pool, the same bits as the serial call
+        if h.size >= _par.min_elems and _par.active():  # large: chunked on flex's pool, the serial call's bits
             r = _par.reduce(_REDUCE[op].__self__, h, dims, keepdim)  # the ufunc of the bound reduce
             if r is not None:
                 return r

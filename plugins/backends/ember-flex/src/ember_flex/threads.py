@@ -19,8 +19,22 @@ Results are bit-identical to the one-thread path, layout (strides) included:
   sign or payload depends on the order); float prod and half-precision sums (accumulated wider inside numpy's loop)
   run serially.
 
+Reductions that numpy runs with SIMD loops (max/min, integer sums, float sums over outer axes) are ~4-8x faster
+per element than the scalar pairwise float sum, so they are chunked only from :data:`FAST_FACTOR` times as many
+elements. :func:`copy` fills a fresh C-order array in chunks (``np.copyto`` on slices: exact however it is split).
+
 ``EMBER_FLEX_THREADS_MIN=n`` (environment, read at import) chunks arrays from n elements on instead: for tests that
 push small arrays through the pool and for measuring the threshold on other machines.
+
+Cold pool: on a machine whose other cores are busy with other processes, a worker that claims a chunk and is then
+preempted makes the caller wait for it, and pooled ops run slower than serial ones (measured here: a 1M-element
+float32 sum 0.54 ms pooled against 0.42 ms serial, minima, with 6 processes on 2 cores). Each pooled op therefore
+times the caller's own chunks (its seconds per chunk times all chunks: the serial cost) against the op's wall time;
+when a running mean of that speed-up falls below :data:`_PAYS`, :func:`active` is False for 10 ms (doubling to 1 s
+while the probe after each pause does not pay) and the backend's reductions and copies run their plain serial
+calls (elementwise chunks run one after another on the caller). Only timing depends on this: every chunking gives
+the serial bits. The estimate cannot see two threads slowing each other (memory bandwidth): it errs towards
+pooling, as the pool did before it measured.
 
 Pool: one process-wide pool of ``get_num_threads() - 1`` daemon workers, sized by ``ember.set_num_threads``
 (``1``: no pool, everything serial). An op is cut into about two chunks per thread; the calling thread and the
@@ -33,11 +47,13 @@ child starts with no workers and makes new ones on first use.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,17 +69,29 @@ MIN_ELEMS = 1 << 18
 #: smallest chunk, in elements (~20-60 us of a + b): smaller chunks cost more to dispatch than they save
 MIN_CHUNK = 1 << 16
 
+#: reductions numpy runs with SIMD (max/min of any dtype, integer sums, float sums over outer axes) take ~0.05-0.1
+#: ns per element against ~0.37 for the scalar pairwise float sum, so they are chunked only from FAST_FACTOR times
+#: as many elements: below, the pool's ~15-30 us cost more than half of a serial call
+FAST_FACTOR = 4
+
 # EMBER_FLEX_THREADS_MIN=n: chunk from n elements on (chunks from n/2): for tests that push small arrays through
 # the pool (the conformance kit, say) and for measuring thresholds on other machines
 _env_min = os.environ.get("EMBER_FLEX_THREADS_MIN", "")
 if _env_min.isdigit() and int(_env_min) > 0:
     MIN_ELEMS = int(_env_min)
     MIN_CHUNK = max(2, min(MIN_CHUNK, MIN_ELEMS // 2))
+    FAST_FACTOR = 1
 
 #: what the backend compares sizes with: MIN_ELEMS, or a size nothing reaches when there is one thread
 min_elems: int = MIN_ELEMS
 
 _NEVER = 1 << 62
+
+#: a pooled op "pays" when the serial estimate is at least this many times its wall time; below (a running mean),
+#: the pool goes cold for _BACKOFF_MIN seconds, doubling up to _BACKOFF_MAX while probes keep failing
+_PAYS = 1.05
+_BACKOFF_MIN = 0.01
+_BACKOFF_MAX = 1.0
 
 
 def _cpu_count() -> int:
@@ -88,18 +116,24 @@ class _Batch:
         self.done = threading.Event()
         self.error: BaseException | None = None
 
-    def work(self) -> None:
+    def work(self) -> tuple[int, float]:
+        """Run unclaimed chunks until none is left; return how many this thread ran and their seconds."""
         tasks, n = self.tasks, len(self.tasks)
+        ran, busy = 0, 0.0
+        clock = time.perf_counter
         while True:
             i = self.claim()
             if i >= n:
-                return
+                return ran, busy
             fn, args = tasks[i]
             exc: BaseException | None = None
+            t0 = clock()
             try:
                 fn(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the calling thread, which raises it
                 exc = e
+            busy += clock() - t0
+            ran += 1
             with self.lock:
                 if exc is not None and self.error is None:
                     self.error = exc
@@ -122,6 +156,39 @@ class _Pool:
         self._workers: list[threading.Thread] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._busy = threading.Lock()  # held by the one op using the workers
+        self._reset_speed()
+
+    def _reset_speed(self) -> None:
+        #: running mean of the measured speed-up of pooled ops over the serial estimate (optimistic start)
+        self.gain = 2.0
+        #: while perf_counter() < cold_until, ops run serially: the last pooled ones did not pay
+        self.cold_until = 0.0
+        self._backoff = _BACKOFF_MIN
+
+    def active(self) -> bool:
+        """Whether large ops should be chunked now: False for a while after pooled ops stopped paying (the other
+        cores busy with other processes: a worker that gets a chunk and is then preempted makes the caller wait
+        for it), True again when that while is over (the next pooled op measures again)."""
+        return self.threads > 1 and (not self.cold_until or time.perf_counter() >= self.cold_until)
+
+    def _measured(self, tasks: int, ran: int, busy: float, wall: float) -> None:
+        """Update the speed-up estimate after a pooled op: the caller's own chunks timed the serial cost (its
+        seconds per chunk times all chunks) against the op's wall time. Only the timing uses this: every chunking
+        gives the serial bits, so results never depend on it."""
+        if ran == 0 or wall <= 0:
+            return
+        ratio = busy * tasks / ran / wall
+        now = time.perf_counter()
+        if self.cold_until:  # a probe after a cold spell: one pooled op decides
+            if ratio >= _PAYS:
+                self.cold_until, self._backoff, self.gain = 0.0, _BACKOFF_MIN, ratio
+            else:
+                self._backoff = min(2 * self._backoff, _BACKOFF_MAX)
+                self.cold_until = now + self._backoff
+            return
+        self.gain += (ratio - self.gain) * 0.25
+        if self.gain < _PAYS:
+            self.cold_until = now + self._backoff
 
     def _work(self) -> None:
         get = self._queue.get
@@ -135,6 +202,7 @@ class _Pool:
         """n threads in all (n - 1 workers); workers beyond that stop once the op in flight (if any) is done."""
         with self._busy:
             self.threads = n
+            self._reset_speed()  # a new thread count is measured afresh
             extra = len(self._workers) - (n - 1)
             for _ in range(max(0, extra)):
                 self._queue.put(None)
@@ -143,12 +211,13 @@ class _Pool:
 
     def run(self, tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
         """Run every ``fn(*args)`` on this thread and the workers; return when all are done and raise the first
-        error. Serial on this thread when another op holds the pool."""
-        if len(tasks) < 2 or self.threads < 2 or not self._busy.acquire(blocking=False):
+        error. Serial on this thread when another op holds the pool or while it is cold (:meth:`active`)."""
+        if len(tasks) < 2 or not self.active() or not self._busy.acquire(blocking=False):
             for fn, args in tasks:
                 fn(*args)
             return
         try:
+            t0 = time.perf_counter()
             wake = min(len(tasks), self.threads) - 1
             while len(self._workers) < wake:
                 t = threading.Thread(target=self._work, name=f"ember-flex-{len(self._workers)}", daemon=True)
@@ -158,10 +227,11 @@ class _Pool:
             put = self._queue.put
             for _ in range(wake):
                 put(batch)
-            batch.work()  # chunks until none is left unclaimed; then wait for those the workers are running
+            ran, busy = batch.work()  # chunks until none is left unclaimed; then wait for the workers' ones
             batch.done.wait()
             if batch.error is not None:
                 raise batch.error
+            self._measured(len(tasks), ran, busy, time.perf_counter() - t0)
         finally:
             self._busy.release()
 
@@ -177,6 +247,13 @@ def set_num_threads(n: int) -> None:
     global min_elems
     _pool.set_threads(n)
     min_elems = MIN_ELEMS if n > 1 else _NEVER
+
+
+def active() -> bool:
+    """Whether chunking large ops pays now (see :meth:`_Pool.active`): callers that check it run their plain
+    serial call while it is False, skipping even the chunking's Python; the others' chunks then run one after
+    another on the calling thread."""
+    return _pool.active()
 
 
 def get_num_threads() -> int:
@@ -366,6 +443,31 @@ def _cast_into(src: ndarray, dst: ndarray, trunc: bool) -> None:
     np.copyto(dst, np.trunc(src) if trunc else src, casting="unsafe")
 
 
+# -- copies -------------------------------------------------------------------------------------------------------
+def copy(h: ndarray) -> ndarray | None:
+    """``np.array(h, copy=True, order="C")`` in chunks: a fresh C-order array that the pool fills with
+    ``np.copyto`` on slices, so the first touch of its new pages (which the kernel zeroes) and the copy itself are
+    spread over the cores; ``None`` where that would not pay (the caller then copies serially)."""
+    parts = _parts(h.size)
+    if parts < 2 or h.ndim == 0:
+        return None
+    out = np.empty(h.shape, h.dtype)
+    if h.flags.c_contiguous:
+        src, dst = h.reshape(-1), out.reshape(-1)
+        bounds = _bounds(h.size, parts, 1024)  # chunk starts on 4 KiB+ boundaries: no page is shared by two threads
+    else:
+        if h.shape[0] < 2:
+            return None  # the outer axis of the C-order result is where its rows are contiguous
+        src, dst = h, out
+        bounds = _bounds(h.shape[0], min(parts, h.shape[0]))
+    _pool.run([(_copy_into, (dst[lo:hi], src[lo:hi])) for lo, hi in bounds])
+    return out
+
+
+def _copy_into(dst: ndarray, src: ndarray) -> None:
+    np.copyto(dst, src, casting="no")
+
+
 # -- reductions ---------------------------------------------------------------------------------------------------
 #: numpy's pairwise summation: below this many elements a block is summed with 8 accumulators, above it is halved
 _PW_BLOCK = 128
@@ -378,6 +480,8 @@ def reduce(ufunc: np.ufunc, h: ndarray, dims: tuple[int, ...], keepdim: bool) ->
     if ndim == 0 or not dims:
         return None
     red = {d % ndim for d in dims}
+    if h.size < min_elems * (1 if _pairwise_loop(ufunc, h, red) else FAST_FACTOR):
+        return None
     kept = [d for d in range(ndim) if d not in red]
     parts = _parts(h.size)
     if parts < 2:
@@ -388,6 +492,16 @@ def reduce(ufunc: np.ufunc, h: ndarray, dims: tuple[int, ...], keepdim: bool) ->
     if any(h.shape[d] != 1 for d in kept):
         return None  # a few kept rows: serial
     return _reduce_whole(ufunc, h, keepdim, parts, red)
+
+
+def _pairwise_loop(ufunc: np.ufunc, h: ndarray, red: set[int]) -> bool:
+    """Whether numpy runs this reduction through its scalar pairwise sum (a float sum over the axis innermost in
+    memory: ~0.37 ns per element); max/min, integer sums and sums over outer axes run numpy's SIMD loops, ~4-8x
+    faster, where chunking needs more elements to pay."""
+    if ufunc is not np.add or h.dtype.kind not in "fc":
+        return False
+    inner = min((d for d in range(h.ndim) if h.shape[d] > 1), key=lambda d: abs(h.strides[d]), default=-1)
+    return inner in red
 
 
 def _reduce_outer(ufunc: np.ufunc, h: ndarray, dims: tuple[int, ...], keepdim: bool, axis: int, parts: int,
@@ -457,7 +571,22 @@ def _chunk_reduce(ufunc: np.ufunc, flat: ndarray, parts: int) -> ndarray:
 def _pairwise(flat: ndarray, parts: int) -> Any:
     """numpy's ``add.reduce`` of a contiguous float array: ``0 + pairwise_sum(flat)``, the tree's subtrees summed on
     the pool (``add.reduce(leaf, initial=-0.0)`` is exactly ``pairwise_sum(leaf)``: -0.0 changes no sum)."""
-    depth = max(1, (parts - 1).bit_length())  # 2**depth >= parts leaves
+    leaves, tree = _pairwise_plan(flat.size, max(1, (parts - 1).bit_length()))  # 2**depth >= parts leaves
+    sums = np.empty(len(leaves), dtype=flat.dtype)
+    tasks = [(_leaf_sum, (flat[lo:lo + n], sums[i:i + 1])) for i, (lo, n) in enumerate(leaves)]
+    _pool.run(tasks)
+    vals = list(sums)  # numpy scalars of flat's dtype: their + rounds as the C loop's does
+
+    def combine(t: Any) -> Any:
+        return vals[t] if isinstance(t, int) else combine(t[0]) + combine(t[1])
+
+    return flat.dtype.type(0) + combine(tree)
+
+
+@functools.lru_cache(maxsize=64)
+def _pairwise_plan(n: int, depth: int) -> tuple[tuple[tuple[int, int], ...], Any]:
+    """The top ``depth`` levels of numpy's pairwise tree over n elements: the leaves as (start, length), and the
+    tree as nested pairs of leaf numbers (cached: a model's sums repeat the same few sizes)."""
     leaves: list[tuple[int, int]] = []
 
     def split(lo: int, n: int, d: int) -> Any:
@@ -468,16 +597,8 @@ def _pairwise(flat: ndarray, parts: int) -> Any:
         n2 -= n2 % 8
         return (split(lo, n2, d - 1), split(lo + n2, n - n2, d - 1))
 
-    tree = split(0, flat.size, depth)
-    sums = np.empty(len(leaves), dtype=flat.dtype)
-    tasks = [(_leaf_sum, (flat[lo:lo + n], sums[i:i + 1])) for i, (lo, n) in enumerate(leaves)]
-    _pool.run(tasks)
-    vals = list(sums)  # numpy scalars of flat's dtype: their + rounds as the C loop's does
-
-    def combine(t: Any) -> Any:
-        return vals[t] if isinstance(t, int) else combine(t[0]) + combine(t[1])
-
-    return flat.dtype.type(0) + combine(tree)
+    tree = split(0, n, depth)
+    return tuple(leaves), tree
 
 
 def _leaf_sum(leaf: ndarray, out: ndarray) -> None:
