@@ -92,6 +92,8 @@ _NEVER = 1 << 62
 _PAYS = 1.05
 _BACKOFF_MIN = 0.01
 _BACKOFF_MAX = 1.0
+#: the clock of the cold-pool pauses (tests replace it)
+_clock = time.perf_counter
 
 
 def _cpu_count() -> int:
@@ -169,7 +171,7 @@ class _Pool:
         """Whether large ops should be chunked now: False for a while after pooled ops stopped paying (the other
         cores busy with other processes: a worker that gets a chunk and is then preempted makes the caller wait
         for it), True again when that while is over (the next pooled op measures again)."""
-        return self.threads > 1 and (not self.cold_until or time.perf_counter() >= self.cold_until)
+        return self.threads > 1 and (not self.cold_until or _clock() >= self.cold_until)
 
     def _measured(self, tasks: int, ran: int, busy: float, wall: float) -> None:
         """Update the speed-up estimate after a pooled op: the caller's own chunks timed the serial cost (its
@@ -178,7 +180,7 @@ class _Pool:
         if ran == 0 or wall <= 0:
             return
         ratio = busy * tasks / ran / wall
-        now = time.perf_counter()
+        now = _clock()
         if self.cold_until:  # a probe after a cold spell: one pooled op decides
             if ratio >= _PAYS:
                 self.cold_until, self._backoff, self.gain = 0.0, _BACKOFF_MIN, ratio
