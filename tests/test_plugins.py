@@ -258,6 +258,47 @@ def test_registered_decorator_wraps_the_backend(plugins: manager.PluginRegistry)
     assert dev.stack.inner is Device.flex().stack  # one backend shared by every decoration
 
 
+def test_automatic_decorator_applies_where_the_backend_accepts_it(plugins: manager.PluginRegistry) -> None:
+    """An automatic decorator with ``applies_to`` wraps only the backends it accepts on devices that do not name
+    it; a device that names it gets it anyway, and ``name(False)`` still opts out."""
+
+    class Wrapper:
+        def __init__(self, inner: Any, **options: Any) -> None:
+            self.inner, self.options = inner, options
+
+    seen: list[Any] = []
+
+    def accepts(backend: Any) -> bool:
+        seen.append(backend)
+        return type(backend).__name__ != "FlexBackend"
+
+    class Plugin:
+        @hookimpl
+        def register_decorators(self, register: Any) -> None:
+            register("autowrap", Wrapper, contract=CONTRACT_VERSION, automatic=True, applies_to=accepts)
+
+    plugins.register_plugin(Plugin(), name="autowrap-plugin")
+    flex_stack = Device.flex().stack
+    assert type(flex_stack).__name__ == "FlexBackend" and seen  # declined: the predicate was asked
+    named = Device.flex().autowrap()
+    assert str(named) == "flex+autowrap" and named is not Device.flex()
+    assert isinstance(named.stack, Wrapper) and named.stack.inner is flex_stack
+    assert Device.parse("flex+autowrap") is named
+    assert not isinstance(Device.flex().autowrap(False).stack, Wrapper)
+
+    class Other(type(flex_stack)):  # type: ignore[misc]
+        pass
+
+    Other.__name__ = "OtherBackend"
+    assert plugins.decorator("autowrap").applies_unnamed(Other()) is True
+
+    def broken(backend: Any) -> bool:
+        raise RuntimeError("predicate exploded")
+
+    spec = manager.DecoratorSpec("x", Wrapper, CONTRACT_VERSION, automatic=True, applies_to=broken)
+    assert spec.applies_unnamed(flex_stack) is True  # a broken predicate keeps the documented default: apply
+
+
 # -- the default device -----------------------------------------------------------------------------------------
 def test_default_device_honours_ember_device(plugins: manager.PluginRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
     plugins.register_plugin(_backend_plugin("fakeemu"), name="fakeemu")

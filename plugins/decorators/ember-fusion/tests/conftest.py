@@ -35,7 +35,7 @@ class InterpretingFlex(FlexBackend):
 
 
 def unfused_flex() -> Any:
-    """flex's own backend instance (``Device.flex().stack`` is the fused stack when fusion is on)."""
+    """flex's own backend instance (``Device.flex()`` is unfused: flex declines automatic fusion)."""
     return Device.flex().fusion(False).stack
 
 
@@ -59,10 +59,10 @@ def ifb() -> FusionBackend:
 
 @pytest.fixture
 def default_fused_dev() -> Device:
-    """``Device.flex()`` when its stack is fused (flex implements ``fusion_compile``), else the test is skipped."""
-    dev = Device.flex()
-    if type(dev.stack).__name__ != "FusionBackend":
-        pytest.skip("flex does not support fusion yet (Device.flex().stack is not a FusionBackend)")
+    """The fused flex device with default settings, ``Device.flex().fusion()`` (flex declines automatic fusion,
+    so the decorator is named)."""
+    dev = Device.flex().fusion()
+    assert type(dev.stack).__name__ == "FusionBackend"
     return dev
 
 

@@ -14,7 +14,7 @@ import ember
 from ember import Device, DeviceError, ValueRangeError
 from ember_fusion import CONTRACT
 from ember_fusion.backend import FusionBackend
-from ember_fusion.plugin import _factory, enabled_by_environment, supports_fusion
+from ember_fusion.plugin import _factory, enabled_by_environment, fuses_unnamed, supports_fusion
 
 
 @pytest.fixture
@@ -114,14 +114,14 @@ def test_bad_enabled_value_in_a_spec() -> None:
         Device.parse("flex+fusion(enabled=maybe)")
 
 
-def _stack_type_in_subprocess(env_value: str | None) -> str:
+def _stack_type_in_subprocess(env_value: str | None, device: str = "ember.Device.flex().fusion()") -> str:
     env = dict(os.environ)
     env.pop("EMBER_DEVICE", None)
     if env_value is None:
         env.pop("EMBER_FUSION", None)
     else:
         env["EMBER_FUSION"] = env_value
-    code = "import ember; print(type(ember.Device.flex().stack).__name__)"
+    code = f"import ember; print(type({device}.stack).__name__)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
@@ -132,9 +132,29 @@ def test_ember_fusion_environment_switch(fused_dev: Device, value: str) -> None:
     assert _stack_type_in_subprocess(value) == "FlexBackend"
 
 
-def test_fused_by_default_in_a_fresh_process(fused_dev: Device) -> None:
+def test_named_fusion_in_a_fresh_process(fused_dev: Device) -> None:
     assert _stack_type_in_subprocess(None) == "FusionBackend"
     assert _stack_type_in_subprocess("1") == "FusionBackend"
+    # flex declines automatic fusion (fuse_by_default = False): the plain device is unfused, switch or not
+    assert _stack_type_in_subprocess(None, "ember.Device.flex()") == "FlexBackend"
+    assert _stack_type_in_subprocess("1", "ember.Device.flex().autodiff().inner") == "FlexBackend"
+
+
+def test_automatic_fusion_follows_the_backends_declaration(interp_cls: type) -> None:
+    from ember.plugins.manager import registry
+
+    spec = registry.decorator("fusion")
+    assert spec is not None and spec.applies_to is fuses_unnamed
+
+    class Eager(interp_cls):  # type: ignore[misc, valid-type]
+        fuse_by_default = True
+
+    assert not fuses_unnamed(interp_cls())  # a flex subclass inherits flex's "no"
+    assert fuses_unnamed(Eager()) and spec.applies_unnamed(Eager())
+    assert not fuses_unnamed(Device.flex().fusion().stack)  # a decorator does not generate code itself
+    # named, it applies whatever the backend prefers; the factory itself does not look at the preference
+    assert isinstance(_factory(interp_cls()), FusionBackend)
+    assert str(Device.flex().fusion()) == "flex+fusion" and Device.flex().fusion() is not Device.flex()
 
 
 def test_enabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,6 +187,6 @@ def test_factory_honours_the_environment(monkeypatch: pytest.MonkeyPatch, interp
 
 
 def test_a_fused_stack_is_not_fused_again() -> None:
-    fused = Device.flex().stack
+    fused = Device.flex().fusion().stack
     assert isinstance(fused, FusionBackend)
     assert not supports_fusion(fused) and _factory(fused) is fused

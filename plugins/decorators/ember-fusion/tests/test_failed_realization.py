@@ -10,7 +10,7 @@ from ember import OutOfMemoryError
 
 
 def test_a_failed_value_does_not_poison_later_flushes():
-    dev = ember.Device.flex()
+    dev = ember.Device.flex().fusion()
     huge = ember.full((10**13,), 2.0, device=dev)  # recorded lazily; kept alive like a traceback would keep it
     with pytest.raises(OutOfMemoryError, match="allocate"):
         huge.numpy()
