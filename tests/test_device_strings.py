@@ -133,7 +133,9 @@ def test_opted_out_automatic_decorator_is_in_the_label(fusion: None) -> None:
     assert Device.flex().autodiff().fusion(False) is off
     assert Device.parse("flex+autodiff+fusion(False)") is off
     assert Device.parse(str(off)) is off and off.inner is Device.flex().fusion(False)
-    assert Device.parse("flex+fusion(True)+autodiff") is Device.flex().autodiff()
+    # on, named: the decorator is asked for (flex declines it unnamed), so it is part of the device
+    assert Device.parse("flex+fusion(True)+autodiff") is Device.flex().fusion().autodiff()
+    assert str(Device.flex().fusion(True).autodiff()) == "flex+fusion+autodiff"
 
 
 def test_globally_switched_off_fusion_shows_in_the_label(fusion: None) -> None:
