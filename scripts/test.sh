@@ -3,11 +3,12 @@
 # Stops at the first failing step.
 #   1. lint (ruff)
 #   2. unit + cross-plugin tests (pytest testpaths from pyproject.toml), then the CUDA/HIP kernel compile checks
-#   3. the conformance kit against the flex backend: fused (ember-fusion records every op and fuses) and, through nox, flex
+#   3. the conformance kit against the fused flex device (flex+fusion: flex declines automatic fusion, so it is named;
+#      ember-fusion records every op and fuses, gradients over it) and, through nox, flex
 #      alone (`nox -l`, then `nox -s core_flex`: a fresh venv with ember-core and ember-flex only, flex's tests and
 #      the kit on the backend's own ops), which also proves the nox sessions install from a fresh clone
 #   4. the conformance kit against tests/example-backend (toy), which proves the default compositions
-#   5. the conformance kit through the autodiff decorator (flex+autodiff, over fusion): gradients checked, and
+#   5. the conformance kit through the autodiff decorator (flex+autodiff, the default device's stack), and
 #      through the router over it (flex+autodiff+router(local)), and on `remote` (an `ember serve` subprocess on
 #      loopback: every op over the wire)
 #   6. the OpenCL plugin's tests and the conformance kit on (fused) OpenCL (PoCL, the CPU OpenCL runtime setup.sh
@@ -40,9 +41,9 @@ step "GPU kernels compiled without a GPU: every CUDA kernel source through NVRTC
 .venv/bin/ember kernels check --target cuda
 .venv/bin/ember kernels check --target hip
 
-step "conformance kit (flex, fusion recording every op: eager_below=0, so small tensors take the fused path too)"
-# the default flex device runs ops on small tensors at once (below fusion's eager_below); the flex+autodiff run
-# below covers that default, this one the recording, planning and fused kernels
+step "conformance kit (flex+fusion, recording every op: eager_below=0, so small tensors take the fused path too)"
+# flex is unfused unless fusion is named (it declines automatic fusion); the flex+autodiff run below covers that
+# default, this one the recording, planning and fused kernels (and gradients over them)
 "$PY" -m pytest -p no:cacheprovider -n 2 --pyargs ember.testing "--ember-device=flex+fusion(eager_below=0)" -q
 
 step "nox: sessions listed, and core_flex (ember-core + ember-flex alone: flex's tests, the kit on unfused flex)"
