@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEVICES = ("flex", "flex+fusion(False)", "flex+autodiff")
+DEVICES = ("flex", "flex+fusion", "flex+autodiff")
 
 _PROBE = r"""
 import json, sys, time

@@ -90,9 +90,10 @@ def case(backend: str, fused: bool, autodiff: bool = False) -> str:
 
 
 def devices(backend: str, autodiff: bool = False) -> tuple[Device, Device]:
-    """(fused, unfused) flavours of one backend's device 0; fusion is on by default, ``fusion(False)`` opts out."""
+    """(fused, unfused) flavours of one backend's device 0: ``fusion()`` named (flex declines automatic fusion,
+    OpenCL fuses by default) and ``fusion(False)``."""
     base = Device.flex() if backend == "flex" else Device.opencl(0)
-    fused, unfused = base, base.fusion(False)
+    fused, unfused = base.fusion(), base.fusion(False)
     return (fused.autodiff(), unfused.autodiff()) if autodiff else (fused, unfused)
 
 
@@ -211,7 +212,7 @@ RECORD_ALL = "ember flex fused (eager_below=0)"
 def bench_threshold(sizes: Sequence[int], repeats: int) -> list[dict[str, Any]]:
     """us per chain (result read with numpy()) on the default fused device, the fused device recording every op,
     and the unfused device, alternating; speedup_fused is unfused / record-every-op."""
-    base = Device.flex()
+    base = Device.flex().fusion()
     devs = {EAGER: base, RECORD_ALL: base.fusion(eager_below=0), case("flex", False): base.fusion(False)}
     out = []
     for n in sizes:
