@@ -58,7 +58,7 @@ from .backend import Backend
 from .capture import IN_PLACE, CaptureStack, _is_handle, _unflatten, is_capturing
 from .decorator import CONTRACT_METHODS, Decorator, Policy
 from .device import Device
-from .dtypes import DType
+from .dtypes import DType, bool_
 from .errors import DTypeError, UnsupportedError, ValueRangeError
 from .extension import ExtensionCall
 from .ir import OpRecord, Ref
@@ -203,7 +203,6 @@ class _Trace:
         self.produced: set[int] = set()
         self.written: set[int] = set()
         self.inputs: set[int] = set()
-        self.pure: set[int] = set()  # the inputs and values computed from nothing else (the step's own reads' scope)
         self.input_reads = 0
         self.roots = 0  # scalar() calls so far (each binding's root id)
         self.skip_packages: frozenset[str] = frozenset()  # the recording chain's decorator packages
@@ -250,8 +249,19 @@ class _Trace:
         nargs = tuple(self.norm_arg(a) for a in args)
         out = getattr(self.base, name)(*_plain(nargs))
         if self.broken is None:
+            if name == "getitem" and len(nargs) > 1 and self.masks(nargs[1]):
+                # a boolean mask selects as many elements as it holds True: the result's shape is the data's
+                self.breaks("boolean-mask indexing (nonzero, masked_select, x[mask]) gives a result whose shape "
+                            "depends on the data")
+                return out
             self.record(name, nargs, out)
         return out
+
+    def masks(self, index: Any) -> bool:
+        """Whether a getitem index holds a bool tensor handle."""
+        if type(index) is tuple or type(index) is list:
+            return any(self.masks(x) for x in index)
+        return _is_handle(index) and self.base.dtype_of(index) is bool_
 
     def record(self, name: str, nargs: tuple[Any, ...], out: Any, call: ExtensionCall | None = None) -> None:
         inputs: list[int] = []
@@ -264,14 +274,11 @@ class _Trace:
         if written is not None:
             target = inputs[rec_args[written].k]
             self.written.add(target)
-            self.pure.discard(target)
         outs = out if type(out) is tuple or type(out) is list else (() if out is None else (out,))
         if not all(_is_handle(h) for h in outs):
             self.breaks(f"{name} returned a value that is not a tensor handle")
             return
         vids = tuple(self.new_value(h) for h in outs)
-        if written is None and all(v in self.pure for v in inputs):
-            self.pure.update(vids)
         if call is not None:
             self.calls[len(self.records)] = call
         if outs is out:
@@ -340,13 +347,16 @@ class TraceStack(Decorator):
         nh = t.norm(h)
         v = t.vid_of.get(id(nh))
         if not t.allow_read:
-            caller = _caller(t.skip_packages)
-            if v is not None and v in t.pure and caller.startswith("ember."):
-                # ember's own check of an input (a class-index range): assumed to hold for later inputs, as a
-                # device-side assert would be; a user's read, or one of anything the step computes from state, breaks
+            caller, check = _reader(t.skip_packages)
+            if v is not None and check:
+                # ember's own validation of an input (a class-index range): assumed to hold for later inputs, as a
+                # device-side assert would be. Any other read -- a user's, one of a value the step computes from
+                # state, or one whose value shapes the result (nonzero, allclose, one_hot(num_classes=-1)) -- breaks
                 t.input_reads += 1
             else:
-                t.breaks(f"{caller} reads the value of a tensor inside the step (item(), bool(), numpy())")
+                how = ("its result depends on the values read" if caller.startswith("ember.")
+                       else "item(), bool(), numpy()")
+                t.breaks(f"{caller} reads the value of a tensor inside the step ({how})")
         return self.inner.to_numpy(nh)
 
     def from_numpy(self, array: Any) -> Any:
@@ -406,16 +416,52 @@ TraceStack._resolve_policies()
 _PLUMBING_MODULES = frozenset({__name__, "ember.decorator", "ember.tensor", "ember.dispatch", "ember.extension"})
 
 
-def _caller(skip_packages: frozenset[str]) -> str:
-    """The nearest function outside the stack's layers (names the code that read a value): core's plumbing and
-    the packages of the decorators in the recording chain are skipped."""
-    f = sys._getframe(2)
+#: ember's functions whose reads of a tensor only validate it (raise or pass; the value read never reaches a
+#: result): the reads a graph may assume pass for later inputs. Listed by name because a read does not say why it
+#: reads; a read anywhere else (``nonzero``, ``allclose``, ``one_hot`` inferring its class count) shapes the result.
+_VALIDATION_READERS = frozenset({
+    "ember.ops.nn.class_target_bounds",  # cross_entropy / nll_loss: class indices in range
+    "ember.ops.nn.embedding",  # indices in range (its max_norm renormalisation reads elsewhere: a break)
+    "ember.nn.functional.loss._check_range01",  # binary_cross_entropy: input in [0, 1]
+    "ember.ops.indexing._check_index_values",  # gather / scatter / take_along_dim: indices in range
+})
+#: helpers that read for the function calling them (the reader is their caller)
+_READ_HELPERS = frozenset({"ember.ops.nn._host_minmax", "ember.ops.nn.host_extrema", "ember.ops.indexing._minmax"})
+
+
+def _frame_name(f: Any) -> str:
+    return f"{f.f_globals.get('__name__', '?')}.{f.f_code.co_name}"
+
+
+def _caller_frame(skip_packages: frozenset[str], depth: int) -> Any:
+    """The frame ``depth`` levels above the caller, or the nearest above it outside the stack's layers (core's
+    plumbing and the packages of the decorators in the recording chain)."""
+    f = sys._getframe(depth + 1)
     while f is not None:
         mod = f.f_globals.get("__name__", "?")
         if mod not in _PLUMBING_MODULES and mod.split(".", 1)[0] not in skip_packages:
             break
         f = f.f_back
-    return "?" if f is None else f"{f.f_globals.get('__name__', '?')}.{f.f_code.co_name}"
+    return f
+
+
+def _reader(skip_packages: frozenset[str]) -> tuple[str, bool]:
+    """(the code that reads a value, whether that read is one of ember's validation checks): the nearest
+    function outside the stack's layers, past the read helpers; ``one_hot`` validates only when given its class
+    count."""
+    f = _caller_frame(skip_packages, 2)
+    while f is not None and _frame_name(f) in _READ_HELPERS:
+        f = f.f_back
+    if f is None:
+        return "?", False
+    name = _frame_name(f)
+    if name == "ember.ops.nn.one_hot":
+        return name, f.f_locals.get("num_classes", -1) != -1
+    if name == "ember.ops.indexing._index_handle":
+        # a range check, but where negative indices are allowed the values read also decide whether they are
+        # wrapped (a later call's negative index would not be): a validation only where they are refused
+        return name, f.f_locals.get("allow_negative", True) is False
+    return name, name in _VALIDATION_READERS
 
 
 class _Router(Decorator):
@@ -868,7 +914,6 @@ def _build_kernel(run: list[OpRecord], start: int, end: int, shape: tuple[int, .
     at: dict[int, int] = {}  # value id -> instruction index
     in_vids: list[int] = []
     scalars: list[Any] = []
-    from .dtypes import bool_
 
     def operand(a: Any, r: OpRecord, dtype: DType) -> int | None:
         if type(a) is Ref:
@@ -1038,11 +1083,25 @@ def _flatten(out: Any, flat: list[Tensor]) -> Any:
     if isinstance(out, Tensor):
         flat.append(out)
         return ("t",)
-    if isinstance(out, (tuple, list)) and not hasattr(out, "_fields"):
+    if isinstance(out, tuple) and hasattr(out, "_fields"):  # a named tuple (max(dim=...), sort, topk)
+        return ("named", type(out), tuple(_flatten(o, flat) for o in out))
+    if isinstance(out, (tuple, list)):
         return ("seq", type(out), tuple(_flatten(o, flat) for o in out))
     if isinstance(out, dict):
         return ("dict", tuple(out), tuple(_flatten(o, flat) for o in out.values()))
     return ("const", out)
+
+
+def _rebuild(tree: Any, flat: Iterator[Tensor]) -> Any:
+    """The structure :func:`_flatten` described, with the replay's tensors: capture's ``_unflatten`` plus named
+    tuples (built from positional fields)."""
+    if tree[0] == "named":
+        return tree[1](*(_rebuild(t, flat) for t in tree[2]))
+    if tree[0] == "seq":
+        return tree[1](_rebuild(t, flat) for t in tree[2])
+    if tree[0] == "dict":
+        return dict(zip(tree[1], (_rebuild(t, flat) for t in tree[2])))
+    return _unflatten(tree, flat)
 
 
 def replay_enabled() -> bool:
@@ -1153,15 +1212,19 @@ class CompiledFunction:
             return self._eager("called inside a capture or another compiled step", args, kwargs)
         if any(isinstance(v, Tensor) for v in kwargs.values()):
             return self._eager("tensor keyword arguments are not replayed (pass tensors positionally)", args, kwargs)
-        tensors = [a for a in args if isinstance(a, Tensor)]
-        devices = {t._device for t in tensors}
-        if len(devices) != 1:
-            return self._eager("the step needs tensor arguments on one device" if not devices else
-                               f"tensor arguments on several devices ({sorted(map(str, devices))})", args, kwargs)
-        dev = next(iter(devices))
+        devices = {a._device for a in args if isinstance(a, Tensor)}
+        if len(devices) > 1:
+            return self._eager(f"tensor arguments on several devices ({sorted(map(str, devices))})", args, kwargs)
         if self._found is None:
             self._found = _reachable(self.fn, args, kwargs)
         state = _State(self.fn, args, kwargs, self._found)
+        if not devices:  # a step of its state alone (its data from a closure): the state's device
+            devices = {t._device for t, _ in state.entries}
+            if len(devices) != 1:
+                return self._eager("the step reaches no tensor (arguments or state) to find its device" if not
+                                   devices else f"state tensors on several devices ({sorted(map(str, devices))})",
+                                   args, kwargs)
+        dev = next(iter(devices))
         real = dev.stack
         if isinstance(real, CaptureStack):
             return self._eager("another thread is capturing on the device", args, kwargs)
@@ -1214,7 +1277,7 @@ class CompiledFunction:
         with self._lock:
             self._stats["replays"] += 1
             self._last_reason = None
-        return _unflatten(g.tree, iter(flat))
+        return _rebuild(g.tree, iter(flat))
 
     # -- recording -----------------------------------------------------------------------------------------------
     def _record(self, dev: Device, state: _State, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any,
@@ -1239,7 +1302,6 @@ class CompiledFunction:
             if isinstance(a, Tensor):
                 v = trace.vid(real.lower(a._h))
                 trace.inputs.add(v)
-                trace.pure.add(v)
                 in_slots.setdefault(v, i)
         pre_vids = [None if h is None else trace.vid(h) for h in handles]
         with self._lock:

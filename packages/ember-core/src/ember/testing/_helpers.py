@@ -130,3 +130,17 @@ def elsewhere(t: Any) -> Any:
     other = Device(dev.kind, dev.index, (*dev.options, ("conformance_kit_other_device", True)))
     assert other is not dev
     return Tensor._make(t._h, t._dtype, other)
+
+
+def grad_device(device: Any) -> Any:
+    """``device`` recording gradients: itself when its stack is differentiable, else ``device`` with the
+    installed differentiable decorator (a declared capability, not a name) applied; None when there is none."""
+    from ..plugins.manager import registry
+
+    if getattr(device.stack, "differentiable", False):
+        return device
+    registry.ensure_loaded()
+    spec = registry.differentiable_decorator()
+    if spec is None:
+        return None
+    return getattr(device, spec.name)()
