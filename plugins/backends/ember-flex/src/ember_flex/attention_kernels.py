@@ -1,10 +1,15 @@
 """numpy kernels for core's attention ops (``nn.scaled_dot_product_attention`` and its backward).
 
-Forward, in one call: the scale folded into q (L*E multiplies instead of L*S), one batched GEMM for the scores, the
-mask or causal triangle applied in place, a numerically stable softmax in place in the scores' buffer (max
-subtracted, exp, times the reciprocal of the row sums; rows that are entirely masked give zeros, torch's "safe"
-softmax), and one batched GEMM with v (of the probabilities times the dropout factors, when dropout is on). The
-probabilities are the op's second output: the backward reads them.
+Forward, in blocks of a few heads or of one head's rows (about :data:`BLOCK` scores each, so a block stays in a
+core's L2 cache): the scale folded into q (L*E multiplies instead of L*S), one GEMM for the block's scores written
+into its slice of the probabilities' buffer, the mask or causal triangle applied in place (causal row blocks compute
+only the keys up to their last row), the softmax in place (rows that are entirely masked give zeros, torch's "safe"
+softmax), and one GEMM with v (of the probabilities times the dropout factors, when dropout is on). The softmax
+skips subtracting each row's max where ``|q_i| |k_j|`` bounds the block's scores well inside exp's range (the max
+and the subtraction are two of its five passes), and takes the stable form elsewhere; each row is then multiplied by
+the reciprocal of its sum, as torch's CPU softmax. Large attentions run their blocks on flex's thread pool, with
+numpy's BLAS on one thread meanwhile. The blocks depend on the shapes only, so results do not depend on the thread
+count. The probabilities are the op's second output: the backward reads them.
 
 Backward, in one pass: dv = (attn * drop)^T @ dout, dP = dout @ v^T * drop, and in place in dP's buffer
 dS = attn * (dP - rowsum(dout * out)); then dq = dS @ k * scale and dk = dS^T @ q * scale. Broadcast batch dims
@@ -15,10 +20,13 @@ float32 and float64 compute in their own dtype; other floating dtypes in float32
 
 from __future__ import annotations
 
+import math
+import threading
 from typing import Any
 
 import numpy as np
 
+from . import threads as _threads
 from .kernel_dtypes import cast_back as _cast
 from .kernel_dtypes import work_arrays as _work
 
@@ -51,38 +59,185 @@ def _full(h: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return h if h.shape == shape else np.broadcast_to(h, shape).copy()
 
 
+#: scores per block of the forward, in elements (512 KiB of float32): a block's scores stay in one core's L2 cache
+#: while the mask, the softmax's passes and the second GEMM run over them, instead of streaming the whole (..., L, S)
+#: buffer through memory six times; large enough that numpy's ~10 calls per block (~30 us) are a few percent of it
+BLOCK = 1 << 17
+#: causal attention splits the rows in up to this many blocks (each at least CAUSAL_ROWS long): a block of rows
+#: [r0, r1) needs keys [0, r1) only, so about (parts + 1) / (2 * parts) of the GEMMs' and softmax's work is done
+CAUSAL_PARTS = 4
+CAUSAL_ROWS = 32
+
+
+class _SerialBlas:
+    """While active, numpy's BLAS runs each GEMM on the calling thread: the blocks' GEMMs already run in parallel on
+    flex's pool, and BLAS threads on top of them oversubscribe the cores (measured: 2-30x slower medians on a
+    loaded 2-core machine). Re-entrant across threads: the first to enter saves the BLAS thread counts, the last to
+    leave restores them. BLAS results do not depend on its thread count (it splits a GEMM's output, never the
+    sums), so neither do the kernel's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved: list[tuple[Any, int]] = []
+        self._libs: list[Any] | None = None
+
+    def _blas(self) -> list[Any]:
+        if self._libs is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+
+                self._libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+            except Exception:  # noqa: BLE001 - no control over BLAS threads costs speed only, never a result
+                self._libs = []
+        return self._libs
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._saved = [(lib, lib.num_threads) for lib in self._blas()]
+                for lib, n in self._saved:
+                    if n != 1:
+                        lib.set_num_threads(1)
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                for lib, n in self._saved:
+                    if n != 1:
+                        lib.set_num_threads(n)
+                self._saved = []
+
+
+_serial_blas = _SerialBlas()
+
+
+#: the largest score bound that softmax takes without subtracting each row's max: exp(bound) * S stays far below
+#: the dtype's largest value and exp(-bound) far above its smallest normal (no overflow, no subnormals)
+_EXP_LIMIT = {4: 60.0, 8: 600.0}
+
+
+def _reach(mask: np.ndarray) -> float:
+    """The largest magnitude of a float mask's finite values (its -inf entries hide positions, they add nothing);
+    inf where it has NaN or +inf, or is too large to scan cheaply (then softmax takes its stable form)."""
+    if mask.size > (1 << 16):
+        return math.inf
+    a = np.abs(mask)
+    a[np.isneginf(mask)] = 0
+    return float(a.max()) if a.size else 0.0
+
+
+def _plan(batch: tuple[int, ...], L: int, S: int, is_causal: bool) -> list[tuple[tuple[Any, ...], int, int]]:
+    """The forward's blocks, as (index into the batch dims, first row, end row): rows split where one batch
+    entry's scores exceed :data:`BLOCK` (and for causal attention), batch entries grouped along one batch axis up to
+    :data:`BLOCK` scores. Depends on the shapes only (never on the thread count), so a result's bits do not."""
+    rb = L
+    if L * S > BLOCK:
+        rb = max(8, BLOCK // max(S, 1))
+    if is_causal and L >= 2 * CAUSAL_ROWS:
+        rb = min(rb, max(CAUSAL_ROWS, -(-L // CAUSAL_PARTS)))
+    rows = [(r, min(r + rb, L)) for r in range(0, L, rb)] if L else [(0, 0)]
+    inner, a = rb * S, len(batch)
+    while a > 0 and inner * batch[a - 1] <= BLOCK:  # trailing batch dims that fit whole in a block
+        inner *= batch[a - 1]
+        a -= 1
+    if a == 0:
+        heads: list[tuple[Any, ...]] = [()]
+    else:
+        axis = a - 1
+        c = max(1, BLOCK // max(inner, 1))
+        heads = [lead + (slice(i, min(i + c, batch[axis])),) for lead in np.ndindex(*batch[:axis])
+                 for i in range(0, batch[axis], c)]
+    return [(b, r0, r1) for b in heads for r0, r1 in rows]
+
+
 def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
          drop: np.ndarray | None, *, scale: float, is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1,
          mask_grad: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """The forward (see the module docstring); returns (out, attn)."""
+    """The forward (see the module docstring); returns (out, attn).
+
+    Computed in blocks of :func:`_plan` (a few heads, or a range of one head's rows), each block's scores written
+    into its slice of ``attn``: the GEMM, the mask and the softmax's passes run on a block that stays in cache, and
+    the blocks run on flex's thread pool when the attention is large (each block is the same computation on any
+    number of threads: the result's bits do not depend on it)."""
     dt = q.dtype
     work, (q, k, v, mask, drop) = _work(q, k, v, mask, drop)
     k, v = _repeat(k, repeat_k), _repeat(v, repeat_v)
-    L, S = q.shape[-2], k.shape[-2]
+    L, S, E, ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    qs = q * work.type(scale)
-    scores = _full(np.matmul(qs, np.swapaxes(k, -1, -2)), batch + (L, S))
-    if is_causal:
-        np.copyto(scores, -np.inf, where=np.triu(np.ones((L, S), np.bool_), 1))
-    elif mask is not None and mask.dtype == np.bool_:
-        np.copyto(scores, -np.inf, where=~mask)
+    # operands as (broadcast) views of the attention's batch dims; the scale folded into q (L*E multiplies)
+    q = q * work.type(scale)
+    qs = np.broadcast_to(q, batch + (L, E))
+    kt = np.swapaxes(np.broadcast_to(k, batch + (S, E)), -1, -2)
+    vb = np.broadcast_to(v, batch + (S, ev))
+    attn = np.empty(batch + (L, S), work)
+    out = np.empty(batch + (L, ev), work)
+    add = skip = None
+    if mask is not None and mask.dtype == np.bool_:
+        skip = np.broadcast_to(~mask, attn.shape)  # ~ on the mask as given (often (L, S) or (N, 1, 1, S))
     elif mask is not None:
-        scores += mask
-    # stable softmax in place: rows whose max is -inf (all masked) subtract 0 and divide by 1, giving zeros
-    m = scores.max(-1, keepdims=True)
-    empty = m == -np.inf
-    masked_rows = bool(empty.any())
-    if masked_rows:
-        m[empty] = 0
-    scores -= m
-    with np.errstate(under="ignore"):
-        np.exp(scores, out=scores)
-    total = scores.sum(-1, keepdims=True)
-    if masked_rows:
-        total[empty] = 1
-    scores *= np.reciprocal(total, out=total)  # as torch's CPU softmax: one reciprocal per row, then multiplies
-    out = np.matmul(scores if drop is None else scores * drop, v)
-    return _cast(dt, (out, scores))
+        add = np.broadcast_to(mask, attn.shape)
+    tri = np.triu(np.ones((L, S), np.bool_), 1) if is_causal else None
+    if attn.size == 0 or out.size == 0:  # nothing to attend (the functional runs the composition for these)
+        out[...] = 0
+        return _cast(dt, (out, attn))
+    # squared row norms of the scaled q and of k (bounds on each block's scores), and a float mask's reach
+    qn2 = np.broadcast_to(np.einsum("...e,...e->...", q, q), batch + (L,))
+    kn2 = np.broadcast_to(np.einsum("...e,...e->...", k, k), batch + (S,))
+    span = _reach(mask) if add is not None else 0.0
+    limit = _EXP_LIMIT[work.itemsize]
+    blocks = _plan(batch, L, S, is_causal)
+
+    def block(b: tuple[Any, ...], r0: int, r1: int) -> None:
+        rows = b + (Ellipsis, slice(r0, r1), slice(None))
+        c = min(S, r1) if is_causal else S  # keys beyond the block's last row are masked for all its rows
+        s = attn[b + (Ellipsis, slice(r0, r1), slice(0, c))]
+        np.matmul(qs[rows], kt[b + (Ellipsis, slice(None), slice(0, c))], out=s)
+        if tri is not None:
+            if c > r0 + 1:  # the diagonal's right: keys r0+1 .. c-1 hide from some rows
+                np.copyto(s[..., r0 + 1:c], -np.inf, where=tri[r0:r1, r0 + 1:c])
+        elif skip is not None:
+            np.copyto(s, -np.inf, where=skip[rows])
+        elif add is not None:
+            s += add[rows]
+        # |q_i . k_j| <= |q_i| |k_j|: where the block's scores are bounded well inside exp's range, softmax needs no
+        # max subtracted (the max and the subtraction are 2 of its 5 passes); otherwise the stable form
+        bound = math.sqrt(float(qn2[b + (Ellipsis, slice(r0, r1))].max()) *
+                          float(kn2[b + (Ellipsis, slice(0, c))].max())) + span
+        if bound <= limit:  # NaN (NaN or inf operands) takes the stable form
+            with np.errstate(under="ignore"):
+                np.exp(s, out=s)
+            total = s.sum(-1, keepdims=True)
+            empty = total == 0  # every position masked: unmasked ones give at least exp(-limit) > 0
+            masked_rows = bool(empty.any())
+        else:
+            # stable softmax in place: rows whose max is -inf (all masked) subtract 0 and divide by 1, giving zeros
+            m = s.max(-1, keepdims=True)
+            empty = m == -np.inf
+            masked_rows = bool(empty.any())
+            if masked_rows:
+                m[empty] = 0
+            s -= m
+            with np.errstate(under="ignore"):
+                np.exp(s, out=s)
+            total = s.sum(-1, keepdims=True)
+        if masked_rows:
+            total[empty] = 1
+        s *= np.reciprocal(total, out=total)  # as torch's CPU softmax: one reciprocal per row, then multiplies
+        p = s if drop is None else s * drop[b + (Ellipsis, slice(r0, r1), slice(0, c))]
+        np.matmul(p, vb[b + (Ellipsis, slice(0, c), slice(None))], out=out[rows])
+        if c < S:
+            attn[b + (Ellipsis, slice(r0, r1), slice(c, None))] = 0
+
+    if len(blocks) > 1 and _threads.get_num_threads() > 1 and attn.size >= _threads.min_elems:
+        with _serial_blas:
+            _threads._pool.run([(block, blk) for blk in blocks])
+    else:
+        for blk in blocks:
+            block(*blk)
+    return _cast(dt, (out, attn))
 
 
 def sdpa_backward(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,

@@ -1,0 +1,213 @@
+"""The blocked forward of flex's attention kernel (ember_flex.attention_kernels.sdpa): blocks of heads or rows,
+the causal row blocks that skip the keys after their last row, the max-free softmax where the scores are bounded,
+and the blocks on flex's thread pool. Every case runs with tiny blocks (many blocks, the pool forced on) and is
+compared with torch, with the kernel's own one-block result, and bit for bit across thread counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ember_flex import attention_kernels as K
+from ember_flex import threads
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+
+TOL = {"float32": {"rtol": 2e-5, "atol": 2e-6}, "float64": {"rtol": 1e-10, "atol": 1e-12}}
+
+# (q, k, v, mask shape or None): 4-D heads, L != S, broadcast batch dims, unbatched 2-D, 3-D
+SHAPES = {
+    "heads": ((3, 4, 24, 8), (3, 4, 24, 8), (3, 4, 24, 8), None),
+    "L<S": ((2, 3, 20, 8), (2, 3, 33, 8), (2, 3, 33, 5), None),
+    "L>S": ((2, 3, 33, 8), (2, 3, 20, 8), (2, 3, 20, 5), None),
+    "bcast": ((1, 3, 18, 4), (2, 1, 21, 4), (2, 3, 21, 6), None),
+    "2d": ((40, 8), (37, 8), (37, 3), None),
+    "3d": ((5, 19, 8), (5, 23, 8), (5, 23, 8), None),
+    "mask-2d": ((2, 3, 20, 8), (2, 3, 33, 8), (2, 3, 33, 8), (20, 33)),
+    "mask-kpm": ((2, 3, 20, 8), (2, 3, 33, 8), (2, 3, 33, 8), (2, 1, 1, 33)),
+    "mask-full": ((2, 3, 20, 8), (2, 3, 33, 8), (2, 3, 33, 8), (2, 3, 20, 33)),
+}
+
+
+@pytest.fixture
+def tiny_blocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Blocks of 64 scores and causal row blocks of 4 rows: dozens of blocks even for these small shapes; the
+    pool runs them (its size threshold lowered)."""
+    monkeypatch.setattr(K, "BLOCK", 64)
+    monkeypatch.setattr(K, "CAUSAL_ROWS", 4)
+    monkeypatch.setattr(threads, "min_elems", 1)
+    yield
+
+
+def _data(shapes: tuple[Any, ...], dtype: str, mask_kind: str | None, seed: int = 0,
+          magnitude: float = 1.0) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    qs, ks, vs, ms = shapes
+    q, k, v = (rng.standard_normal(s).astype(dtype) * magnitude for s in (qs, ks, vs))
+    m = None
+    if ms is not None and mask_kind == "bool":
+        m = rng.random(ms) < 0.7
+        m[..., 0] = True
+    elif ms is not None and mask_kind == "float":
+        m = rng.standard_normal(ms).astype(dtype)
+    return q, k, v, m
+
+
+def _torch(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, **kw: Any) -> np.ndarray:
+    t = [torch.from_numpy(a) for a in (q, k, v)]
+    return TF.scaled_dot_product_attention(*t, attn_mask=None if m is None else torch.from_numpy(m), **kw).numpy()
+
+
+def _kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, drop: np.ndarray | None = None,
+            **kw: Any) -> tuple[np.ndarray, np.ndarray]:
+    E = q.shape[-1]
+    kw.setdefault("scale", 1.0 / np.sqrt(E))
+    return K.sdpa(None, q, k, v, m, drop, **kw)
+
+
+def _one_block(*args: Any, **kw: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel with every block as large as the whole attention, serially."""
+    saved = K.BLOCK, K.CAUSAL_ROWS, threads.min_elems
+    K.BLOCK, K.CAUSAL_ROWS, threads.min_elems = 1 << 40, 1 << 40, 1 << 62
+    try:
+        return _kernel(*args, **kw)
+    finally:
+        K.BLOCK, K.CAUSAL_ROWS, threads.min_elems = saved
+
+
+# (shape case, mask kind, is_causal): is_causal takes no mask
+CASES = [(c, kind, causal) for c, s in SHAPES.items()
+         for kind, causal in ([(None, False), (None, True)] if s[3] is None else [("bool", False), ("float", False)])]
+
+
+@pytest.mark.parametrize("softmax", ["auto", "stable"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case,mask_kind,causal", CASES)
+def test_blocks_against_torch_and_one_block(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch, softmax: str,
+                                            dtype: str, case: str, mask_kind: str | None, causal: bool) -> None:
+    """"auto": these scores are bounded, so the max-free softmax runs; "stable": the max-subtracting one."""
+    if softmax == "stable":
+        monkeypatch.setattr(K, "_EXP_LIMIT", {4: -1.0, 8: -1.0})
+    q, k, v, m = _data(SHAPES[case], dtype, mask_kind)
+    out, attn = _kernel(q, k, v, m, is_causal=causal)
+    np.testing.assert_allclose(out, _torch(q, k, v, m, is_causal=causal), **TOL[dtype])
+    one_out, one_attn = _one_block(q, k, v, m, is_causal=causal)
+    np.testing.assert_allclose(out, one_out, **TOL[dtype])
+    np.testing.assert_allclose(attn, one_attn, **TOL[dtype])
+    # the probabilities: each row sums to one, masked positions (the causal triangle included) exactly zero
+    np.testing.assert_allclose(attn.sum(-1), 1.0, rtol=1e-5 if dtype == "float32" else 1e-12)
+    if causal:
+        L, S = attn.shape[-2:]
+        assert np.all(attn[..., np.triu(np.ones((L, S), bool), 1)] == 0)
+
+
+@pytest.mark.parametrize("magnitude", [1.0, 40.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bits_do_not_depend_on_the_thread_count(tiny_blocks: None, magnitude: float, causal: bool) -> None:
+    """The blocks on the pool with 2 and 4 threads, and serially: the same bits (magnitude 40 takes the stable
+    softmax, 1 the max-free one)."""
+    q, k, v, _ = _data(SHAPES["L<S"], "float32", None, magnitude=magnitude)
+    before = threads.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 4):
+            threads.set_num_threads(n)
+            threads.min_elems = 1  # set_num_threads resets it
+            results.append(_kernel(q, k, v, None, is_causal=causal))
+    finally:
+        threads.set_num_threads(before)
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert np.array_equal(a, b)
+    np.testing.assert_allclose(results[0][0], _torch(q, k, v, None, is_causal=causal), rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("magnitude", [0.01, 1.0, 8.0, 100.0])
+@pytest.mark.parametrize("mask_kind", [None, "float"])
+def test_large_and_small_scores_either_softmax(tiny_blocks: None, magnitude: float, mask_kind: str | None) -> None:
+    """Scores from near zero to far outside exp's float32 range: the max-free softmax where bounded, the stable
+    one elsewhere; both as torch's (no overflow, no NaN)."""
+    q, k, v, m = _data(SHAPES["mask-kpm"], "float32", mask_kind, seed=2, magnitude=magnitude)
+    out, attn = _kernel(q, k, v, m)
+    assert np.all(np.isfinite(out)) and np.all(np.isfinite(attn))
+    ref = _torch(q, k, v, m)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5 * max(1.0, magnitude))
+
+
+def test_float_mask_of_large_negatives_is_not_a_hidden_row(tiny_blocks: None) -> None:
+    """A row whose every position has a large negative float mask value (-1e4, not -inf) is a normal softmax row
+    (uniform here), as in torch: the max-free form must not turn it into an all-zero row."""
+    q, k, v, _ = _data(SHAPES["mask-2d"], "float32", None, seed=3)
+    m = np.zeros((20, 33), np.float32)
+    m[5] = -1e4
+    m[7, 3:] = -1e4
+    out, attn = _kernel(q, k, v, m)
+    np.testing.assert_allclose(out, _torch(q, k, v, m), **TOL["float32"])
+    np.testing.assert_allclose(attn.sum(-1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float-inf", "causal-free"])
+def test_fully_masked_rows_give_zeros_in_every_block(tiny_blocks: None, kind: str) -> None:
+    q, k, v, _ = _data(SHAPES["mask-2d"], "float64", None, seed=4)
+    keep = np.ones((20, 33), bool)
+    keep[[0, 6, 19]] = False
+    m = keep if kind == "bool" else np.where(keep, 0.0, -np.inf)
+    if kind == "causal-free":  # a float mask with finite values besides the -inf rows
+        m = np.where(keep, np.random.default_rng(5).standard_normal((20, 33)), -np.inf)
+    out, attn = _kernel(q, k, v, m)
+    assert np.all(out[..., [0, 6, 19], :] == 0) and np.all(attn[..., [0, 6, 19], :] == 0)
+    np.testing.assert_allclose(out, _torch(q, k, v, m), **TOL["float64"])
+
+
+def test_dropout_and_gqa_in_blocks(tiny_blocks: None) -> None:
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((2, 6, 22, 8))
+    k, v = rng.standard_normal((2, 2, 25, 8)), rng.standard_normal((2, 3, 25, 5))
+    drop = (rng.random((2, 6, 22, 25)) < 0.7) / 0.7
+    for causal in (False, True):
+        out, attn = _kernel(q, k, v, None, drop, is_causal=causal, repeat_k=3, repeat_v=2)
+        kr, vr = np.repeat(k, 3, axis=-3), np.repeat(v, 2, axis=-3)
+        ref_attn = torch.softmax(torch.from_numpy(q @ kr.swapaxes(-1, -2) / np.sqrt(8)).masked_fill(
+            torch.ones(22, 25, dtype=torch.bool).triu(1) if causal else torch.zeros(22, 25, dtype=torch.bool),
+            float("-inf")), -1).numpy()
+        np.testing.assert_allclose(attn, ref_attn, **TOL["float64"])
+        np.testing.assert_allclose(out, (ref_attn * drop) @ vr, **TOL["float64"])
+
+
+@pytest.mark.parametrize("batch,L,S,causal", [((), 1, 1, False), ((3, 4), 24, 24, False), ((3, 4), 24, 33, True),
+                                              ((2,), 130, 7, True), ((5, 1, 3), 9, 600, False),
+                                              ((2, 8), 512, 512, False), ((8, 8), 128, 128, True)])
+@pytest.mark.parametrize("block", [64, 1 << 17])
+def test_plan_covers_every_row_once(monkeypatch: pytest.MonkeyPatch, batch: tuple[int, ...], L: int, S: int,
+                                    causal: bool, block: int) -> None:
+    monkeypatch.setattr(K, "BLOCK", block)
+    seen = np.zeros(batch + (L,), np.int64)
+    plan = K._plan(batch, L, S, causal)
+    for b, r0, r1 in plan:
+        seen[b + (Ellipsis, slice(r0, r1))] += 1
+    assert np.all(seen == 1)
+    if block == 1 << 17 and not causal and int(np.prod(batch)) * L * S <= block:
+        assert len(plan) == 1  # small attention: one block, no per-block cost
+    for b, r0, r1 in plan:  # a block holds at most BLOCK scores, or one batch entry's 8 rows
+        heads = int(np.prod(np.empty(batch)[b].shape)) if batch else 1
+        assert heads * (r1 - r0) * S <= max(block, 8 * S) or heads == 1
+
+
+def test_blas_thread_count_is_restored(tiny_blocks: None) -> None:
+    from threadpoolctl import ThreadpoolController
+
+    libs = ThreadpoolController().select(user_api="blas").lib_controllers
+    before = [lib.num_threads for lib in libs]
+    pool = threads.get_num_threads()
+    q, k, v, _ = _data(SHAPES["heads"], "float32", None)
+    try:
+        threads.set_num_threads(max(2, pool))
+        threads.min_elems = 1
+        _kernel(q, k, v, None)
+    finally:
+        threads.set_num_threads(pool)
+    assert [lib.num_threads for lib in libs] == before
