@@ -13,15 +13,23 @@ GELU, exact (``approximate='none'``): numpy has no erf, and scipy's float32 ``er
 PyTorch's GELU here). float32 uses the Abramowitz & Stegun 7.1.26 form that PyTorch's own vectorised float32 erf
 uses, ``erfc(z) = t * P(t) * exp(-z**2)`` with ``t = 1 / (1 + p z)`` (absolute error below 1.5e-7 in erf),
 written as Phi(x) = 1 - erfc(|x|/sqrt 2)/2 for x >= 0 and erfc(|x|/sqrt 2)/2 for x < 0 (no cancellation on the
-negative side). Measured against float64 erf over N(0, 3^2) inputs: GELU's absolute error <= 5e-7 (PyTorch's float32
-GELU: 1.3e-6), inside PyTorch's float32 tolerances (rtol 1.3e-6, atol 1e-5); the backward's
+negative side). Measured against float64 erf over N(0, 3^2) inputs: GELU's absolute error <= 5e-7 (PyTorch's
+float32 GELU: 1.3e-6), inside PyTorch's float32 tolerances (rtol 1.3e-6, atol 1e-5); the backward's
 ``Phi(x) + x * phi(x)`` reuses the same exp. float64 uses scipy's ``erfc`` (``x * erfc(-x / sqrt 2) / 2``).
 tanh: ``0.5 * x * (1 + tanh(sqrt(2/pi) * x * (1 + 0.044715 x**2)))`` and torch's ``gelu_backward`` formula.
+
+Every numpy pass costs (0.15-0.3 ns an element in cache here, 0.6-0.8 for exp and copysign), so the float32 chain
+has as few passes as the formula allows: P in ``u = 1 / (|x| + 1/p)`` (p's multiply folded into the coefficients),
+the forward as ``max(x, 0) - |x| q`` and the backward's sign select as an OR of x's sign bit (no copysign); a block
+holding inf or NaN runs the general form, which keeps their results.
 
 Layer norm: per block of whole rows, the row means, the centred rows (kept in scratch), the two-pass biased
 variance, ``y = (x - mean) * rstd * weight + bias``; the backward recomputes ``xhat`` per block and builds
 ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` (g = dy * weight), with dweight and dbias summed per block in
-the dtype and across blocks in float64.
+the dtype and across blocks in float64. Row scalings into another array run as einsum (numpy's broadcast multiply
+loops per row), weight and bias are tiled to a block for inputs of several blocks (a flat multiply), and the output
+block is written by one step. A gradient that is a broadcast scalar (``f(x).sum().backward()``) is never copied out
+to full size.
 
 float32 and float64 compute in their own dtype; other floating dtypes in float32, cast back once.
 """
@@ -79,6 +87,16 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1)
 
 
+def _broadcast_scalar(a: np.ndarray) -> np.generic | None:
+    """a's one value where a is a scalar broadcast to its shape (every stride 0: the gradient of ``f(x).sum()``),
+    else None. The kernels then multiply by the value instead of copying the broadcast array out to full size and
+    reading it back (4 MB each way for a 1M-element float32 input); per element the product is the same IEEE
+    multiply, so the result is bit for bit the one of the materialised array."""
+    if a.size > 1 and not any(a.strides):
+        return a.reshape(-1)[0]
+    return None
+
+
 # -- GELU ----------------------------------------------------------------------------------------------------------
 def _half_erfc_f32(x: np.ndarray, q: np.ndarray, e: np.ndarray) -> None:
     """q = erfc(|x| / sqrt 2) / 2 and e = exp(-x**2 / 2), float32 (A&S 7.1.26, see the module docstring)."""
@@ -119,6 +137,71 @@ def _cdf_exact(x: np.ndarray, cdf: np.ndarray, e: np.ndarray) -> None:
     cdf *= 0.5
 
 
+# the float32 exact GELU's A&S polynomial in u = 1 / (|x| + 1/p) = p t (one add and one reciprocal, where t needs a
+# multiply too): the coefficients a_k / p**k, the CDF's 1/2 folded in
+_U_SHIFT = 1.0 / _AS_P
+_U_COEF = tuple(a / _AS_P ** (k + 1) for k, a in enumerate(_AS_A))
+_SIGN = np.uint32(0x80000000)
+
+
+def _half_erfc_abs_f32(x: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> bool:
+    """a = |x|, b = exp(-x**2 / 2), c = erfc(|x| / sqrt 2) / 2 (float32, A&S 7.1.26 in u, see ``_U_COEF``); False
+    (b, c unset) where |x| is inf or NaN somewhere: the callers then run the general formula, whose special values
+    they keep."""
+    f = np.float32
+    np.abs(x, out=a)
+    if not a.max(initial=f(0)) < f(np.inf):  # one read of a block: a fraction of a ufunc pass
+        return False
+    np.add(a, f(_U_SHIFT), out=b)
+    np.reciprocal(b, out=b)  # u
+    c0, c1, c2, c3, c4 = (f(v) for v in _U_COEF)
+    np.multiply(b, c4, out=c)
+    c += c3
+    c *= b
+    c += c2
+    c *= b
+    c += c1
+    c *= b
+    c += c0
+    c *= b
+    np.square(a, out=b)
+    b *= f(-0.5)
+    np.exp(b, out=b)
+    c *= b
+    return True
+
+
+def _gelu_f32(x: np.ndarray, out: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> bool:
+    """out = GELU(x) for finite float32 x as ``max(x, 0) - |x| q`` (q = erfc(|x|/sqrt 2)/2: x (1 - q) for x >= 0,
+    x q below), which needs no select on the sign (copysign is numpy's slowest ufunc here); False where x holds
+    inf or NaN (``|x| q`` would be inf * 0)."""
+    if not _half_erfc_abs_f32(x, a, b, c):
+        return False
+    c *= a
+    np.maximum(x, np.float32(0.0), out=out)
+    out -= c
+    return True
+
+
+def _gelu_grad_f32(x: np.ndarray, g: np.ndarray, out: np.ndarray, a: np.ndarray, b: np.ndarray,
+                   c: np.ndarray) -> bool:
+    """out = g * (Phi(x) + x phi(x)) for finite float32 x; Phi = 0.5 + copysign(0.5 - q, x), the copysign as an OR
+    of x's sign bit into 0.5 - q (>= 0 up to a rounding of q at 0, where either sign gives 0.5)."""
+    if not _half_erfc_abs_f32(x, a, b, c):
+        return False
+    f = np.float32
+    np.subtract(f(0.5), c, out=c)
+    au, cu = a.view(np.uint32), c.view(np.uint32)
+    np.bitwise_and(x.view(np.uint32), _SIGN, out=au)
+    np.bitwise_or(cu, au, out=cu)
+    c += f(0.5)  # Phi(x)
+    b *= x
+    b *= f(_INV_SQRT_2PI)
+    c += b  # + x phi(x)
+    np.multiply(g, c, out=out)
+    return True
+
+
 def _tanh_inner(x: np.ndarray, t: np.ndarray) -> None:
     """t = tanh(sqrt(2/pi) * (x + 0.044715 x**3))."""
     f = x.dtype.type
@@ -136,13 +219,17 @@ def gelu(backend: Any, x: np.ndarray, *, approximate: str = "none") -> np.ndarra
     xf = _flat(x)
     out = np.empty(xf.shape, work)
     exact = approximate != "tanh"
+    f32_exact = exact and work == np.float32
 
     def body(lo: int, hi: int) -> None:
         a = np.empty(min(BLOCK, hi - lo), work)
         b = np.empty_like(a)
+        c = np.empty_like(a) if f32_exact else a
         for i in range(lo, hi, BLOCK):
             j = min(hi, i + BLOCK)
             xs, p, s = xf[i:j], a[:j - i], b[:j - i]
+            if f32_exact and _gelu_f32(xs, out[i:j], a[:j - i], b[:j - i], c[:j - i]):
+                continue
             if exact:
                 _cdf_exact(xs, p, s)
             else:
@@ -160,9 +247,12 @@ def gelu_backward(backend: Any, x: np.ndarray, grad: np.ndarray, *, approximate:
     """grad * GELU'(x), blocked: exact ``Phi(x) + x * phi(x)``; tanh torch's ``gelu_backward`` formula."""
     dt = x.dtype
     work, (x, grad) = _work(x, grad)
-    xf, gf = _flat(x), _flat(grad)
+    xf = _flat(x)
+    g0 = _broadcast_scalar(grad)
+    gf = _flat(grad) if g0 is None else None
     out = np.empty(xf.shape, work)
     exact = approximate != "tanh"
+    f32_exact = exact and work == np.float32
     f = work.type
 
     def body(lo: int, hi: int) -> None:
@@ -171,6 +261,9 @@ def gelu_backward(backend: Any, x: np.ndarray, grad: np.ndarray, *, approximate:
         for i in range(lo, hi, BLOCK):
             j = min(hi, i + BLOCK)
             xs, p, s, r = xf[i:j], a[:j - i], b[:j - i], c[:j - i]
+            gs = g0 if gf is None else gf[i:j]
+            if f32_exact and _gelu_grad_f32(xs, gs, out[i:j], p, s, r):
+                continue
             if exact:
                 _cdf_exact(xs, p, s)
                 if work != np.float32:  # the float32 path left exp(-x^2/2) in s
@@ -194,7 +287,7 @@ def gelu_backward(backend: Any, x: np.ndarray, grad: np.ndarray, *, approximate:
                 s += f(1.0)  # + left derivative 0.5 (1 + t)
                 s *= f(0.5)
                 p += s
-            np.multiply(gf[i:j], p, out=out[i:j])
+            np.multiply(gs, p, out=out[i:j])
 
     with np.errstate(all="ignore"):
         _run(xf.size, BLOCK, xf.size, body)
@@ -220,6 +313,13 @@ def _row_block(d: int) -> int:
     return max(1, min(MAX_ROWS, BLOCK // max(d, 1)))
 
 
+def _tiled(v: np.ndarray | None, rows: int) -> np.ndarray | None:
+    """v (a (d,) parameter) repeated over ``rows`` rows, read by every block: a same-shape multiply or add runs
+    numpy's flat loop (~0.3 ns an element here) where the broadcast one loops per row (~0.45); one block's copy pays
+    for itself from the second block on, so it is made only for inputs of several blocks."""
+    return None if v is None else np.ascontiguousarray(np.broadcast_to(v, (rows, v.shape[0])))
+
+
 def layer_norm(backend: Any, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, *,
                normalized_shape: tuple[int, ...], eps: float = 1e-5) -> tuple[np.ndarray, ...]:
     """(y, mean, rstd) per block of rows: the means, the centred rows in scratch, their squares' means (two passes:
@@ -236,12 +336,15 @@ def layer_norm(backend: Any, x: np.ndarray, weight: np.ndarray | None, bias: np.
     rstd = np.empty(r, work)
     rb = _row_block(d)
     inv_d, f_eps = work.type(1.0 / d), work.type(eps)
+    if r > rb:
+        w, b = _tiled(w, rb), _tiled(b, rb)
 
     def body(lo: int, hi: int) -> None:
         scratch = np.empty((min(rb, hi - lo), d), work)
         for i in range(lo, hi, rb):
             j = min(hi, i + rb)
-            xb, xc = x2[i:j], scratch[:j - i]
+            n = j - i
+            xb, xc = x2[i:j], scratch[:n]
             m = np.einsum("rd->r", xb, out=mean[i:j])  # einsum's sums: 2-3x numpy's reduce over short rows
             m *= inv_d
             np.subtract(xb, m[:, None], out=xc)
@@ -251,11 +354,11 @@ def layer_norm(backend: Any, x: np.ndarray, weight: np.ndarray | None, bias: np.
             v += f_eps
             np.sqrt(v, out=v)
             np.reciprocal(v, out=v)
-            np.multiply(xc, v[:, None], out=yb)
+            np.einsum("rd,r->rd", xc, v, out=yb)  # the row scaling: einsum's loop beats a broadcast multiply
             if w is not None:
-                yb *= w
+                yb *= w if w.ndim == 1 else w[:n]
             if b is not None:
-                yb += b
+                yb += b if b.ndim == 1 else b[:n]
 
     with np.errstate(all="ignore"):
         _run(r, rb, r * d, body)
@@ -271,7 +374,10 @@ def layer_norm_backward(backend: Any, x: np.ndarray, weight: np.ndarray | None, 
     dt = x.dtype
     k = len(normalized_shape)
     work, (x, weight, mean, rstd, dy) = _work(x, weight, mean, rstd, dy)
-    x2, dy2 = _rows(x, k), _rows(dy, k)
+    x2 = _rows(x, k)
+    # a broadcast dy (every stride 0: the gradient of ``layer_norm(x).sum()``) is not copied out to full size: each
+    # block copies its rows into scratch instead (in cache), so every later step reads the same contiguous values
+    dy2 = _rows(dy, k) if dy.size <= 1 or any(dy.strides) else np.broadcast_to(dy.reshape(-1)[:1], x2.shape)
     r, d = x2.shape
     w = None if weight is None else weight.reshape(d)
     m1, s1 = mean.reshape(r), rstd.reshape(r)
@@ -281,27 +387,35 @@ def layer_norm_backward(backend: Any, x: np.ndarray, weight: np.ndarray | None, 
     dw_parts = np.empty((nblocks, d), work)
     db_parts = np.empty((nblocks, d), work)
     inv_d = work.type(1.0 / d)
+    if r > rb:
+        w = _tiled(w, rb)
 
     def body(lo: int, hi: int) -> None:
         n = min(rb, hi - lo)
         xh_s, g_s = np.empty((n, d), work), np.empty((n, d), work)
+        dy_s = None if dy2.flags.c_contiguous else np.empty((n, d), work)
         for i in range(lo, hi, rb):
             j = min(hi, i + rb)
-            blk = i // rb
-            xb, dyb, dxb = x2[i:j], dy2[i:j], dx[i:j]
-            xhat = np.subtract(xb, m1[i:j, None], out=xh_s[:j - i])
-            xhat *= s1[i:j, None]
+            blk, nb = i // rb, j - i
+            xb, dyb, s = x2[i:j], dy2[i:j], s1[i:j, None]
+            if dy_s is not None:
+                dyb = dy_s[:nb]
+                np.copyto(dyb, dy2[i:j])
+            xhat = np.subtract(xb, m1[i:j, None], out=xh_s[:nb])
+            xhat *= s  # in place: a broadcast multiply into another array costs about twice as much
             np.einsum("rd,rd->d", dyb, xhat, out=dw_parts[blk])
             np.einsum("rd->d", dyb, out=db_parts[blk])
-            g = dyb if w is None else np.multiply(dyb, w, out=g_s[:j - i])
+            g = dyb if w is None else np.multiply(dyb, w if w.ndim == 1 else w[:nb], out=g_s[:nb])
             mg = np.einsum("rd->r", g)
             mg *= inv_d
             mgx = np.einsum("rd,rd->r", g, xhat)
             mgx *= inv_d
+            # dx = rstd * (g - mean(g) - xhat * mean(g xhat)), in scratch; dx's block is written once, by the last
+            # step (its first write costs the most), with einsum's row scaling
             xhat *= mgx[:, None]
-            np.subtract(g, mg[:, None], out=dxb)
-            dxb -= xhat
-            dxb *= s1[i:j, None]
+            gc = np.subtract(g, mg[:, None], out=g_s[:nb])
+            gc -= xhat
+            np.einsum("rd,r->rd", gc, s1[i:j], out=dx[i:j])
 
     with np.errstate(all="ignore"):
         _run(r, rb, r * d, body)
