@@ -12,8 +12,13 @@ computed in float32 and cast back), and every function returns a fresh
 C-contiguous array whose dtype equals the input dtype.
 
 Convolutions use an im2col (``as_strided`` view + one copy) followed by a
-single BLAS matmul; transposed convolution uses matmul + col2im (a loop over
-the kernel taps that adds strided slices).
+BLAS matmul; transposed convolution uses matmul + col2im (a loop over
+the kernel taps that adds strided slices).  The channels-last forward, both
+gradients and col2im work on a chunk of the batch at a time (about
+``_CHUNK_BYTES`` of scratch, reused across chunks) so the im2col rows and the
+GEMM's output stay in cache; chunks depend on shapes only, and BLAS splits
+rows and columns (never the reduction) across its threads, so results are the
+same for any thread count.
 """
 
 from __future__ import annotations
@@ -46,6 +51,12 @@ IntOrTuple = int | Sequence[int]
 # ("channels-first") im2col layout is used; above it a channels-last layout
 # whose inner copy runs are long and contiguous.
 _CL_MIN_REDUCTION = 32
+
+#: scratch a chunked convolution kernel works in per chunk of the batch (im2col rows, the GEMM's output): about
+#: half of a core's L2, so the copy that fills it and the GEMM that reads it stay in cache. Measured on the seed
+#: CNN's 64->64 3x3 convolution (batch 64, one thread, alternating): forward 16 %, weight gradient 20-30 % and
+#: input gradient 20 % faster than whole-batch scratch, which streams tens of MB through memory
+_CHUNK_BYTES = 1 << 20
 
 
 # --------------------------------------------------------------------------
@@ -211,6 +222,23 @@ def _to_cl_padded(x: np.ndarray, pads) -> np.ndarray:
     return buf
 
 
+def _batch_chunk(n: int, per_sample_bytes: int) -> int:
+    """Samples per chunk of a chunked convolution: about :data:`_CHUNK_BYTES` of scratch (at least one sample).
+
+    Depends on shapes only, so a chunked kernel sums in the same order for any thread count."""
+    return max(1, min(n, _CHUNK_BYTES // max(per_sample_bytes, 1)))
+
+
+def _im2col_cl(xcl: np.ndarray, groups: int, K, O, stride, dilation, flat: np.ndarray) -> np.ndarray:
+    """Channels-last im2col of ``xcl`` (n, *P, C), padded, into the front of the scratch ``flat``:
+    (G, n*L, prod(K)*Cg), each row one output position's window ordered (*K, Cg)."""
+    v = _windows_cl(xcl, groups, K, O, stride, dilation)  # (G, n, *O, *K, Cg)
+    cols = flat[:v.size].reshape(v.shape)
+    np.copyto(cols, v)
+    G, n = v.shape[:2]
+    return cols.reshape(G, n * math.prod(O), -1)
+
+
 def _col2im_add(buf: np.ndarray, cols: np.ndarray, K, I, stride, dilation) -> None:
     """Scatter-add ``cols`` (..., *K, *I) into ``buf`` (..., *F) in place.
 
@@ -303,31 +331,28 @@ def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
             cols = v.reshape(N, G, R, L)
         y = np.matmul(wm, cols).reshape((N, Cout) + O)
     else:
-        # channels-last: cols (G, N*L, K*Cg[+1]); y = cols @ W_g -> (G, N*L, Cog)
-        xcl = _to_cl_padded(x, pads)
-        v = _windows_cl(xcl, G, K, O, stride, dilation)
-        # weight -> (G, *K, Cg, Cog) -> (G, R, Cog)
+        # channels-last, a chunk of the batch at a time: cols (G, n*L, K*Cg); y = cols @ W_g -> (G, n*L, Cog),
+        # transposed (with the bias added in the same pass) into the (N, G, Cog, L) result
         wm = np.moveaxis(w.reshape((G, Cog, Cg) + K), 1, -1)
-        wm = np.moveaxis(wm, 1, 1 + nd).reshape(G, R, Cog)
-        cols = None
-        if b is not None:
-            cols = np.empty((G, N * L, R + 1), dtype=wd)
-            tgt = cols[:, :, :R].reshape(v.shape)
-            if np.may_share_memory(tgt, cols):
-                tgt[...] = v
-                cols[:, :, R] = 1
-                bw = np.asarray(b).astype(wd, copy=False).reshape(G, 1, Cog)
-                wm = np.concatenate([wm, bw], axis=1)
-                b = None
-            else:  # pragma: no cover
-                cols = None
-        if cols is None:
-            cols = v.reshape(G, N * L, R)
-        y = np.matmul(cols, wm)  # (G, N*L, Cog)
-        y = y.reshape((G, N) + O + (Cog,))
-        # -> (N, G, Cog, *O)
-        perm = (1, 0, 2 + nd) + tuple(range(2, 2 + nd))
-        y = np.ascontiguousarray(y.transpose(perm)).reshape((N, Cout) + O)
+        wm = np.ascontiguousarray(np.moveaxis(wm, 1, 1 + nd)).reshape(G, R, Cog)  # (G, *K, Cg, Cog)
+        bb = None if b is None else np.asarray(b).astype(wd, copy=False).reshape(G, Cog, 1)
+        b = None
+        xcl = _to_cl_padded(x, pads)  # whole batch: one transposing copy costs less than one per chunk
+        out = np.empty((N, G, Cog, L), dtype=wd)
+        nb = _batch_chunk(N, G * L * (R + Cog) * wd.itemsize)
+        cflat = np.empty(G * nb * L * R, dtype=wd)
+        yflat = np.empty(G * nb * L * Cog, dtype=wd)
+        for n0 in range(0, N, nb):
+            n = min(nb, N - n0)
+            cols = _im2col_cl(xcl[n0:n0 + n], G, K, O, stride, dilation, cflat)
+            yb = yflat[:G * n * L * Cog].reshape(G, n * L, Cog)
+            np.matmul(cols, wm, out=yb)
+            src = yb.reshape(G, n, L, Cog).transpose(1, 0, 3, 2)
+            if bb is None:
+                np.copyto(out[n0:n0 + n], src)
+            else:
+                np.add(src, bb, out=out[n0:n0 + n])
+        y = out.reshape((N, Cout) + O)
     if b is not None:
         bb = np.asarray(b).astype(wd, copy=False).reshape((1, Cout) + (1,) * nd)
         y += bb
@@ -375,21 +400,44 @@ def conv_weight_grad(x: np.ndarray, grad_y: np.ndarray, w_shape: Sequence[int],
         if need > x.shape[2 + i] + pads[i][0] + pads[i][1]:
             raise ValueError("grad_y spatial size inconsistent with input/params")
 
-    # grad_y -> (G, Cog, N*L)
-    gy = grad_y.reshape((N, G, Cog, L)).transpose(1, 2, 0, 3).reshape(G, Cog, N * L)
     if R < _CL_MIN_REDUCTION:
+        # short reduction (few input channels, the first layer): per sample gy_n (Cog, L) @ cols_n^T (L, R) with
+        # the channels-first windows, batched over (n, G) -- no transposed copy of grad_y -- then summed over n
         xp = _pad_zero(x, pads, 2)
-        v = _windows_cf(xp, G, K, O, stride, dilation)  # (N, G, Cg, *K, *O)
-        # -> (G, N, *O, Cg, *K) : cols (G, N*L, R)
-        perm = (1, 0) + tuple(range(3 + nd, 3 + 2 * nd)) + (2,) + tuple(range(3, 3 + nd))
-        cols = v.transpose(perm).reshape(G, N * L, R)
-        gw = np.matmul(gy, cols)  # (G, Cog, R) with R ordered (Cg, *K)
-        gw = gw.reshape(w_shape)
+        gy4 = grad_y.reshape(N, G, Cog, L)
+        gw = np.zeros((G, Cog, R), dtype=wd)
+        nb = _batch_chunk(N, G * (R * L + Cog * R) * wd.itemsize)
+        cflat = np.empty(G * nb * R * L, dtype=wd)
+        pflat = np.empty(G * nb * Cog * R, dtype=wd)
+        for n0 in range(0, N, nb):
+            n = min(nb, N - n0)
+            v = _windows_cf(xp[n0:n0 + n], G, K, O, stride, dilation)  # (n, G, Cg, *K, *O)
+            cols = cflat[:v.size].reshape(v.shape)
+            np.copyto(cols, v)
+            part = pflat[:n * G * Cog * R].reshape(n, G, Cog, R)
+            np.matmul(gy4[n0:n0 + n], cols.reshape(n, G, R, L).swapaxes(-1, -2), out=part)
+            gw += part.sum(axis=0)
+        gw = gw.reshape(w_shape)  # R ordered (Cg, *K)
     else:
+        # channels-last, a chunk of the batch at a time: gw (G, Cog, R) += gy_chunk (G, Cog, n*L) @ cols (G, n*L, R)
         xcl = _to_cl_padded(x, pads)
-        cols = _windows_cl(xcl, G, K, O, stride, dilation).reshape(G, N * L, R)
-        gw = np.matmul(gy, cols)  # (G, Cog, R) with R ordered (*K, Cg)
-        gw = gw.reshape((Cout,) + tuple(K) + (Cg,))
+        gy5 = grad_y.reshape(N, G, Cog, L)
+        gw = np.empty((G, Cog, R), dtype=wd)
+        part = np.empty((G, Cog, R), dtype=wd)
+        nb = _batch_chunk(N, G * L * (R + Cog) * wd.itemsize)
+        cflat = np.empty(G * nb * L * R, dtype=wd)
+        gflat = np.empty(G * nb * L * Cog, dtype=wd)
+        for n0 in range(0, N, nb):
+            n = min(nb, N - n0)
+            cols = _im2col_cl(xcl[n0:n0 + n], G, K, O, stride, dilation, cflat)
+            gt = gflat[:G * Cog * n * L].reshape(G, Cog, n, L)
+            np.copyto(gt, gy5[n0:n0 + n].transpose(1, 2, 0, 3))
+            if n0 == 0:
+                np.matmul(gt.reshape(G, Cog, n * L), cols, out=gw)
+            else:
+                np.matmul(gt.reshape(G, Cog, n * L), cols, out=part)
+                gw += part
+        gw = gw.reshape((Cout,) + tuple(K) + (Cg,))  # R ordered (*K, Cg)
         gw = np.moveaxis(gw, -1, 1)
     return _finish(gw, out_dtype)
 
@@ -455,8 +503,9 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
     """Shared core: gy (N, G*Cig, *I), w (G*Cig, Cog, *K) -> (N, G*Cog, *O).
 
     ``pads`` are the forward-conv (lo, hi) pads of the produced tensor.
-    Channels-last: for every kernel tap one matmul (G, N*Li, Cig) @ (G, Cig, Cog)
-    whose result is scatter-added (col2im) into a strided slice of the output.
+    Channels-last, a chunk of the batch at a time: for every kernel tap one
+    matmul (G, n*Li, Cig) @ (G, Cig, Cog) whose result is scatter-added
+    (col2im) into a strided slice of the chunk's buffer.
     """
     nd = len(K)
     Cout = G * Cog
@@ -466,9 +515,6 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
     Li = math.prod(I)
     if N == 0 or Li == 0 or Cout == 0:
         return np.zeros((N, Cout) + O, dtype=wd)
-    # gy -> (G, N*Li, Cig)
-    xm = np.moveaxis(gy.reshape((N, G, Cig) + I), 2, -1)       # (N, G, *I, Cig)
-    xm = np.ascontiguousarray(np.moveaxis(xm, 1, 0)).reshape(G, N * Li, Cig)
     # w -> (*K, G, Cig, Cog)
     wm = np.ascontiguousarray(np.moveaxis(w.reshape((G, Cig, Cog) + K), (3 + np.arange(nd)).tolist(),
                                           list(range(nd))))
@@ -476,22 +522,40 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
                   pads[i][0] + O[i]) for i in range(nd))
     lo_extra = tuple(max(-pads[i][0], 0) for i in range(nd))
     F = tuple(F[i] + lo_extra[i] for i in range(nd))
-    buf = np.zeros((G, N) + F + (Cog,), dtype=wd)
-    # one GEMM per kernel tap (contiguous product), scatter-added with strides
-    tmp = np.empty((G, N * Li, Cog), dtype=wd)
-    tmpv = tmp.reshape((G, N) + I + (Cog,))
+    Fp = math.prod(F)
+    crop = (slice(None), slice(None)) + tuple(
+        slice(pads[i][0] + lo_extra[i], pads[i][0] + lo_extra[i] + O[i]) for i in range(nd))
+    dsts = []
     for tap in itertools.product(*(range(k) for k in K)):
-        np.matmul(xm, wm[tap], out=tmp)
         dst = [slice(None), slice(None)]
         for i in range(nd):
             st = lo_extra[i] + tap[i] * dilation[i]
             dst.append(slice(st, st + (I[i] - 1) * stride[i] + 1, stride[i]))
-        buf[tuple(dst)] += tmpv
-    crop = buf[(slice(None), slice(None)) + tuple(
-        slice(pads[i][0] + lo_extra[i], pads[i][0] + lo_extra[i] + O[i]) for i in range(nd))]
-    # (G, N, *O, Cog) -> (N, G, Cog, *O)
-    perm = (1, 0, 2 + nd) + tuple(range(2, 2 + nd))
-    return np.ascontiguousarray(crop.transpose(perm)).reshape((N, Cout) + O)
+        dsts.append((tap, tuple(dst)))
+    gy5 = gy.reshape((N, G, Cig) + I)
+    to_cl = (1, 0) + tuple(range(3, 3 + nd)) + (2,)       # (n, G, Cig, *I) -> (G, n, *I, Cig)
+    to_cf = (1, 0, 2 + nd) + tuple(range(2, 2 + nd))      # (G, n, *O, Cog) -> (n, G, Cog, *O)
+    out = np.empty((N, G, Cog) + O, dtype=wd)
+    # a chunk of the batch at a time, so gy's channels-last copy, the GEMM's output and the col2im buffer stay in
+    # cache: one GEMM per kernel tap (G, n*Li, Cig) @ (G, Cig, Cog), scatter-added with strides
+    nb = _batch_chunk(N, G * (Li * (Cig + Cog) + Fp * Cog) * wd.itemsize)
+    gflat = np.empty(G * nb * Li * Cig, dtype=wd)
+    tflat = np.empty(G * nb * Li * Cog, dtype=wd)
+    bflat = np.empty(G * nb * Fp * Cog, dtype=wd)
+    for n0 in range(0, N, nb):
+        n = min(nb, N - n0)
+        xm = gflat[:G * n * Li * Cig].reshape((G, n) + I + (Cig,))
+        np.copyto(xm, gy5[n0:n0 + n].transpose(to_cl))
+        xm = xm.reshape(G, n * Li, Cig)
+        tmp = tflat[:G * n * Li * Cog].reshape(G, n * Li, Cog)
+        tmpv = tmp.reshape((G, n) + I + (Cog,))
+        buf = bflat[:G * n * Fp * Cog].reshape((G, n) + F + (Cog,))
+        buf.fill(0)
+        for tap, dst in dsts:
+            np.matmul(xm, wm[tap], out=tmp)
+            buf[dst] += tmpv
+        np.copyto(out[n0:n0 + n], buf[crop].transpose(to_cf))
+    return out.reshape((N, Cout) + O)
 
 
 def conv_input_grad(grad_y: np.ndarray, w: np.ndarray, x_shape: Sequence[int],

@@ -1,0 +1,151 @@
+"""flex's batch-chunked convolution kernels (conv, its weight and input gradients, conv_transpose) against torch.
+
+The kernels work on a chunk of the batch at a time in scratch of about ``_CHUNK_BYTES``; these tests shrink the
+chunk to one sample and to two (a short last chunk for odd batches) so every chunked path runs with several chunks,
+and check the results against torch for strides, dilation, groups (depthwise too), asymmetric and cropping pads,
+float64 and float16, batch 1 and odd sizes. The results must not depend on BLAS's thread count.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+_PATH = pathlib.Path(__file__).resolve().parents[1] / "src" / "ember_flex" / "nn_kernels.py"
+_spec = importlib.util.spec_from_file_location("ember_flex_nn_kernels_conv_chunks", _PATH)
+K = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(K)
+
+TCONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+TCONVT = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+TOL = {np.float32: {"rtol": 1e-4, "atol": 1e-4}, np.float64: {"rtol": 1e-10, "atol": 1e-11}}
+
+# nd, N, Cin, Cout, spatial, k, stride, pads ((lo, hi) per dim; negative crops), dilation, groups
+CASES = [
+    (2, 5, 16, 8, (9, 8), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),      # channels-last (R = 144)
+    (2, 7, 12, 6, (11, 10), (3, 2), (2, 1), ((2, 1), (0, 3)), (1, 2), 1),    # asymmetric pads, stride, dilation
+    (2, 4, 32, 12, (7, 9), (3, 3), (2, 2), ((0, 0), (1, 1)), (1, 1), 2),     # groups, channels-last
+    (2, 6, 8, 8, (8, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 8),       # depthwise (channels-first)
+    (2, 9, 1, 6, (12, 11), (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1), 1),     # one input channel (first layer)
+    (2, 3, 40, 5, (6, 6), (2, 2), (1, 1), ((-1, 0), (0, -1)), (1, 1), 1),    # cropping pads
+    (1, 5, 40, 7, (13,), (3,), (2,), ((1, 2),), (2,), 1),                   # 1-d, channels-last
+    (3, 3, 8, 4, (5, 6, 5), (2, 3, 2), (1, 2, 1), ((1, 0), (0, 1), (1, 1)), (1, 1, 2), 2),  # 3-d
+    (2, 1, 33, 3, (5, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 1),      # batch 1, odd channel count
+]
+IDS = [f"{c[0]}d-n{c[1]}-ci{c[2]}-co{c[3]}-g{c[9]}" for c in CASES]
+
+
+def _rand(shape: tuple[int, ...], dtype: Any, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def _t(a: np.ndarray) -> Any:
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _torch_pad(x: Any, pads: tuple[tuple[int, int], ...]) -> Any:
+    flat: list[int] = []
+    for lo, hi in reversed(pads):
+        flat += [lo, hi]
+    return F.pad(x, flat)
+
+
+def _check(out: np.ndarray, ref: Any, dtype: Any, scale: float = 1.0) -> None:
+    ref = ref.detach().numpy()
+    assert out.shape == ref.shape and out.dtype == np.dtype(dtype) and out.flags.c_contiguous
+    tol = dict(TOL[dtype])
+    tol["atol"] *= scale
+    np.testing.assert_allclose(out, ref, **tol)
+
+
+@pytest.fixture(params=["one", "uneven", "default"])
+def chunking(request: Any, monkeypatch: Any) -> None:
+    """Samples per chunk: one, two (the last chunk of an odd batch shorter), or the kernels' own choice."""
+    if request.param == "one":
+        monkeypatch.setattr(K, "_batch_chunk", lambda n, per_sample_bytes: 1)
+    elif request.param == "uneven":
+        monkeypatch.setattr(K, "_batch_chunk", lambda n, per_sample_bytes: min(n, 2))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_conv_forward_chunked(case: tuple[Any, ...], dtype: Any, chunking: None) -> None:
+    nd, N, Ci, Co, S, k, s, pads, d, g = case
+    x, w, b = _rand((N, Ci) + S, dtype, 1), _rand((Co, Ci // g) + k, dtype, 2), _rand((Co,), dtype, 3)
+    for bias in (b, None):
+        y = K.conv(x, w, bias, s, pads, d, g)
+        ref = TCONV[nd](_torch_pad(_t(x), pads), _t(w), None if bias is None else _t(bias), s, 0, d, g)
+        _check(y, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_conv_gradients_chunked(case: tuple[Any, ...], dtype: Any, chunking: None) -> None:
+    nd, N, Ci, Co, S, k, s, pads, d, g = case
+    x, w = _rand((N, Ci) + S, dtype, 1), _rand((Co, Ci // g) + k, dtype, 2)
+    xt, wt = _t(x).requires_grad_(), _t(w).requires_grad_()
+    y = TCONV[nd](_torch_pad(xt, pads), wt, None, s, 0, d, g)
+    gy = _rand(tuple(y.shape), dtype, 3)
+    y.backward(_t(gy))
+    # the weight gradient sums over the whole batch and every output position: a wider absolute tolerance
+    _check(K.conv_weight_grad(x, gy, w.shape, s, pads, d, g), wt.grad, dtype, scale=10.0)
+    _check(K.conv_input_grad(gy, w, x.shape, s, pads, d, g), xt.grad, dtype)
+
+
+@pytest.mark.parametrize("chunk", ["one", "default"])
+def test_conv_transpose_chunked(chunk: str, monkeypatch: Any) -> None:
+    """conv_transpose's col2im route (stride > 1) runs the chunked input-gradient core."""
+    if chunk == "one":
+        monkeypatch.setattr(K, "_batch_chunk", lambda n, per_sample_bytes: 1)
+    x, w, b = _rand((5, 12, 5, 6), np.float32, 1), _rand((12, 4, 3, 3), np.float32, 2), _rand((8,), np.float32, 3)
+    y = K.conv_transpose(x, w, b, (2, 2), (1, 1), (1, 0), (1, 1), 2)
+    _check(y, F.conv_transpose2d(_t(x), _t(w), _t(b), 2, 1, (1, 0), 2, 1), np.float32)
+
+
+def test_conv_float16_unbatched_chunked(monkeypatch: Any) -> None:
+    monkeypatch.setattr(K, "_batch_chunk", lambda n, per_sample_bytes: 1)
+    x, w = _rand((3, 40, 7, 7), np.float16, 1), _rand((6, 40, 3, 3), np.float16, 2)
+    y = K.conv(x, w, None, (1, 1), ((1, 1), (1, 1)), (1, 1), 1)
+    assert y.dtype == np.float16
+    ref = F.conv2d(_t(x.astype(np.float32)), _t(w.astype(np.float32)), None, 1, 1)
+    np.testing.assert_allclose(y.astype(np.float32), ref.numpy(), rtol=2e-2, atol=5e-2)
+    gw = K.conv_weight_grad(x, y, w.shape, (1, 1), ((1, 1), (1, 1)), (1, 1), 1)
+    assert gw.dtype == np.float16 and gw.shape == w.shape
+    y1 = K.conv(x[0], w, None, (1, 1), ((1, 1), (1, 1)), (1, 1), 1)  # unbatched (C, H, W)
+    np.testing.assert_array_equal(y1, y[0])
+
+
+def test_conv_results_do_not_depend_on_blas_threads() -> None:
+    """Bit-identical for any BLAS thread count: chunks depend on shapes only, and BLAS splits rows/columns
+    (never the reduction) across its threads."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    x, w = _rand((37, 64, 13, 13), np.float32, 1), _rand((64, 64, 3, 3), np.float32, 2)
+    b = _rand((64,), np.float32, 3)
+    pads = ((1, 0), (0, 1))
+
+    def run() -> list[np.ndarray]:
+        y = K.conv(x, w, b, (1, 1), pads, (1, 1), 1)
+        return [y, K.conv_weight_grad(x, y, w.shape, (1, 1), pads, (1, 1), 1),
+                K.conv_input_grad(y, w, x.shape, (1, 1), pads, (1, 1), 1)]
+
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):
+        one = run()
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        two = run()
+    for a, c in zip(one, two):
+        np.testing.assert_array_equal(a, c)
+
+
+def test_batch_chunk_sizes() -> None:
+    """At least one sample, at most the batch, about _CHUNK_BYTES of scratch: from shapes only."""
+    assert K._batch_chunk(64, K._CHUNK_BYTES * 10) == 1
+    assert K._batch_chunk(3, 1) == 3
+    assert K._batch_chunk(64, K._CHUNK_BYTES // 4) == 4
+    assert K._batch_chunk(0, 100) == 1
