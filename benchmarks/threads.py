@@ -1,14 +1,17 @@
 """flex's thread pool by size: elementwise ops and reductions on 1e2..1e7 float32, flex against PyTorch.
 
 For every thread count asked for (default: 1 and every CPU this process may use), ``ember.set_num_threads(t)`` and
-``torch.set_num_threads(t)`` are set alike, and four ops are timed on each size, flex and torch alternating inside
-every repeat (medians; --json adds min/max/IQR): ``a + b``, ``exp(a)``, ``a.sum()`` and ``a.sum(dim=-1)`` (rows of 1,000
-elements; one row below 1,000). Every result is realized in the timed loop (an ember device is synced with the
-result alive), so a lazily recording device computes what it is timed on. The last column compares flex at t
-threads with flex at 1 thread from the same run: what the pool (:mod:`ember_flex.threads`) buys.
+``torch.set_num_threads(t)`` are set alike, and six ops are timed on each size, flex and torch alternating inside
+every repeat (medians; --json adds min/max/IQR): ``a + b``, ``exp(a)``, ``a.sum()``, ``a.sum(dim=-1)`` (rows of 1,000
+elements; one row below 1,000), ``a.amax()`` and ``a.clone()``. Every result is realized in the timed loop (an
+ember device is synced with the result alive), so a lazily recording device computes what it is timed on. The last
+column compares flex at t threads with flex at 1 thread from the same run: what the pool
+(:mod:`ember_flex.threads`) buys.
 
 On a loaded machine (other processes on the cores) threads cannot help and the figures say so; compare the
-1-thread and t-thread columns from one run only.
+1-thread and t-thread columns from one run only. Under each op, "pool (pooled / cold)" counts flex's ops that ran
+on the pool and the large ones it ran serially because its pooled ops had stopped paying (``pool_stats`` of
+:mod:`ember_flex.threads`): a t-thread column with many cold ops measured a busy machine, not the pool.
 
 Usage::
 
@@ -35,7 +38,7 @@ import _common  # noqa: E402
 from _common import describe_environment, environment, stats, write_json  # noqa: E402
 
 SIZES = [10**k for k in range(2, 8)]
-OPS = ["a+b", "exp", "sum", "sum(dim=-1)"]
+OPS = ["a+b", "exp", "sum", "sum(dim=-1)", "amax", "clone"]
 ROW = 1000  # elements per row of sum(dim=-1)
 
 
@@ -63,6 +66,7 @@ def _cases(op: str, n: int, dev: Any) -> dict[str, Callable[[], Any]]:
     a, b, r = (ember.tensor(x, device=dev) for x in (a_np, b_np, rows))
     em: dict[str, Callable[[], Any]] = {
         "a+b": lambda: a + b, "exp": lambda: a.exp(), "sum": lambda: a.sum(), "sum(dim=-1)": lambda: r.sum(dim=-1),
+        "amax": lambda: a.amax(), "clone": lambda: a.clone(),
     }
     cases = {"flex": em[op]}
     try:
@@ -72,6 +76,7 @@ def _cases(op: str, n: int, dev: Any) -> dict[str, Callable[[], Any]]:
     at, bt, rt = (torch.from_numpy(x.copy()) for x in (a_np, b_np, rows))
     th: dict[str, Callable[[], Any]] = {
         "a+b": lambda: at + bt, "exp": lambda: at.exp(), "sum": lambda: at.sum(), "sum(dim=-1)": lambda: rt.sum(dim=-1),
+        "amax": lambda: at.amax(), "clone": lambda: at.clone(),
     }
     cases["torch"] = th[op]
     # the thing timed computes the right answer
@@ -80,8 +85,19 @@ def _cases(op: str, n: int, dev: Any) -> dict[str, Callable[[], Any]]:
     return cases
 
 
-def run(threads: Sequence[int], sizes: Sequence[int], repeats: int) -> dict[str, Any]:
-    """{thread count: {op: {size: {case: stats (seconds)}}}}, every case alternating with the others."""
+def _pool_stats(reset: bool = False) -> dict[str, int] | None:
+    """flex's pool counters (ops pooled, large ops run serially while the pool was cold), None without them."""
+    try:
+        from ember_flex import threads as flex_threads
+    except ImportError:
+        return None
+    return flex_threads.pool_stats(reset) if hasattr(flex_threads, "pool_stats") else None
+
+
+def run(threads: Sequence[int], sizes: Sequence[int], repeats: int,
+        pool: dict[str, Any] | None = None) -> dict[str, Any]:
+    """{thread count: {op: {size: {case: stats (seconds)}}}}, every case alternating with the others; ``pool``
+    (when given) gets {thread count: {op: flex's pool counters over that op's sizes}}."""
     import ember
 
     dev = ember.Device.flex()
@@ -97,6 +113,7 @@ def run(threads: Sequence[int], sizes: Sequence[int], repeats: int) -> dict[str,
         per_op: dict[str, Any] = {}
         for op in OPS:
             per_size: dict[str, Any] = {}
+            _pool_stats(reset=True)
             for n in sizes:
                 cases = _cases(op, n, dev)
                 number = _number(n)
@@ -105,14 +122,19 @@ def run(threads: Sequence[int], sizes: Sequence[int], repeats: int) -> dict[str,
                                                hold=min(number, _common.PER_OP_HOLD))
                 per_size[str(n)] = {name: stats(s) for name, s in samples.items()}
             per_op[op] = per_size
+            counters = _pool_stats()
+            if pool is not None and counters is not None:
+                pool.setdefault(str(t), {})[op] = counters
         out[str(t)] = per_op
     return out
 
 
-def report(res: dict[str, Any], repeats: int) -> str:
+def report(res: dict[str, Any], repeats: int, pool: dict[str, Any] | None = None) -> str:
     threads = list(res)
     lines = [f"per-call time in microseconds, median of {repeats} alternating repeats (--json: spread); "
-             "ratio = flex / torch at the same thread count; xT1 = flex at 1 thread / flex at t threads"]
+             "ratio = flex / torch at the same thread count; xT1 = flex at 1 thread / flex at t threads",
+             "pool: flex ops run on its thread pool / large ops run serially because the pool was cold (its "
+             "pooled ops had stopped paying: other processes on the cores)"]
     for op in OPS:
         lines.append("")
         lines.append(f"{op} (float32)")
@@ -131,6 +153,10 @@ def report(res: dict[str, Any], repeats: int) -> str:
                 if t != "1":
                     row += f"{base / fl:6.2f}" if base else f"{'-':>6}"
             lines.append(row)
+        counts = [f"t={t}: {pool[t][op]['pooled']} / {pool[t][op]['cold']}" for t in threads
+                  if t != "1" and pool and op in pool.get(t, {})]
+        if counts:
+            lines.append("  pool (pooled / cold): " + ", ".join(counts))
     return "\n".join(lines)
 
 
@@ -152,13 +178,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment()
     print(describe_environment(env, "flex"))
     try:
-        res = run(threads, sizes, repeats)
+        pool: dict[str, Any] = {}
+        res = run(threads, sizes, repeats, pool)
     finally:
         ember.set_num_threads(before)
-    print(report(res, repeats))
+    print(report(res, repeats, pool))
     if args.json:
         write_json(args.json, {"benchmark": "threads", "quick": args.quick, "repeats": repeats,
-                               "seconds_per_call": res, "environment": env})
+                               "seconds_per_call": res, "pool": pool, "environment": env})
     return 0
 
 

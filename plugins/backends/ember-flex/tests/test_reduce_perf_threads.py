@@ -149,7 +149,7 @@ def test_cold_pool_goes_serial_and_comes_back(pool, monkeypatch):
     p = T._pool
     now = [1000.0]
     monkeypatch.setattr(T, "_clock", lambda: now[0])
-    assert T.active() and p.gain == 2.0
+    assert T.active() and p.gain == 1.5
     for _ in range(20):  # the caller ran every chunk itself: speed-up 1/1.1
         p._measured(4, 4, 1.0, 1.1)
         if not T.active():
@@ -179,7 +179,7 @@ def test_cold_pool_reset_by_set_num_threads(pool):
     p.cold_until = T._clock() + 3600
     assert not T.active()
     ember.set_num_threads(3)
-    assert T.active() and p.gain == 2.0 and T.get_num_threads() == 3
+    assert T.active() and p.gain == 1.5 and T.get_num_threads() == 3
 
 
 def test_stalled_worker_makes_the_pool_cold_not_wrong(pool):

@@ -29,12 +29,12 @@ push small arrays through the pool and for measuring the threshold on other mach
 Cold pool: on a machine whose other cores are busy with other processes, a worker that claims a chunk and is then
 preempted makes the caller wait for it, and pooled ops run slower than serial ones (measured here: a 1M-element
 float32 sum 0.54 ms pooled against 0.42 ms serial, minima, with 6 processes on 2 cores). Each pooled op therefore
-times the caller's own chunks (its seconds per chunk times all chunks: the serial cost) against the op's wall time;
-when a running mean of that speed-up falls below :data:`_PAYS`, :func:`active` is False for 10 ms (doubling to 1 s
-while the probe after each pause does not pay) and the backend's reductions and copies run their plain serial
-calls (elementwise chunks run one after another on the caller). Only timing depends on this: every chunking gives
-the serial bits. The estimate cannot see two threads slowing each other (memory bandwidth): it errs towards
-pooling, as the pool did before it measured.
+times the caller's own chunks (their CPU seconds per chunk times all chunks: the serial cost) against the op's
+wall time; when a running mean of that speed-up falls below :data:`_PAYS`, :func:`active` is False for 10 ms
+(doubling to 1 s while the probe after each pause does not pay) and the backend's reductions and copies run their
+plain serial calls (elementwise chunks run one after another on the caller). Only timing depends on this: every
+chunking gives the serial bits. The estimate cannot see two threads slowing each other (memory bandwidth): it errs
+towards pooling, as the pool did before it measured.
 
 Pool: one process-wide pool of ``get_num_threads() - 1`` daemon workers, sized by ``ember.set_num_threads``
 (``1``: no pool, everything serial). An op is cut into about two chunks per thread; the calling thread and the
@@ -118,23 +118,24 @@ class _Batch:
         self.done = threading.Event()
         self.error: BaseException | None = None
 
-    def work(self) -> tuple[int, float]:
-        """Run unclaimed chunks until none is left; return how many this thread ran and their seconds."""
+    def work(self, clock: Callable[[], float] | None = None) -> tuple[int, float]:
+        """Run unclaimed chunks until none is left; return how many this thread ran and, with a ``clock``, the
+        time they took on it."""
         tasks, n = self.tasks, len(self.tasks)
         ran, busy = 0, 0.0
-        clock = time.perf_counter
         while True:
             i = self.claim()
             if i >= n:
                 return ran, busy
             fn, args = tasks[i]
             exc: BaseException | None = None
-            t0 = clock()
+            t0 = clock() if clock is not None else 0.0
             try:
                 fn(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the calling thread, which raises it
                 exc = e
-            busy += clock() - t0
+            if clock is not None:
+                busy += clock() - t0
             ran += 1
             with self.lock:
                 if exc is not None and self.error is None:
@@ -159,10 +160,13 @@ class _Pool:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._busy = threading.Lock()  # held by the one op using the workers
         self._reset_speed()
+        #: ops run on the workers, and checks of active() that found the pool cold (see :func:`pool_stats`)
+        self.pooled = 0
+        self.cold = 0
 
     def _reset_speed(self) -> None:
-        #: running mean of the measured speed-up of pooled ops over the serial estimate (optimistic start)
-        self.gain = 2.0
+        #: running mean of the measured speed-up of pooled ops over the serial estimate (a hopeful start)
+        self.gain = 1.5
         #: while perf_counter() < cold_until, ops run serially: the last pooled ones did not pay
         self.cold_until = 0.0
         self._backoff = _BACKOFF_MIN
@@ -171,12 +175,17 @@ class _Pool:
         """Whether large ops should be chunked now: False for a while after pooled ops stopped paying (the other
         cores busy with other processes: a worker that gets a chunk and is then preempted makes the caller wait
         for it), True again when that while is over (the next pooled op measures again)."""
-        return self.threads > 1 and (not self.cold_until or _clock() >= self.cold_until)
+        if not self.cold_until or _clock() >= self.cold_until:
+            return self.threads > 1
+        self.cold += 1
+        return False
 
     def _measured(self, tasks: int, ran: int, busy: float, wall: float) -> None:
-        """Update the speed-up estimate after a pooled op: the caller's own chunks timed the serial cost (its
-        seconds per chunk times all chunks) against the op's wall time. Only the timing uses this: every chunking
-        gives the serial bits, so results never depend on it."""
+        """Update the speed-up estimate after a pooled op: the caller's own chunks timed the serial cost (the CPU
+        seconds of its chunks per chunk, times all chunks) against the op's wall time. CPU time, not wall time: a
+        caller preempted by other processes would otherwise find its own chunks slow and the pool's wall time
+        good in comparison. Only the timing uses this: every chunking gives the serial bits."""
+        self.pooled += 1
         if ran == 0 or wall <= 0:
             return
         ratio = busy * tasks / ran / wall
@@ -229,7 +238,7 @@ class _Pool:
             put = self._queue.put
             for _ in range(wake):
                 put(batch)
-            ran, busy = batch.work()  # chunks until none is left unclaimed; then wait for the workers' ones
+            ran, busy = batch.work(time.thread_time)  # chunks until none is unclaimed; then the workers' ones
             batch.done.wait()
             if batch.error is not None:
                 raise batch.error
@@ -256,6 +265,15 @@ def active() -> bool:
     serial call while it is False, skipping even the chunking's Python; the others' chunks then run one after
     another on the calling thread."""
     return _pool.active()
+
+
+def pool_stats(reset: bool = False) -> dict[str, int]:
+    """``{"pooled": ops run on the workers, "cold": large ops run serially because the pool was cold}`` since the
+    process started or the last ``reset=True`` (benchmarks report them next to their timings)."""
+    r = {"pooled": _pool.pooled, "cold": _pool.cold}
+    if reset:
+        _pool.pooled = _pool.cold = 0
+    return r
 
 
 def get_num_threads() -> int:
