@@ -1,7 +1,8 @@
-"""The blocked forward of flex's attention kernel (ember_flex.attention_kernels.sdpa): blocks of heads or rows,
+"""The blocked kernels of flex's attention (ember_flex.attention_kernels): the forward's blocks of heads or rows,
 the causal row blocks that skip the keys after their last row, the max-free softmax where the scores are bounded,
-and the blocks on flex's thread pool. Every case runs with tiny blocks (many blocks, the pool forced on) and is
-compared with torch, with the kernel's own one-block result, and bit for bit across thread counts."""
+the backward's blocks of heads, and the blocks on flex's thread pool. Every case runs with tiny blocks (many
+blocks, the pool forced on) and is compared with torch, with the kernel's own one-block result, and bit for bit
+across thread counts."""
 
 from __future__ import annotations
 
@@ -211,3 +212,57 @@ def test_blas_thread_count_is_restored(tiny_blocks: None) -> None:
     finally:
         threads.set_num_threads(pool)
     assert [lib.num_threads for lib in libs] == before
+
+
+def _backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, drop: np.ndarray | None,
+              g: np.ndarray, **kw: Any) -> tuple[np.ndarray, ...]:
+    out, attn = _kernel(q, k, v, m, drop, **kw)
+    kw.setdefault("scale", 1.0 / np.sqrt(q.shape[-1]))
+    return K.sdpa_backward(None, q, k, v, m, drop, out, attn, g, **kw)
+
+
+@pytest.mark.parametrize("case,mask_kind,causal", CASES)
+def test_backward_blocks_against_torch(tiny_blocks: None, case: str, mask_kind: str | None, causal: bool) -> None:
+    """dq, dk, dv (and a float mask's gradient) in blocks of heads on the pool, against torch's autograd; the
+    broadcast batch dims summed back to each input's shape."""
+    q, k, v, m = _data(SHAPES[case], "float64", mask_kind, seed=8)
+    mask_grad = m is not None and m.dtype != np.bool_
+    t_in = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    t_m = None if m is None else torch.tensor(m, requires_grad=mask_grad)
+    t_out = TF.scaled_dot_product_attention(*t_in, attn_mask=t_m, is_causal=causal)
+    g = np.random.default_rng(9).standard_normal(tuple(t_out.shape))
+    t_out.backward(torch.from_numpy(g))
+    got = _backward(q, k, v, m, None, g, is_causal=causal, mask_grad=mask_grad)
+    want = [t.grad.numpy() for t in t_in] + ([t_m.grad.numpy()] if mask_grad else [])
+    assert len(got) == len(want)
+    for name, a, b in zip("qkvm"[:len(got)], got, want, strict=True):
+        assert a.shape == b.shape, name
+        np.testing.assert_allclose(a, b, **TOL["float64"], err_msg=f"d{name}")
+
+
+def test_backward_gqa_dropout_and_thread_count(tiny_blocks: None) -> None:
+    """GQA repeats and dropout factors in blocks; the same bits serially and on 2 and 4 threads, and the same
+    numbers as one block."""
+    rng = np.random.default_rng(10)
+    q = rng.standard_normal((2, 6, 22, 8)).astype(np.float32)
+    k, v = rng.standard_normal((2, 2, 25, 8)).astype(np.float32), rng.standard_normal((2, 3, 25, 5)).astype(np.float32)
+    drop = ((rng.random((2, 6, 22, 25)) < 0.7) / 0.7).astype(np.float32)
+    g = rng.standard_normal((2, 6, 22, 5)).astype(np.float32)
+    kw = {"is_causal": True, "repeat_k": 3, "repeat_v": 2}
+    before = threads.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 4):
+            threads.set_num_threads(n)
+            threads.min_elems = 1
+            results.append(_backward(q, k, v, None, drop, g, **kw))
+    finally:
+        threads.set_num_threads(before)
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert np.array_equal(a, b)
+    out, attn = _one_block(q, k, v, None, drop, **kw)
+    one = K.sdpa_backward(None, q, k, v, None, drop, out, attn, g, scale=1.0 / np.sqrt(8), **kw)
+    for a, b in zip(results[0], one, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

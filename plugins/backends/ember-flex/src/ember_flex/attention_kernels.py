@@ -11,7 +11,8 @@ the reciprocal of its sum, as torch's CPU softmax. Large attentions run their bl
 numpy's BLAS on one thread meanwhile. The blocks depend on the shapes only, so results do not depend on the thread
 count. The probabilities are the op's second output: the backward reads them.
 
-Backward, in one pass: dv = (attn * drop)^T @ dout, dP = dout @ v^T * drop, and in place in dP's buffer
+Backward, in one pass over blocks of whole heads (on the pool as the forward's; each block's dS is a temporary that
+stays in cache): dv = (attn * drop)^T @ dout, dP = dout @ v^T * drop, and in place in dP's buffer
 dS = attn * (dP - rowsum(dout * out)); then dq = dS @ k * scale and dk = dS^T @ q * scale. Broadcast batch dims
 and repeated (GQA) heads are summed back to each input's shape.
 
@@ -20,8 +21,11 @@ float32 and float64 compute in their own dtype; other floating dtypes in float32
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,11 +56,6 @@ def _sum_to(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     lead = g.ndim - len(shape)
     dims = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1)
     return g.sum(axis=dims).reshape(shape) if dims else g.reshape(shape)
-
-
-def _full(h: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """h as a writable array of ``shape`` (a copy where h's batch dims broadcast to it)."""
-    return h if h.shape == shape else np.broadcast_to(h, shape).copy()
 
 
 #: scores per block of the forward, in elements (512 KiB of float32): a block's scores stay in one core's L2 cache
@@ -129,28 +128,48 @@ def _reach(mask: np.ndarray) -> float:
     return float(a.max()) if a.size else 0.0
 
 
-def _plan(batch: tuple[int, ...], L: int, S: int, is_causal: bool) -> list[tuple[tuple[Any, ...], int, int]]:
-    """The forward's blocks, as (index into the batch dims, first row, end row): rows split where one batch
-    entry's scores exceed :data:`BLOCK` (and for causal attention), batch entries grouped along one batch axis up to
-    :data:`BLOCK` scores. Depends on the shapes only (never on the thread count), so a result's bits do not."""
+def _plan(batch: tuple[int, ...], L: int, S: int, is_causal: bool,
+          split_rows: bool = True) -> list[tuple[tuple[Any, ...], int, int]]:
+    """The blocks, as (index into the batch dims, first row, end row): rows split where one batch entry's scores
+    exceed :data:`BLOCK` and for causal attention (unless ``split_rows`` is False: the backward sums over rows),
+    batch entries grouped along one batch axis up to :data:`BLOCK` scores. Depends on the shapes only (never on the
+    thread count), so a result's bits do not."""
+    return _plan_cached(batch, L, S, is_causal, split_rows, BLOCK, CAUSAL_PARTS, CAUSAL_ROWS)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_cached(batch: tuple[int, ...], L: int, S: int, is_causal: bool, split_rows: bool, block: int,
+                 causal_parts: int, causal_rows: int) -> list[tuple[tuple[Any, ...], int, int]]:
     rb = L
-    if L * S > BLOCK:
-        rb = max(8, BLOCK // max(S, 1))
-    if is_causal and L >= 2 * CAUSAL_ROWS:
-        rb = min(rb, max(CAUSAL_ROWS, -(-L // CAUSAL_PARTS)))
+    if split_rows and L * S > block:
+        rb = max(8, block // max(S, 1))
+    if split_rows and is_causal and L >= 2 * causal_rows:
+        rb = min(rb, max(causal_rows, -(-L // causal_parts)))
     rows = [(r, min(r + rb, L)) for r in range(0, L, rb)] if L else [(0, 0)]
     inner, a = rb * S, len(batch)
-    while a > 0 and inner * batch[a - 1] <= BLOCK:  # trailing batch dims that fit whole in a block
+    while a > 0 and inner * batch[a - 1] <= block:  # trailing batch dims that fit whole in a block
         inner *= batch[a - 1]
         a -= 1
     if a == 0:
         heads: list[tuple[Any, ...]] = [()]
     else:
         axis = a - 1
-        c = max(1, BLOCK // max(inner, 1))
-        heads = [lead + (slice(i, min(i + c, batch[axis])),) for lead in np.ndindex(*batch[:axis])
+        c = max(1, block // max(inner, 1))
+        heads = [lead + (slice(i, min(i + c, batch[axis])),)
+                 for lead in itertools.product(*(range(n) for n in batch[:axis]))
                  for i in range(0, batch[axis], c)]
     return [(b, r0, r1) for b in heads for r0, r1 in rows]
+
+
+def _run_blocks(block: Callable[..., None], blocks: list[tuple[tuple[Any, ...], int, int]], size: int) -> None:
+    """``block(*b)`` for every block: on flex's pool (numpy's BLAS on one thread meanwhile) when the attention has
+    ``size`` >= the pool's threshold elements, serially otherwise."""
+    if len(blocks) > 1 and _threads.get_num_threads() > 1 and size >= _threads.min_elems:
+        with _serial_blas:
+            _threads._pool.run([(block, b) for b in blocks])
+    else:
+        for b in blocks:
+            block(*b)
 
 
 def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
@@ -231,12 +250,7 @@ def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
         if c < S:
             attn[b + (Ellipsis, slice(r0, r1), slice(c, None))] = 0
 
-    if len(blocks) > 1 and _threads.get_num_threads() > 1 and attn.size >= _threads.min_elems:
-        with _serial_blas:
-            _threads._pool.run([(block, blk) for blk in blocks])
-    else:
-        for blk in blocks:
-            block(*blk)
+    _run_blocks(block, blocks, attn.size)
     return _cast(dt, (out, attn))
 
 
@@ -244,28 +258,50 @@ def sdpa_backward(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mas
                   drop: np.ndarray | None, out: np.ndarray, attn: np.ndarray, dout: np.ndarray, *, scale: float,
                   is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1,
                   mask_grad: bool = False) -> tuple[np.ndarray, ...]:
-    """dq, dk, dv (and the float mask's gradient with ``mask_grad``) in one pass (see the module docstring)."""
+    """dq, dk, dv (and the float mask's gradient with ``mask_grad``) in one pass (see the module docstring), in
+    blocks of whole heads (each block's dS stays in cache and is dropped after it), on flex's pool when large."""
     dt = q.dtype
     q_shape = q.shape
     work, (q, k, v, mask, drop, out, attn, dout) = _work(q, k, v, mask, drop, out, attn, dout)
     kr, vr = _repeat(k, repeat_k), _repeat(v, repeat_v)
-    dv = np.matmul(np.swapaxes(attn if drop is None else attn * drop, -1, -2), dout)
-    ds = np.matmul(dout, np.swapaxes(vr, -1, -2))  # dP, then dS in place
-    if ds.shape != attn.shape:  # v's batch dims narrower than the attention's
-        ds = _full(ds, attn.shape)
-    if drop is not None:
-        ds *= drop
-    ds -= np.einsum("...i,...i->...", dout, out)[..., None]
-    ds *= attn
-    dq = np.matmul(ds, kr)
-    dq *= scale
-    dk = np.matmul(np.swapaxes(ds, -1, -2), q)
-    dk *= scale
+    batch, (L, S) = attn.shape[:-2], attn.shape[-2:]
+    E, ev = q.shape[-1], v.shape[-1]
+    qb = np.broadcast_to(q, batch + (L, E))
+    kb = np.broadcast_to(kr, batch + (S, E))
+    vt = np.swapaxes(np.broadcast_to(vr, batch + (S, ev)), -1, -2)
+    dq = np.empty(batch + (L, E), work)
+    dk = np.empty(batch + (S, E), work)
+    dv = np.empty(batch + (S, ev), work)
+    dmask = np.empty(attn.shape, work) if mask_grad and mask is not None else None
+    sc = work.type(scale)
+
+    def block(b: tuple[Any, ...], r0: int, r1: int) -> None:
+        a, g = attn[b], dout[b]
+        p = a if drop is None else a * drop[b]
+        np.matmul(np.swapaxes(p, -1, -2), g, out=dv[b])
+        ds = np.matmul(g, vt[b])  # dP, then dS in place
+        if drop is not None:
+            ds *= drop[b]
+        ds -= np.einsum("...i,...i->...", g, out[b])[..., None]
+        ds *= a
+        gq, gk = dq[b], dk[b]
+        np.matmul(ds, kb[b], out=gq)
+        gq *= sc
+        np.matmul(np.swapaxes(ds, -1, -2), qb[b], out=gk)
+        gk *= sc
+        if dmask is not None:
+            dmask[b] = ds
+
+    if attn.size and dq.size + dk.size + dv.size:
+        _run_blocks(block, _plan(batch, L, S, is_causal, split_rows=False), attn.size)
+    else:  # no positions: every gradient is zero
+        for g in (dq, dk, dv) + (() if dmask is None else (dmask,)):
+            g[...] = 0
     grads = [_sum_to(dq, q_shape),
              _unrepeat(_sum_to(dk, kr.shape), repeat_k),
              _unrepeat(_sum_to(dv, vr.shape), repeat_v)]
-    if mask_grad and mask is not None:
-        grads.append(_sum_to(ds, mask.shape))
+    if dmask is not None and mask is not None:
+        grads.append(_sum_to(dmask, mask.shape))
     return _cast(dt, tuple(np.ascontiguousarray(g) for g in grads))
 
 
