@@ -1,6 +1,6 @@
 """Every benchmark row times work, not lazy recording (issue 17).
 
-With fusion on (the default), a fused device records ops lazily and computes only what a live tensor can still
+With fusion on (the default on OpenCL; named on flex), a fused device records ops lazily and computes only what a live tensor can still
 read; a timed call that drops its result times the recording alone (the 8-op GELU chain once read 0.066 ms against
 torch's 2.6 ms). Every row of benchmarks/{micro,overhead,autodiff,suite,opencl}.py is timed through
 ``_common.sample_cases``; here that function is replaced by a probe that runs each ember case once, through the very
@@ -53,7 +53,8 @@ def _opencl() -> Device | None:
 
 
 def _devices() -> list[Device]:
-    """The fused stacks the benchmarks run on (flex+autodiff shares flex's fusion stack, so its counters)."""
+    """The fused stacks the benchmarks run on (flex+autodiff shares flex's fusion stack, so its counters; flex is
+    fused in this module, see _flex_records_lazily)."""
     return [d for d in (Device.flex(), _opencl()) if d is not None]
 
 
@@ -77,10 +78,32 @@ def _problem(delta: dict[str, int]) -> str | None:
     return None
 
 
-@pytest.fixture(autouse=True)
-def _fusion_active() -> None:
-    if "fusion_recorded" not in Device.flex().memory_report():
-        pytest.skip("fusion is off for flex (EMBER_FUSION=0 or ember-fusion not installed): nothing records lazily")
+def _reset_stacks() -> None:
+    """Every interned device resolves its stack again on next use (after flex's fusion preference changed)."""
+    from ember import device as device_mod
+    from ember import dispatch
+
+    dispatch._backend_cache.clear()
+    for dev in device_mod._interned.values():
+        dev._stack = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _flex_records_lazily() -> Iterator[None]:
+    """flex declines automatic fusion, so its rows would run eagerly here and could not drop a lazy result. The
+    rows are checked on a flex that records lazily as OpenCL does (fusion applied unnamed, for this module only):
+    a row that drops its result is caught on a machine without OpenCL too."""
+    flex_cls = type(Device.flex().fusion(False).stack)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(flex_cls, "fuse_by_default", True)
+    _reset_stacks()
+    try:
+        if "fusion_recorded" not in Device.flex().memory_report():
+            pytest.skip("fusion is off (EMBER_FUSION=0 or ember-fusion not installed): nothing records lazily")
+        yield
+    finally:
+        patch.undo()
+        _reset_stacks()
 
 
 @pytest.fixture

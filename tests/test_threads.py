@@ -99,7 +99,7 @@ def _chain(dev: ember.Device, x_np: np.ndarray, w_np: np.ndarray) -> list[np.nda
 def test_issue_repro_four_threads_relu_chain() -> None:
     # 4 threads x 3000 iterations of the reported chain crashed every run ("double free or corruption") with
     # fusion on: two threads ran one compiled numexpr program at once
-    dev = _device("flex")
+    dev = _device("flex+fusion(eager_below=0)")
     n = 3000 * SCALE
 
     def work(k: int) -> Callable[[], None]:

@@ -306,9 +306,9 @@ def test_integer_outputs_are_not_tracked(rng: np.random.Generator) -> None:
 
 def test_the_policies_hold_under_a_fused_inner_stack(rng: np.random.Generator) -> None:
     # flex+fusion+autodiff where fusion is on: the kernel still gets the host's realized handles
-    dev = Device.flex().autodiff()
+    dev = Device.flex().fusion().autodiff()
     if not isinstance(dev.stack.inner, Decorator):
-        pytest.skip("flex is not fused here")
+        pytest.skip("ember-fusion is not installed or EMBER_FUSION=0")
     x, w, tx, tw = _data(rng)
     out, log = run(SCALED_MUL, _scaled_mul_kernel, tx * 1.0, tw, 1.5)  # tx * 1.0: a pending (recorded) input
     assert log["kernel"][0][0] is HOST and all(t is not ADArray for t in log["kernel"][0][1][:2])
