@@ -4,10 +4,13 @@ its backward, training-mode batch norm and its backward, and the Adam/AdamW upda
 Each kernel replaces a chain of ten to twenty dispatched ops (and as many autodiff records) with one call that
 makes the fewest numpy passes and arrays it can:
 
-* cross-entropy forward: the row max, one ``exp`` in a kept scratch array and its row sums give each row's
-  log-sum-exp; the loss reads only the target logits (and, with label smoothing, the rows' weighted sums as one
-  mat-vec).
-  Backward: ``exp(x - lse)`` in the output array, scaled per row in place, the target column adjusted by a scatter.
+* cross-entropy forward: per block of whole rows (:data:`CE_BLOCK` elements), ``exp`` into a scratch block and its
+  row sums give each row's log-sum-exp in two passes that stay in cache; only rows whose sum over- or underflows
+  (a logit above ~88 in float32, a row of very negative logits, NaN) are redone as ``max + log(sum(exp(x - max)))``.
+  The loss reads only the target logits (and, with label smoothing, the rows' weighted sums as one mat-vec).
+  Backward: ``softmax * f`` with the row factor f folded into the exponent, ``exp(x - (lse - log f))``, written
+  straight into the output block (two passes, not three), the target column adjusted by a scatter; a negative or
+  extreme factor takes ``exp(x - lse) * f``.
 * batch norm forward: one sweep of blocks sums x and x**2 per channel (each block's per-channel partial sums in its
   own row of a table, added in float64 in block order, so the result does not depend on the thread count); then
   ``y = x * k + (bias - mean * k)`` with ``k = invstd * weight`` (torch's CPU form), two ufuncs per block. The
@@ -24,7 +27,13 @@ makes the fewest numpy passes and arrays it can:
   flex's thread pool (:mod:`ember_flex.threads`).
 * Adam: torch's single-tensor arithmetic in its order, as in-place ufuncs on the param and its moments (the op's
   in-place contract) with temporaries in per-thread scratch arrays, so the results are bit-identical to the
-  unfused path and a step allocates nothing for parameters up to :data:`SCRATCH_MAX` elements.
+  unfused path and a step allocates nothing for parameters up to :data:`SCRATCH_MAX` elements. Elementwise, so
+  large parameters run in blocks of :data:`ADAM_BLOCK` on flex's pool with the same bits (blocking alone measured
+  no faster: a dozen ufunc calls per parameter, not memory, are its cost).
+
+Large inputs' blocks run on flex's thread pool (:mod:`ember_flex.threads`, from ``threads.min_elems`` elements);
+every element and every per-block partial sum is computed alike whatever the number of threads, and partial sums
+are added in block order, so results do not depend on it.
 
 float32 and float64 compute in their own dtype; other floating dtypes in float32, cast back.
 """
