@@ -27,9 +27,10 @@ Layer norm: per block of whole rows, the row means, the centred rows (kept in sc
 variance, ``y = (x - mean) * rstd * weight + bias``; the backward recomputes ``xhat`` per block and builds
 ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` (g = dy * weight), with dweight and dbias summed per block in
 the dtype and across blocks in float64. Row scalings into another array run as einsum (numpy's broadcast multiply
-loops per row), weight and bias are tiled to a block for inputs of several blocks (a flat multiply), and the output
-block is written by one step. A gradient that is a broadcast scalar (``f(x).sum().backward()``) is never copied out
-to full size.
+loops per row), weight and bias go through a few rows' tile (one flat loop per tile, see :data:`TILE`), and the
+output block is written by one step. A gradient that is a broadcast scalar (``f(x).sum().backward()``) is never
+copied out to full size. Rows far from zero (:data:`_FAR`) get the corrected two-pass. Scratch blocks are reused
+per thread (:data:`SCRATCH_MAX`).
 
 float32 and float64 compute in their own dtype; other floating dtypes in float32, cast back once.
 """
@@ -37,6 +38,7 @@ float32 and float64 compute in their own dtype; other floating dtypes in float32
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +87,32 @@ def _run(n: int, unit: int, size: int, body: Callable[[int, int], None]) -> None
 
 def _flat(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1)
+
+
+#: scratch arrays up to this many elements are kept per thread and reused: a fresh 256 KiB array is mapped anew by
+#: the allocator on every call here, and its first write then page-faults (~3 us per 4 KiB page in this VM, about
+#: 0.2 ms per scratch block, more than the chain's own work on a small input)
+SCRATCH_MAX = 1 << 18
+
+_local = threading.local()
+
+
+def _scratch(dtype: np.dtype, *shapes: tuple[int, ...]) -> list[np.ndarray]:
+    """Uninitialised arrays of the given shapes, distinct, from this thread's reusable buffers (a kernel's body
+    runs on one thread and kernels do not nest, so a thread never hands out a buffer still in use); larger ones
+    are allocated."""
+    sizes = [math.prod(sh) for sh in shapes]
+    if max(sizes, default=0) > SCRATCH_MAX:
+        return [np.empty(sh, dtype) for sh in shapes]
+    cache: dict[tuple[np.dtype, int], np.ndarray] = getattr(_local, "bufs", None) or {}
+    _local.bufs = cache
+    out = []
+    for i, (sh, n) in enumerate(zip(shapes, sizes)):
+        buf = cache.get((dtype, i))
+        if buf is None or buf.size < n:
+            buf = cache[(dtype, i)] = np.empty(max(n, 1 << 12), dtype)
+        out.append(buf[:n].reshape(sh))
+    return out
 
 
 def _broadcast_scalar(a: np.ndarray) -> np.generic | None:
@@ -222,9 +250,8 @@ def gelu(backend: Any, x: np.ndarray, *, approximate: str = "none") -> np.ndarra
     f32_exact = exact and work == np.float32
 
     def body(lo: int, hi: int) -> None:
-        a = np.empty(min(BLOCK, hi - lo), work)
-        b = np.empty_like(a)
-        c = np.empty_like(a) if f32_exact else a
+        n = min(BLOCK, hi - lo)
+        a, b, c = _scratch(work, (n,), (n,), (n,))
         for i in range(lo, hi, BLOCK):
             j = min(hi, i + BLOCK)
             xs, p, s = xf[i:j], a[:j - i], b[:j - i]
@@ -256,8 +283,8 @@ def gelu_backward(backend: Any, x: np.ndarray, grad: np.ndarray, *, approximate:
     f = work.type
 
     def body(lo: int, hi: int) -> None:
-        a = np.empty(min(BLOCK, hi - lo), work)
-        b, c = np.empty_like(a), np.empty_like(a)
+        n = min(BLOCK, hi - lo)
+        a, b, c = _scratch(work, (n,), (n,), (n,))
         for i in range(lo, hi, BLOCK):
             j = min(hi, i + BLOCK)
             xs, p, s, r = xf[i:j], a[:j - i], b[:j - i], c[:j - i]
@@ -313,11 +340,26 @@ def _row_block(d: int) -> int:
     return max(1, min(MAX_ROWS, BLOCK // max(d, 1)))
 
 
-def _tiled(v: np.ndarray | None, rows: int) -> np.ndarray | None:
-    """v (a (d,) parameter) repeated over ``rows`` rows, read by every block: a same-shape multiply or add runs
-    numpy's flat loop (~0.3 ns an element here) where the broadcast one loops per row (~0.45); one block's copy pays
-    for itself from the second block on, so it is made only for inputs of several blocks."""
-    return None if v is None else np.ascontiguousarray(np.broadcast_to(v, (rows, v.shape[0])))
+#: a weight or bias row is tiled this many elements deep: a same-shape multiply or add over a (k, rows, d) view of a
+#: block runs numpy's loop over rows * d contiguous elements (~0.3 ns an element here) where a (d,) broadcast loops
+#: per row (~0.45 for d = 512)
+TILE = 1 << 13
+
+
+def _tile_rows(d: int, rb: int) -> int:
+    return max(1, min(rb, TILE // max(d, 1)))
+
+
+def _rowwise(op: np.ufunc, a: np.ndarray, vec: np.ndarray, tile: np.ndarray | None, out: np.ndarray) -> None:
+    """out = op(a, vec) for a (n, d) block and a (d,) row; through ``tile`` (its rows all ``vec``), t rows at a time,
+    where given. Every element is the same one ufunc call on the same two values either way."""
+    n, d = a.shape
+    t = 0 if tile is None else tile.shape[0]
+    k = n - n % t if t > 1 else 0
+    if k:
+        op(a[:k].reshape(k // t, t, d), tile, out=out[:k].reshape(k // t, t, d))
+    if k < n:
+        op(a[k:], vec, out=out[k:])
 
 
 #: rows whose mean is more than this many standard deviations from zero get their centring corrected: the float32
@@ -360,11 +402,15 @@ def layer_norm(backend: Any, x: np.ndarray, weight: np.ndarray | None, bias: np.
     rstd = np.empty(r, work)
     rb = _row_block(d)
     inv_d, f_eps = work.type(1.0 / d), work.type(eps)
-    if r > rb:
-        w, b = _tiled(w, rb), _tiled(b, rb)
+
+    tr = _tile_rows(d, rb)
 
     def body(lo: int, hi: int) -> None:
-        scratch = np.empty((min(rb, hi - lo), d), work)
+        scratch, wt, bt = _scratch(work, (min(rb, hi - lo), d), (tr, d), (tr, d))
+        if w is not None:
+            np.copyto(wt, w)
+        if b is not None:
+            np.copyto(bt, b)
         for i in range(lo, hi, rb):
             j = min(hi, i + rb)
             n = j - i
@@ -383,9 +429,9 @@ def layer_norm(backend: Any, x: np.ndarray, weight: np.ndarray | None, bias: np.
                 _recentre(xc, m, v, far, inv_d, f_eps)
             np.einsum("rd,r->rd", xc, v, out=yb)  # the row scaling: einsum's loop beats a broadcast multiply
             if w is not None:
-                yb *= w if w.ndim == 1 else w[:n]
+                _rowwise(np.multiply, yb, w, wt, yb)
             if b is not None:
-                yb += b if b.ndim == 1 else b[:n]
+                _rowwise(np.add, yb, b, bt, yb)
 
     with np.errstate(all="ignore"):
         _run(r, rb, r * d, body)
@@ -414,25 +460,28 @@ def layer_norm_backward(backend: Any, x: np.ndarray, weight: np.ndarray | None, 
     dw_parts = np.empty((nblocks, d), work)
     db_parts = np.empty((nblocks, d), work)
     inv_d = work.type(1.0 / d)
-    if r > rb:
-        w = _tiled(w, rb)
+    tr = _tile_rows(d, rb)
 
     def body(lo: int, hi: int) -> None:
         n = min(rb, hi - lo)
-        xh_s, g_s = np.empty((n, d), work), np.empty((n, d), work)
-        dy_s = None if dy2.flags.c_contiguous else np.empty((n, d), work)
+        xh_s, g_s, dy_s, wt = _scratch(work, (n, d), (n, d), (n, d), (tr, d))
+        if w is not None:
+            np.copyto(wt, w)
         for i in range(lo, hi, rb):
             j = min(hi, i + rb)
             blk, nb = i // rb, j - i
             xb, dyb, s = x2[i:j], dy2[i:j], s1[i:j, None]
-            if dy_s is not None:
+            if not dy2.flags.c_contiguous:
                 dyb = dy_s[:nb]
                 np.copyto(dyb, dy2[i:j])
             xhat = np.subtract(xb, m1[i:j, None], out=xh_s[:nb])
             xhat *= s  # in place: a broadcast multiply into another array costs about twice as much
             np.einsum("rd,rd->d", dyb, xhat, out=dw_parts[blk])
             np.einsum("rd->d", dyb, out=db_parts[blk])
-            g = dyb if w is None else np.multiply(dyb, w if w.ndim == 1 else w[:nb], out=g_s[:nb])
+            g = dyb
+            if w is not None:
+                g = g_s[:nb]
+                _rowwise(np.multiply, dyb, w, wt, g)
             mg = np.einsum("rd->r", g)
             mg *= inv_d
             mgx = np.einsum("rd,rd->r", g, xhat)
