@@ -205,3 +205,49 @@ def test_stalled_worker_makes_the_pool_cold_not_wrong(pool):
         assert not T.active()
     finally:
         release.set()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8, np.bool_],
+                         ids=lambda d: np.dtype(d).name)
+def test_whole_reductions_serial_path_is_numpys(dtype):
+    """Small whole-array reductions (no pool): a 0-d ndarray with numpy's dtype and bits, by every op."""
+    be = FlexBackend()
+    x = (np.random.default_rng(8).standard_normal((7, 9)) * 3).astype(dtype)
+    ufuncs = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+    for op, uf in ufuncs.items():
+        for a in (x, x.T, x[::2], x.reshape(-1)):
+            dims = tuple(range(a.ndim))
+            with np.errstate(all="ignore"):
+                ref = np.asarray(uf.reduce(a, axis=dims))
+                r = be.reduce(op, a, dims, False)
+            _identical(r, ref)
+            assert r.shape == ()
+
+
+def test_amax_fast_path_keeps_torch_results_and_errors():
+    """x.amax()/x.amin()/x.max() of the whole tensor (core's fast path) against torch, and the checks it skips
+    still apply where they matter: empty input, complex input, keepdim, dim=[] and 0-d tensors."""
+    torch = pytest.importorskip("torch")
+    from ember.errors import DTypeError, ShapeError
+
+    rng = np.random.default_rng(9)
+    for dtype in (np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_):
+        a = (rng.standard_normal((5, 6)) * 4).astype(dtype)
+        x, xt = ember.tensor(a), torch.from_numpy(a.copy())
+        for name in ("amax", "amin"):
+            got, want = getattr(x, name)(), getattr(xt, name)()
+            assert got.shape == () and got.dtype == x.dtype
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+            np.testing.assert_array_equal(getattr(x, name)(dim=[]).numpy(), want.numpy())
+            np.testing.assert_array_equal(getattr(x, name)(keepdim=True).numpy(), getattr(xt, name)(
+                dim=(0, 1), keepdim=True).numpy())
+        np.testing.assert_array_equal(x.max().numpy(), xt.max().numpy())
+    nan = ember.tensor([1.0, float("nan"), 3.0])
+    assert np.isnan(nan.amax().item())
+    np.testing.assert_array_equal(ember.tensor(2.5).amax().numpy(), np.float32(2.5))  # 0-d: the slow path
+    with pytest.raises(ShapeError, match="amax"):
+        ember.zeros((0, 3)).amax()
+    with pytest.raises(DTypeError, match="complex"):
+        ember.tensor(np.ones(3, np.complex64)).amax()
+    with pytest.raises(DTypeError, match="keepdim"):
+        ember.ones(3).amax(keepdim=1)

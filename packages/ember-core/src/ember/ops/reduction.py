@@ -240,6 +240,11 @@ def _all_dims(dim: Any) -> bool:
 
 
 def _extreme(op: str, x: Tensor, dim: Any, keepdim: bool, name: str) -> Tensor:
+    shape = x._h.shape
+    if (keepdim is False and (dim is None or (type(dim) is tuple and not dim)) and shape and 0 not in shape
+            and not x._dtype.is_complex):
+        # the common call (x.amax(), x.max()): every dim of a non-empty real tensor, nothing to normalise or reject
+        return Tensor._make(x._device.stack.reduce(op, x._h, tuple(range(len(shape))), False), x._dtype, x._device)
     _check_keepdim(keepdim, name)
     _no_complex(x, name)
     keepdim = bool(keepdim)

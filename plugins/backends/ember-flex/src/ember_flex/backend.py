@@ -430,6 +430,10 @@ class FlexBackend(Backend):
             r = _par.reduce(_REDUCE[op].__self__, h, dims, keepdim)  # the ufunc of the bound reduce
             if r is not None:
                 return r
+        if not keepdim and len(dims) == h.ndim and (h.dtype.kind == "f" or op in ("max", "min")):
+            # a whole-array reduction whose result has h's dtype: straight into a 0-d array (numpy would return a
+            # scalar, and wrapping it costs more than the empty array)
+            return _REDUCE[op](h, dims, None, np.empty((), h.dtype))
         r = _REDUCE[op](h, axis=dims, keepdims=keepdim)
         return r if type(r) is ndarray else _asarray(r)
 
