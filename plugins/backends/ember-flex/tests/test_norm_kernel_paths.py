@@ -277,3 +277,42 @@ def test_layer_norm_rows_do_not_depend_on_the_call() -> None:
         np.testing.assert_array_equal(rs, rstd[rows])
         dxs = K.layer_norm_backward(None, x[rows], w, ms, rs, dy[rows], normalized_shape=(40,))[0]
         np.testing.assert_array_equal(dxs, dx[rows])
+
+
+def test_user_threads_running_the_kernels_at_once_get_their_own_scratch(pooled: None) -> None:
+    """Scratch blocks are per thread: kernels called from several Python threads at once (one holds the pool, the
+    others run serially) give each thread exactly its serial result."""
+    import threading
+
+    rng = np.random.default_rng(21)
+    inputs = [(rng.standard_normal((700, 96)) * (i + 1)).astype(np.float32) for i in range(4)]
+    w = rng.uniform(0.5, 2, 96).astype(np.float32)
+    b = rng.standard_normal(96).astype(np.float32)
+
+    def run(x: np.ndarray) -> list[np.ndarray]:
+        y, mean, rstd = K.layer_norm(None, x, w, b, normalized_shape=(96,))
+        return [K.gelu(None, x), K.gelu_backward(None, x, y), y,
+                *K.layer_norm_backward(None, x, w, mean, rstd, x, normalized_shape=(96,))]
+
+    expected = [run(x) for x in inputs]
+    got: list[list[list[np.ndarray]]] = [[] for _ in inputs]
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for _ in range(5):
+                got[i].append(run(inputs[i]))
+        except BaseException as e:  # noqa: BLE001 - reported by the test thread
+            errors.append(e)
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=120)
+    assert not errors
+    for i, runs in enumerate(got):
+        assert len(runs) == 5
+        for outs in runs:
+            for o, e in zip(outs, expected[i]):
+                np.testing.assert_array_equal(o, e)
