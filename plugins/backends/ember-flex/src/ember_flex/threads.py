@@ -108,14 +108,16 @@ class _Batch:
     woke): a worker that is late (a busy machine) finds fewer or no chunks left, and the caller never waits for a
     chunk nobody has started."""
 
-    __slots__ = ("tasks", "claim", "left", "lock", "done", "error")
+    __slots__ = ("tasks", "claim", "finish", "done", "error")
 
     def __init__(self, tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
         self.tasks = tasks
         self.claim = itertools.count().__next__  # atomic: one C call under the GIL
-        self.left = len(tasks)
-        self.lock = threading.Lock()
-        self.done = threading.Event()
+        self.finish = itertools.count(1).__next__  # likewise: whoever draws len(tasks) finished the last chunk
+        # held until the last chunk is done: the caller blocks on it (a bare lock: cheaper than an Event's
+        # Condition, which runs Python code under its own lock on both sides)
+        self.done = threading.Lock()
+        self.done.acquire()
         self.error: BaseException | None = None
 
     def work(self, clock: Callable[[], float] | None = None) -> tuple[int, float]:
@@ -137,13 +139,10 @@ class _Batch:
             if clock is not None:
                 busy += clock() - t0
             ran += 1
-            with self.lock:
-                if exc is not None and self.error is None:
-                    self.error = exc
-                self.left -= 1
-                last = self.left == 0
-            if last:
-                self.done.set()
+            if exc is not None and self.error is None:
+                self.error = exc  # the first error (two at once: either; both are the serial call's)
+            if self.finish() == n:
+                self.done.release()
 
 
 class _Pool:
@@ -239,7 +238,7 @@ class _Pool:
             for _ in range(wake):
                 put(batch)
             ran, busy = batch.work(time.thread_time)  # chunks until none is unclaimed; then the workers' ones
-            batch.done.wait()
+            batch.done.acquire()
             if batch.error is not None:
                 raise batch.error
             self._measured(len(tasks), ran, busy, time.perf_counter() - t0)
