@@ -172,10 +172,10 @@ _U_COEF = tuple(a / _AS_P ** (k + 1) for k, a in enumerate(_AS_A))
 _SIGN = np.uint32(0x80000000)
 
 
-def _half_erfc_abs_f32(x: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> bool:
-    """a = |x|, b = exp(-x**2 / 2), c = erfc(|x| / sqrt 2) / 2 (float32, A&S 7.1.26 in u, see ``_U_COEF``); False
-    (b, c unset) where |x| is inf or NaN somewhere: the callers then run the general formula, whose special values
-    they keep."""
+def _half_erfc_abs_f32(x: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray, scale: bool = True) -> bool:
+    """a = |x|, b = exp(-x**2 / 2), c = erfc(|x| / sqrt 2) / 2 (float32, A&S 7.1.26 in u, see ``_U_COEF``), or
+    with ``scale=False`` c = that / b (the polynomial alone); False (b, c unset) where |x| is inf or NaN somewhere:
+    the callers then run the general formula, whose special values they keep."""
     f = np.float32
     np.abs(x, out=a)
     if not a.max(initial=f(0)) < f(np.inf):  # one read of a block: a fraction of a ufunc pass
@@ -195,7 +195,8 @@ def _half_erfc_abs_f32(x: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarra
     np.square(a, out=b)
     b *= f(-0.5)
     np.exp(b, out=b)
-    c *= b
+    if scale:
+        c *= b
     return True
 
 
@@ -213,22 +214,23 @@ def _gelu_f32(x: np.ndarray, out: np.ndarray, a: np.ndarray, b: np.ndarray, c: n
 
 def _gelu_grad_f32(x: np.ndarray, g: np.ndarray, out: np.ndarray, a: np.ndarray, b: np.ndarray,
                    c: np.ndarray) -> bool:
-    """out = g * (Phi(x) + x phi(x)) for finite float32 x; Phi = 0.5 + copysign(0.5 - q, x), the copysign as an OR
-    of x's sign bit into 0.5 - q (>= 0 up to a rounding of q at 0, where either sign gives 0.5)."""
-    if not _half_erfc_abs_f32(x, a, b, c):
+    """out = g * (Phi(x) + x phi(x)) for finite float32 x, as ``0.5 + copysign(0.5 - q + |x| phi, x)``: one sign
+    select for both terms (x phi = sign(x) |x| phi), done as an OR of x's sign bit into ``0.5 - q + |x| phi`` (>= 0:
+    q <= 0.5, up to a rounding of q at 0, where either sign gives 0.5); ``q - |x| phi`` is
+    ``exp(-x**2/2) (P(u) - |x| / sqrt(2 pi))``."""
+    if not _half_erfc_abs_f32(x, a, b, c, scale=False):
         return False
     f = np.float32
+    a *= f(_INV_SQRT_2PI)
+    c -= a
+    c *= b  # q - |x| phi(x)
     np.subtract(f(0.5), c, out=c)
     au, cu = a.view(np.uint32), c.view(np.uint32)
     np.bitwise_and(x.view(np.uint32), _SIGN, out=au)
     np.bitwise_or(cu, au, out=cu)
-    c += f(0.5)  # Phi(x)
-    b *= x
-    b *= f(_INV_SQRT_2PI)
-    c += b  # + x phi(x)
+    c += f(0.5)  # Phi(x) + x phi(x)
     np.multiply(g, c, out=out)
     return True
-
 
 def _tanh_inner(x: np.ndarray, t: np.ndarray) -> None:
     """t = tanh(sqrt(2/pi) * (x + 0.044715 x**3))."""
