@@ -29,9 +29,10 @@ eagerly (torch's recompile limit).
 Graph breaks: reading a value computed inside the step (``item()``, ``bool()``, ``numpy()``), a draw from an
 ``ember.Generator``, reseeding, or a parameter replaced out of place cannot be replayed; that call's results are
 the eager ones (it ran eagerly while recording) and calls with the same guards run eagerly from then on, never a
-wrong result. Reads of an input tensor the step does not change (the class-index range check of cross-entropy)
-are allowed: the graph then assumes the check passes for later inputs. ``fullgraph=True`` raises
-:class:`CompileError` at a graph break instead.
+wrong result; so is an op whose result depends on the values (``allclose``, boolean-mask indexing). Reads
+that ember's ops make only to validate a tensor (the class-index range check of cross-entropy, index range checks:
+:data:`_VALIDATION_READERS`) are allowed: the graph then assumes the check passes for later inputs.
+``fullgraph=True`` raises :class:`CompileError` at a graph break instead.
 
 Python scalars: a scalar the step passes to a kernel is fixed in the graph, except those passed as *bindings*
 (:func:`scalar`): a float that remembers how to recompute itself, re-evaluated on every replay. The optimizers
