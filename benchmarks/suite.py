@@ -8,6 +8,8 @@ is slower):
 * seed-CNN training step (forward, cross-entropy, backward, Adam lr 1e-3) at batch 64 and 256
 * seed text-transformer training step (AdamW lr 1e-3) in the ``small`` configuration (2 layers, d 128, seq 128,
   batch 8) and the ``full`` one (6 layers, d 512, ff 2048, 8 heads, seq 512, vocab 28996, batch 2)
+* each training step twice: eager, and through ``ember.compile`` (recorded once, then replayed: how
+  ``ember_train.Learner`` runs it by default); the eager, compiled and torch steps alternate in one timing loop
 * inference throughput (samples/s, eval mode under no_grad) of both models
 * the micro-benchmarks of ``benchmarks/micro.py``
 * peak memory of one training step per model: peak RSS growth in a fresh process, ember and torch
@@ -54,6 +56,9 @@ from _common import (  # noqa: E402
     write_json,
 )
 from micro import EMBER, EMBER_AD, TORCH, figure, format_table, measure, torch_module  # noqa: E402
+
+#: the training step through ember.compile (recorded once, replayed after), on flex+autodiff
+EMBER_COMPILED = "ember flex+autodiff compiled"
 from models import seed_cnn_batch  # noqa: E402
 
 import ember  # noqa: E402
@@ -115,9 +120,10 @@ def _optimizers(model: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     return (lambda p: ember.optim.AdamW(p, lr=1e-3)), (lambda p: torch.optim.AdamW(p, lr=1e-3))
 
 
-def ember_train_step(model: str, batch: int, dev: Device | None = None) -> Callable[[], float]:
+def ember_train_step(model: str, batch: int, dev: Device | None = None, compiled: bool = False) -> Callable[[], float]:
     """One training step of ``model`` (Adam for the CNN, AdamW for the transformer, lr 1e-3) on ``dev``, an
-    autodiff device (flex+autodiff by default); the model is the step's ``model`` attribute."""
+    autodiff device (flex+autodiff by default), eager or through ``ember.compile`` (the Learner's default); the
+    model is the step's ``model`` attribute."""
     dev = dev if dev is not None else Device.flex().autodiff()
     m = ember_model(model, dev)
     m.train()
@@ -125,16 +131,22 @@ def ember_train_step(model: str, batch: int, dev: Device | None = None) -> Calla
     x_np, y_np = batch_numpy(model, batch)
     x, y = ember.tensor(x_np, device=dev), ember.tensor(y_np, device=dev)
 
-    def step() -> float:
+    def body(x: Any, y: Any) -> Any:
         opt.zero_grad()
         loss = F.cross_entropy(m(x), y)
         loss.backward()
         opt.step()
-        value = float(loss.item())  # reading the loss realizes it
+        return loss
+
+    run = ember.compile(body) if compiled else body
+
+    def step() -> float:
+        value = float(run(x, y).item())  # reading the loss realizes it
         dev.sync()  # and whatever else the step left pending (none today: its in-place updates run at once)
         return value
 
     step.model = m  # type: ignore[attr-defined]
+    step.compiled = run if compiled else None  # type: ignore[attr-defined]  # its stats() count replays
     return step
 
 
@@ -159,14 +171,20 @@ def torch_train_step(model: str, batch: int) -> Callable[[], float]:
 # ----------------------------------------------------------------------------------------------------------
 # sections
 # ----------------------------------------------------------------------------------------------------------
-def bench_train(model: str, batch: int, repeats: int, warmup: int) -> dict[str, Any]:
-    cases: dict[str, Callable[[], Any]] = {EMBER_AD: ember_train_step(model, batch)}
+def bench_train(model: str, batch: int, repeats: int, warmup: int) -> list[dict[str, Any]]:
+    """Two figures from one alternating run: the eager step and the compiled (replayed) step, each against torch."""
+    compiled = ember_train_step(model, batch, compiled=True)
+    cases: dict[str, Callable[[], Any]] = {EMBER_AD: ember_train_step(model, batch), EMBER_COMPILED: compiled}
     if torch_module() is not None:
         cases[TORCH] = torch_train_step(model, batch)
     opt = "Adam" if model == "cnn" else "AdamW"
     section = "cnn" if model == "cnn" else "transformer"
-    return figure(section, f"{model} train step, batch {batch} ({opt})", "ms",
-                  measure(cases, repeats, 1, warmup), ember_case=EMBER_AD)
+    seconds = measure(cases, repeats, 1, max(warmup, 2))  # the compiled step records on its first calls
+    name = f"{model} train step, batch {batch} ({opt})"
+    speedup = seconds[EMBER_AD]["median"] / seconds[EMBER_COMPILED]["median"]
+    return [figure(section, name, "ms", seconds, ember_case=EMBER_AD),
+            figure(section, f"{name}, ember.compile", "ms", seconds, ember_case=EMBER_COMPILED,
+                   replay_speedup=speedup, note=f"replayed {speedup:.2f}x eager's speed")]
 
 
 def bench_inference(model: str, batch: int, repeats: int, warmup: int) -> dict[str, Any]:
@@ -259,9 +277,9 @@ def run(quick: bool, only: Sequence[str] = ()) -> dict[str, Any]:
     for section in sections:
         t0 = time.perf_counter()
         if section == "cnn":
-            figures += [bench_train("cnn", b, p["repeats"], p["warmup"]) for b in p["cnn"]]
+            figures += [f for b in p["cnn"] for f in bench_train("cnn", b, p["repeats"], p["warmup"])]
         elif section == "transformer":
-            figures += [bench_train(m, b, p["repeats"], 1) for m, b in p["transformer"]]
+            figures += [f for m, b in p["transformer"] for f in bench_train(m, b, p["repeats"], 1)]
         elif section == "inference":
             figures += [bench_inference(m, b, p["repeats"], p["warmup"]) for m, b in p["inference"]]
         elif section == "micro":

@@ -35,10 +35,23 @@ if str(BENCH) not in sys.path:  # the scripts import their siblings by name, as 
 
 import _common  # noqa: E402
 
-#: counters of ember-fusion's memory report that count work run on the backend under it
-WORK = ("fusion_eager", "fusion_single_ops", "fusion_kernels_run", "fusion_boundaries")
+#: counters of ember-fusion's memory report that count work run on the backend under it, and the backend calls
+#: an ember.compile'd case made (replays run the base backend's kernels directly, beneath any fusion decorator)
+WORK = ("fusion_eager", "fusion_single_ops", "fusion_kernels_run", "fusion_boundaries", "compiled_kernels")
 #: a lazily recorded op (not run at once) is fusion_recorded - fusion_eager
 COUNTERS = ("fusion_recorded", "fusion_realizations", *WORK)
+
+
+def _compiled_kernels(fn: Any, before: dict[str, Any] | None) -> int:
+    """Backend calls the ember.compile'd function behind a case (its ``compiled`` attribute) made since
+    ``before`` (its stats then): every replay runs ``kernels`` calls, a recording or eager call runs the function
+    eagerly (``records`` calls; at least one: a first, warm-up recording keeps no graph to count them in)."""
+    compiled = getattr(fn, "compiled", None)
+    if compiled is None or before is None:
+        return 0
+    now = compiled.stats()
+    ran = (now["recordings"] - before["recordings"]) + (now["eager_calls"] - before["eager_calls"])
+    return (now["replays"] - before["replays"]) * now["kernels"] + ran * max(now["records"], 1)
 
 
 @functools.cache
@@ -117,10 +130,14 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str,
                      realize_results: bool = True, hold: int = 1) -> dict[str, list[float]]:
         for name, fn in cases.items():
             if name.startswith("ember"):  # torch and numpy compute eagerly; they are not what this checks
+                compiled = getattr(fn, "compiled", None)
+                stats = compiled.stats() if compiled is not None else None
                 before = _counts()
                 common.time_loop(fn, 1, realize_results, hold)
                 after = _counts()
-                seen.append((name, {k: after[k] - before[k] for k in COUNTERS}))
+                delta = {k: after[k] - before[k] for k in COUNTERS}
+                delta["compiled_kernels"] = _compiled_kernels(fn, stats)
+                seen.append((name, delta))
         return {name: [1e-3] for name in cases}  # a stand-in time: the rows' ratios stay computable
 
     monkeypatch.setattr(common, "sample_cases", sample_cases)

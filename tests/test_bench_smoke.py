@@ -54,7 +54,7 @@ def test_compare_overhead_runs_two_checkouts() -> None:
     out = subprocess.run([sys.executable, str(script), "--base", str(ROOT), "--new", str(ROOT), "--rounds", "1",
                           "--number", "200", "--repeats", "3"], capture_output=True, text=True, check=True).stdout
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("flex")]
-    assert [r[0] for r in rows] == ["flex", "flex+fusion(False)", "flex+autodiff"], out
+    assert [r[0] for r in rows] == ["flex", "flex+fusion", "flex+autodiff"], out
     for r in rows:
         before, after, ratio = float(r[1]), float(r[2]), float(r[3])
         assert before > 0 and after > 0 and abs(ratio - after / before) < 0.01, out
