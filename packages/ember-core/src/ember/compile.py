@@ -534,7 +534,10 @@ class _DeviceRecording:
             if getattr(deco, "records_lazily", False):
                 continue  # fusion: how ops run, which the schedule decides; its handles normalize to the base's
             spec = registry.decorator(name)
-            if spec is None or not getattr(deco, "differentiable", False):
+            # the spec's declared capability, not the instance's flag: a router over autodiff forwards
+            # ``differentiable`` from below, but rebuilt over the tracing layer it would be a second router whose
+            # handles the device's own one does not know
+            if spec is None or not spec.differentiable:
                 raise _Break(f"the device's decorator {name!r} cannot be recorded (only gradient and fusion "
                              "decorators can)")
             stack = spec.factory(stack, **dict(opts.get(name, ())))
