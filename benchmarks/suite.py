@@ -290,6 +290,8 @@ def run(quick: bool, only: Sequence[str] = ()) -> dict[str, Any]:
             import ports  # a sibling script; imported here so plain `ember bench` does not load the ports
 
             figures += ports.run(quick)
+        for fig in figures:  # what reproduces the row: this section alone, at the same sizes
+            fig.setdefault("command", f"ember bench{' --quick' if quick else ''} --only {section}")
         timings[section] = time.perf_counter() - t0
         print(f"[{section}: {timings[section]:.1f} s]", file=sys.stderr, flush=True)
     return {"benchmark": "suite", "quick": quick, "sections": sections, "figures": figures, "memory": memory,
@@ -314,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args.quick, args.only or ())
     if result["figures"]:
         print(format_table(result["figures"]))
+        commands = dict.fromkeys(f"{f['section']}: {f['command']}" for f in result["figures"])
+        print("\nreproduce a row (its section alone):\n  " + "\n  ".join(commands))
     if result["memory"]:
         print("\n" + format_memory(result["memory"]))
     if args.json:
