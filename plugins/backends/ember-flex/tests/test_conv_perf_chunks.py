@@ -122,12 +122,21 @@ def test_conv_float16_unbatched_chunked(monkeypatch: Any) -> None:
     np.testing.assert_array_equal(y1, y[0])
 
 
-def test_conv_results_do_not_depend_on_blas_threads() -> None:
-    """Bit-identical for any BLAS thread count: chunks depend on shapes only, and BLAS splits rows/columns
-    (never the reduction) across its threads."""
+# batch, in channels, out channels, spatial, dtype: reductions (GEMM K) of awkward lengths -- 37 * 121 rows for the
+# weight gradient, 52 * 9 = 468 and 30 * 9 = 270 for the forward, 676 positions of the first layer's weight gradient;
+# the seed CNN's second convolution at batch 64 (the whole-batch kernels gave different bits at 1 and 2 threads there)
+THREAD_CASES = [(37, 64, 64, (13, 13), np.float32), (9, 52, 16, (9, 9), np.float32), (5, 30, 24, (12, 12), np.float32),
+                (13, 1, 64, (28, 28), np.float32), (64, 64, 64, (13, 13), np.float32),
+                (37, 64, 64, (13, 13), np.float64)]
+
+
+@pytest.mark.parametrize("case", THREAD_CASES, ids=[f"n{c[0]}-ci{c[1]}-co{c[2]}" for c in THREAD_CASES])
+def test_conv_results_do_not_depend_on_blas_threads(case: tuple[Any, ...]) -> None:
+    """Bit-identical for any BLAS thread count: chunks depend on shapes only, and long GEMM reductions run as a
+    multiple-of-64 head plus a short tail (OpenBLAS's threaded and serial drivers block other lengths differently)."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    x, w = _rand((37, 64, 13, 13), np.float32, 1), _rand((64, 64, 3, 3), np.float32, 2)
-    b = _rand((64,), np.float32, 3)
+    N, Ci, Co, S, dtype = case
+    x, w, b = _rand((N, Ci) + S, dtype, 1), _rand((Co, Ci, 3, 3), dtype, 2), _rand((Co,), dtype, 3)
     pads = ((1, 0), (0, 1))
 
     def run() -> list[np.ndarray]:
@@ -135,17 +144,29 @@ def test_conv_results_do_not_depend_on_blas_threads() -> None:
         return [y, K.conv_weight_grad(x, y, w.shape, (1, 1), pads, (1, 1), 1),
                 K.conv_input_grad(y, w, x.shape, (1, 1), pads, (1, 1), 1)]
 
-    with threadpoolctl.threadpool_limits(1, user_api="blas"):
-        one = run()
-    with threadpoolctl.threadpool_limits(2, user_api="blas"):
-        two = run()
-    for a, c in zip(one, two):
-        np.testing.assert_array_equal(a, c)
+    results = []
+    for threads in (1, 2, 3):
+        with threadpoolctl.threadpool_limits(threads, user_api="blas"):
+            results.append(run())
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            np.testing.assert_array_equal(a, c)
+
+
+def test_gemm_long_reductions() -> None:
+    """_gemm splits a long reduction into a multiple-of-64 head and a tail: the product is still a @ b."""
+    rng = np.random.default_rng(0)
+    for k in (7, 256, 257, 605, 968, 1024):
+        a, b = rng.standard_normal((3, 20, k)), rng.standard_normal((3, k, 11))
+        out = np.empty((3, 20, 11))
+        K._gemm(a, b, out)
+        np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
 
 
 def test_batch_chunk_sizes() -> None:
-    """At least one sample, at most the batch, about _CHUNK_BYTES of scratch: from shapes only."""
-    assert K._batch_chunk(64, K._CHUNK_BYTES * 10) == 1
+    """At least one sample, at most the batch, about _CHUNK_BYTES of scratch, at most _MAX_CHUNKS chunks."""
+    assert K._batch_chunk(4, K._CHUNK_BYTES * 10) == 1
+    assert K._batch_chunk(64, K._CHUNK_BYTES * 10) == -(-64 // K._MAX_CHUNKS)
     assert K._batch_chunk(3, 1) == 3
-    assert K._batch_chunk(64, K._CHUNK_BYTES // 4) == 4
+    assert K._batch_chunk(8, K._CHUNK_BYTES // 4) == 4
     assert K._batch_chunk(0, 100) == 1

@@ -16,9 +16,11 @@ BLAS matmul; transposed convolution uses matmul + col2im (a loop over
 the kernel taps that adds strided slices).  The channels-last forward, both
 gradients and col2im work on a chunk of the batch at a time (about
 ``_CHUNK_BYTES`` of scratch, reused across chunks) so the im2col rows and the
-GEMM's output stay in cache; chunks depend on shapes only, and BLAS splits
-rows and columns (never the reduction) across its threads, so results are the
-same for any thread count.
+GEMM's output stay in cache; chunks depend on shapes only, and long GEMM
+reductions run as a multiple-of-64 head plus a short tail (``_gemm``: OpenBLAS's
+threaded and serial drivers block other lengths differently), so results are
+the same for any BLAS thread count (measured for float32; float64 GEMMs with
+some edge shapes still differ inside OpenBLAS).
 """
 
 from __future__ import annotations
@@ -57,6 +59,15 @@ _CL_MIN_REDUCTION = 32
 #: CNN's 64->64 3x3 convolution (batch 64, one thread, alternating): forward 16 %, weight gradient 20-30 % and
 #: input gradient 20 % faster than whole-batch scratch, which streams tens of MB through memory
 _CHUNK_BYTES = 1 << 20
+#: at most this many chunks (larger chunks for large batches): every chunk makes its own BLAS calls, and a
+#: multi-threaded BLAS call costs a wake-up and a join of BLAS's threads -- on a machine whose cores are busy with
+#: other work, milliseconds each (measured: 200 small calls per kernel made the seed CNN's input gradient 5x slower
+#: on two loaded cores, while the whole-batch kernel lost 2x)
+_MAX_CHUNKS = 8
+#: reductions (GEMM K) up to this length run as one BLAS call; longer ones as a multiple of _K_ALIGN plus a tail
+#: (see _gemm): OpenBLAS's block lengths are multiples of 64 and at least this long, its unrolls at most 32
+_K_SAFE = 256
+_K_ALIGN = 64
 
 
 # --------------------------------------------------------------------------
@@ -222,11 +233,29 @@ def _to_cl_padded(x: np.ndarray, pads) -> np.ndarray:
     return buf
 
 
+def _gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out = a @ b`` (stacks as np.matmul), the same bits for any BLAS thread count.
+
+    OpenBLAS cuts a reduction longer than its block length Q (a few hundred) into blocks, and its threaded and
+    serial drivers round the last two blocks differently unless their length is a multiple of the kernel's unroll:
+    measured here, sgemm results differ between 1 and 2 threads for K = 464..2096 not a multiple of 32. So a
+    reduction longer than :data:`_K_SAFE` runs as a multiple-of-:data:`_K_ALIGN` head plus a short tail (below any
+    Q), added in that order."""
+    k = a.shape[-1]
+    head = k - k % _K_ALIGN if k > _K_SAFE else k
+    if head == k:
+        np.matmul(a, b, out=out)
+        return
+    np.matmul(a[..., :head], b[..., :head, :], out=out)
+    out += np.matmul(a[..., head:], b[..., head:, :])
+
+
 def _batch_chunk(n: int, per_sample_bytes: int) -> int:
-    """Samples per chunk of a chunked convolution: about :data:`_CHUNK_BYTES` of scratch (at least one sample).
+    """Samples per chunk of a chunked convolution: about :data:`_CHUNK_BYTES` of scratch (at least one sample),
+    and no more than :data:`_MAX_CHUNKS` chunks.
 
     Depends on shapes only, so a chunked kernel sums in the same order for any thread count."""
-    return max(1, min(n, _CHUNK_BYTES // max(per_sample_bytes, 1)))
+    return max(1, min(n, max(_CHUNK_BYTES // max(per_sample_bytes, 1), -(-n // _MAX_CHUNKS))))
 
 
 def _im2col_cl(xcl: np.ndarray, groups: int, K, O, stride, dilation, flat: np.ndarray) -> np.ndarray:
@@ -346,7 +375,7 @@ def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
             n = min(nb, N - n0)
             cols = _im2col_cl(xcl[n0:n0 + n], G, K, O, stride, dilation, cflat)
             yb = yflat[:G * n * L * Cog].reshape(G, n * L, Cog)
-            np.matmul(cols, wm, out=yb)
+            _gemm(cols, wm, yb)
             src = yb.reshape(G, n, L, Cog).transpose(1, 0, 3, 2)
             if bb is None:
                 np.copyto(out[n0:n0 + n], src)
@@ -415,7 +444,7 @@ def conv_weight_grad(x: np.ndarray, grad_y: np.ndarray, w_shape: Sequence[int],
             cols = cflat[:v.size].reshape(v.shape)
             np.copyto(cols, v)
             part = pflat[:n * G * Cog * R].reshape(n, G, Cog, R)
-            np.matmul(gy4[n0:n0 + n], cols.reshape(n, G, R, L).swapaxes(-1, -2), out=part)
+            _gemm(gy4[n0:n0 + n], cols.reshape(n, G, R, L).swapaxes(-1, -2), part)
             gw += part.sum(axis=0)
         gw = gw.reshape(w_shape)  # R ordered (Cg, *K)
     else:
@@ -433,9 +462,9 @@ def conv_weight_grad(x: np.ndarray, grad_y: np.ndarray, w_shape: Sequence[int],
             gt = gflat[:G * Cog * n * L].reshape(G, Cog, n, L)
             np.copyto(gt, gy5[n0:n0 + n].transpose(1, 2, 0, 3))
             if n0 == 0:
-                np.matmul(gt.reshape(G, Cog, n * L), cols, out=gw)
+                _gemm(gt.reshape(G, Cog, n * L), cols, gw)
             else:
-                np.matmul(gt.reshape(G, Cog, n * L), cols, out=part)
+                _gemm(gt.reshape(G, Cog, n * L), cols, part)
                 gw += part
         gw = gw.reshape((Cout,) + tuple(K) + (Cg,))  # R ordered (*K, Cg)
         gw = np.moveaxis(gw, -1, 1)
@@ -503,9 +532,9 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
     """Shared core: gy (N, G*Cig, *I), w (G*Cig, Cog, *K) -> (N, G*Cog, *O).
 
     ``pads`` are the forward-conv (lo, hi) pads of the produced tensor.
-    Channels-last, a chunk of the batch at a time: for every kernel tap one
-    matmul (G, n*Li, Cig) @ (G, Cig, Cog) whose result is scatter-added
-    (col2im) into a strided slice of the chunk's buffer.
+    Channels-last, a chunk of the batch at a time: one matmul
+    (G, n*Li, Cig) @ (G, Cig, prod(K)*Cog) whose columns, tap by tap, are
+    scatter-added (col2im) into strided slices of the chunk's buffer.
     """
     nd = len(K)
     Cout = G * Cog
@@ -515,9 +544,9 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
     Li = math.prod(I)
     if N == 0 or Li == 0 or Cout == 0:
         return np.zeros((N, Cout) + O, dtype=wd)
-    # w -> (*K, G, Cig, Cog)
-    wm = np.ascontiguousarray(np.moveaxis(w.reshape((G, Cig, Cog) + K), (3 + np.arange(nd)).tolist(),
-                                          list(range(nd))))
+    # w -> (G, Cig, *K, Cog) -> (G, Cig, Kp*Cog): one GEMM gives every tap's contribution
+    Kp = math.prod(K)
+    wc = np.ascontiguousarray(np.moveaxis(w.reshape((G, Cig, Cog) + K), 2, -1)).reshape(G, Cig, Kp * Cog)
     F = tuple(max((I[i] - 1) * stride[i] + dilation[i] * (K[i] - 1) + 1,
                   pads[i][0] + O[i]) for i in range(nd))
     lo_extra = tuple(max(-pads[i][0], 0) for i in range(nd))
@@ -537,23 +566,23 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
     to_cf = (1, 0, 2 + nd) + tuple(range(2, 2 + nd))      # (G, n, *O, Cog) -> (n, G, Cog, *O)
     out = np.empty((N, G, Cog) + O, dtype=wd)
     # a chunk of the batch at a time, so gy's channels-last copy, the GEMM's output and the col2im buffer stay in
-    # cache: one GEMM per kernel tap (G, n*Li, Cig) @ (G, Cig, Cog), scatter-added with strides
-    nb = _batch_chunk(N, G * (Li * (Cig + Cog) + Fp * Cog) * wd.itemsize)
+    # cache: one GEMM (G, n*Li, Cig) @ (G, Cig, Kp*Cog) per chunk (few BLAS calls: see _MAX_CHUNKS), each tap's
+    # columns then scatter-added (col2im) into a strided slice of the buffer
+    nb = _batch_chunk(N, G * (Li * (Cig + Kp * Cog) + Fp * Cog) * wd.itemsize)
     gflat = np.empty(G * nb * Li * Cig, dtype=wd)
-    tflat = np.empty(G * nb * Li * Cog, dtype=wd)
+    cflat = np.empty(G * nb * Li * Kp * Cog, dtype=wd)
     bflat = np.empty(G * nb * Fp * Cog, dtype=wd)
     for n0 in range(0, N, nb):
         n = min(nb, N - n0)
         xm = gflat[:G * n * Li * Cig].reshape((G, n) + I + (Cig,))
         np.copyto(xm, gy5[n0:n0 + n].transpose(to_cl))
-        xm = xm.reshape(G, n * Li, Cig)
-        tmp = tflat[:G * n * Li * Cog].reshape(G, n * Li, Cog)
-        tmpv = tmp.reshape((G, n) + I + (Cog,))
+        cols = cflat[:G * n * Li * Kp * Cog].reshape(G, n * Li, Kp * Cog)
+        _gemm(xm.reshape(G, n * Li, Cig), wc, cols)
+        colv = cols.reshape((G, n) + I + K + (Cog,))
         buf = bflat[:G * n * Fp * Cog].reshape((G, n) + F + (Cog,))
         buf.fill(0)
         for tap, dst in dsts:
-            np.matmul(xm, wm[tap], out=tmp)
-            buf[dst] += tmpv
+            buf[dst] += colv[(slice(None),) * (2 + nd) + tap]
         np.copyto(out[n0:n0 + n], buf[crop].transpose(to_cf))
     return out.reshape((N, Cout) + O)
 
