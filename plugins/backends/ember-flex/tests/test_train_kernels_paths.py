@@ -174,6 +174,7 @@ def test_batch_norm_planes_and_columns_give_the_same_bits(monkeypatch: pytest.Mo
             out += [y, mean, invstd, var, *K.batch_norm_train_backward(None, xx, w, mean, invstd, dy)]
         return out
 
+    monkeypatch.setattr(K, "PLANE_MIN", 1)
     planes = run()
     monkeypatch.setattr(K, "PLANE_MAX", 1)
     _bits(run(), planes)
@@ -256,8 +257,9 @@ CE_LOGITS = {
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("logits", CE_LOGITS)
 @pytest.mark.parametrize("opts", ["plain", "weight-ignore", "smooth", "all"])
-def test_cross_entropy_vs_torch(dtype: Any, logits: str, opts: str) -> None:
-    """Every reduction, and gradients that fold into the exponent (1.0) and that do not (negative, extreme)."""
+def test_cross_entropy_vs_torch(monkeypatch: pytest.MonkeyPatch, dtype: Any, logits: str, opts: str) -> None:
+    """Every reduction, and gradients that fold into the exponent (1.0) and that do not (negative, extreme); with
+    folding on at this size and off (the small-input path)."""
     off, scale = CE_LOGITS[logits]
     rng = np.random.default_rng(8)
     x = (rng.standard_normal((13, 9)) * scale + off).astype(dtype)
@@ -270,7 +272,9 @@ def test_cross_entropy_vs_torch(dtype: Any, logits: str, opts: str) -> None:
         kw["ignore_index"] = -100
     if opts in ("smooth", "all"):
         kw["label_smoothing"] = 0.2
-    for reduction, grad in (("mean", 1.0), ("sum", -0.5), ("none", 1.0), ("mean", 1e-12), ("none", -2.0)):
+    for reduction, grad, fold_min in (("mean", 1.0, 1), ("sum", -0.5, 1), ("none", 1.0, 1), ("mean", 1e-12, 1),
+                                      ("none", -2.0, 1), ("mean", 1.0, 1 << 40), ("none", 0.5, 1 << 40)):
+        monkeypatch.setattr(K, "CE_FOLD_MIN", fold_min)
         loss, lse = K.cross_entropy_index(None, x, t, w, reduction=reduction, **kw)
         g = np.full(loss.shape, grad, dtype)
         dx = K.cross_entropy_index_backward(None, x, t, w, lse, g, reduction=reduction, **kw)

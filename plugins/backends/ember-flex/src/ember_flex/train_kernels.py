@@ -40,6 +40,7 @@ float32 and float64 compute in their own dtype; other floating dtypes in float32
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -208,6 +209,8 @@ def cross_entropy_index(backend: Any, x: np.ndarray, target: np.ndarray, weight:
 #: largest |log(row factor)| folded into the exponent of the cross-entropy backward: each unit adds about half an ulp
 #: times the exponent's size to p's relative error (16: at most 1e-6 in float32)
 CE_FOLD_MAX = 16.0
+#: smallest logits (elements) for which folding pays: it costs a few small ops per call and saves one pass
+CE_FOLD_MIN = 1 << 14
 
 
 def cross_entropy_index_backward(backend: Any, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None,
@@ -236,12 +239,14 @@ def cross_entropy_index_backward(backend: Any, x: np.ndarray, target: np.ndarray
             b = np.where(valid, scale * work.type(label_smoothing / c), 0).astype(work, copy=False)
             wsum = weight.sum() if weight is not None else work.type(c)
             f = a + b * wsum
-        f64 = np.broadcast_to(f, (rows,)).astype(np.float64)
-        logf = np.log(f64)
-        fold = bool(np.all((f64 == 0) | (np.abs(logf) <= CE_FOLD_MAX)))
+        fold = False
+        if rows * c >= CE_FOLD_MIN:
+            f64 = f.astype(np.float64)
+            logf = np.log(f64)
+            fold = bool(((f64 == 0) | (np.abs(logf) <= CE_FOLD_MAX)).all())
         lse_r = lse.reshape(rows)
         shift = (lse_r - logf).astype(work) if fold else lse_r
-        fcol = None if fold else np.broadcast_to(f, (rows,))[:, None]
+        fcol = None if fold else f[:, None]
         p = np.empty((rows, c), work)
         rb = max(1, CE_BLOCK // max(c, 1))
 
@@ -288,10 +293,15 @@ def _channels(x: np.ndarray) -> np.ndarray:
 def _bn_blocks(n: int, c: int, s: int) -> tuple[list[Block], list[int]]:
     """Blocks of (N, C, S): samples x channels x positions, about :data:`BN_BLOCK` elements and at most
     :data:`BN_RUN` per channel each; with the row of the per-block partial-sum table each writes (one row per
-    sample/position range, its channel range's columns)."""
-    sb = min(s, BN_RUN)
-    cb = max(1, min(c, BN_BLOCK // sb))
-    nb = max(1, min(n, BN_BLOCK // (cb * sb), BN_RUN // sb))
+    sample/position range, its channel range's columns). Shared between calls: read only."""
+    return _bn_blocks_cached(n, c, s, BN_BLOCK, BN_RUN)
+
+
+@functools.lru_cache(maxsize=64)
+def _bn_blocks_cached(n: int, c: int, s: int, block: int, run: int) -> tuple[list[Block], list[int]]:
+    sb = min(s, run)
+    cb = max(1, min(c, block // sb))
+    nb = max(1, min(n, block // (cb * sb), run // sb))
     blocks, rows = [], []
     row = 0
     for i in range(0, n, nb):
@@ -305,15 +315,20 @@ def _bn_blocks(n: int, c: int, s: int) -> tuple[list[Block], list[int]]:
 
 #: largest (C, S) plane (elements) built per per-channel operand; beyond, a (C, 1) column is broadcast instead
 PLANE_MAX = 1 << 20
+#: smallest input (elements) whose per-channel operands are planes: below, building them costs more than they save
+PLANE_MIN = 1 << 15
 
 
-def _plane(col: np.ndarray, s: int) -> np.ndarray:
+def _plane(col: np.ndarray, s: int, size: int) -> np.ndarray:
     """(C,) per-channel values spread over (C, s): an operand of the same shape as a block's channel rows, which
     numpy's contiguous SIMD loops take (a broadcast (C, 1) column runs its strided loop, 2-3x slower); the column
-    itself where the plane would be larger than :data:`PLANE_MAX` (many channels of long rows)."""
-    if col.shape[0] * s > PLANE_MAX:
+    itself where the plane would be larger than :data:`PLANE_MAX` (many channels of long rows) or the input of
+    ``size`` elements smaller than :data:`PLANE_MIN`. Either gives the same bits."""
+    if col.shape[0] * s > PLANE_MAX or size < PLANE_MIN:
         return col[:, None]
-    return np.ascontiguousarray(np.broadcast_to(col[:, None], (col.shape[0], s)))
+    plane = np.empty((col.shape[0], s), col.dtype)
+    plane[...] = col[:, None]
+    return plane
 
 
 def _fit(plane: np.ndarray, b: Block, s: int) -> np.ndarray:
@@ -335,6 +350,8 @@ def _run_blocks(blocks: list[Block], size: int, body: Callable[[int, int], None]
 
 def _sum_rows(parts: np.ndarray) -> np.ndarray:
     """The per-block partial sums added in float64, in block order (the same on any number of threads)."""
+    if parts.shape[0] == 1:
+        return parts[0].astype(np.float64)
     return np.add.reduce(parts, axis=0, dtype=np.float64)
 
 
@@ -365,9 +382,9 @@ def batch_norm_train(backend: Any, x: np.ndarray, weight: np.ndarray | None, bia
         mean64 = _sum_rows(sums) / count
         var64 = _sum_rows(squares) / count
         var64 -= mean64 * mean64
-        centred = not bool(np.all(mean64 * mean64 <= var64))  # NaN or a large mean: the exact two passes
+        centred = not bool((mean64 * mean64 <= var64).all())  # NaN or a large mean: the exact two passes
         mean = mean64.astype(work)
-        mplane = _plane(mean, sb) if centred else None
+        mplane = _plane(mean, sb, x3.size) if centred else None
         if centred:
             def centred_squares(lo: int, hi: int) -> None:
                 (scratch,) = _scratch_arrays(1, (BN_BLOCK,), work)
@@ -384,14 +401,14 @@ def batch_norm_train(backend: Any, x: np.ndarray, weight: np.ndarray | None, bia
         np.sqrt(invstd, out=invstd)
         np.reciprocal(invstd, out=invstd)
         k = invstd if weight is None else invstd * weight
-        kplane = _plane(k, sb)
+        kplane = _plane(k, sb, x3.size)
         if centred:
-            bplane = None if bias is None else _plane(bias, sb)
+            bplane = None if bias is None else _plane(bias, sb, x3.size)
         else:  # torch's form: y = x * k + (bias - mean * k)
             shift = -(mean64 * k)
             if bias is not None:
                 shift += bias
-            bplane = _plane(shift.astype(work), sb)
+            bplane = _plane(shift.astype(work), sb, x3.size)
         y = np.empty(x3.shape, work)
 
         def normalise(lo: int, hi: int) -> None:
@@ -424,8 +441,8 @@ def batch_norm_train_backward(backend: Any, x: np.ndarray, weight: np.ndarray | 
     sum_dy, sum_dot = np.empty((nrows, c), work), np.empty((nrows, c), work)
     with np.errstate(all="ignore"):
         m64 = mean.astype(np.float64)
-        centred = not bool(np.all(np.abs(m64 * invstd) <= 1.0))
-        mplane = _plane(mean, sb) if centred else None
+        centred = not bool((np.abs(m64 * invstd) <= 1.0).all())
+        mplane = _plane(mean, sb, x3.size) if centred else None
 
         def reductions(lo: int, hi: int) -> None:
             scratch = _scratch_arrays(1, (BN_BLOCK,), work)[0] if mplane is not None else None
@@ -451,7 +468,7 @@ def batch_norm_train_backward(backend: Any, x: np.ndarray, weight: np.ndarray | 
         k3 /= -count
         if not centred:  # k2 * (x - mean) + k3 = k2 * x + (k3 - k2 * mean)
             k3 = (k3 - k2.astype(np.float64) * m64).astype(work)
-        k1p, k2p, k3p = _plane(k1, sb), _plane(k2, sb), _plane(k3, sb)
+        k1p, k2p, k3p = _plane(k1, sb, x3.size), _plane(k2, sb, x3.size), _plane(k3, sb, x3.size)
         dx = np.empty(x3.shape, work)
 
         def gradient(lo: int, hi: int) -> None:
