@@ -149,6 +149,7 @@ def test_cold_pool_goes_serial_and_comes_back(pool, monkeypatch):
     p = T._pool
     now = [1000.0]
     monkeypatch.setattr(T, "_clock", lambda: now[0])
+    monkeypatch.setattr(T, "_MEASURE_FROM_CHUNK", 0)  # the fixture's small chunks: measured all the same
     assert T.active() and p.gain == 1.5
     for _ in range(20):  # the caller ran every chunk itself: speed-up 1/1.1
         p._measured(4, 4, 1.0, 1.1)
@@ -174,6 +175,15 @@ def test_cold_pool_goes_serial_and_comes_back(pool, monkeypatch):
     assert p.gain == pytest.approx(2 / 1.2)
 
 
+def test_lowered_thresholds_never_go_cold(pool):
+    """With test-sized chunks (the fixture, EMBER_FLEX_THREADS_MIN) the pool does not judge its speed: every
+    large op stays pooled, so tests exercise the workers."""
+    p = T._pool
+    for _ in range(50):
+        p._measured(4, 4, 1.0, 10.0)
+    assert T.active() and p.gain == 1.5 and p.cold_until == 0.0
+
+
 def test_cold_pool_reset_by_set_num_threads(pool):
     p = T._pool
     p.cold_until = T._clock() + 3600
@@ -182,9 +192,10 @@ def test_cold_pool_reset_by_set_num_threads(pool):
     assert T.active() and p.gain == 1.5 and T.get_num_threads() == 3
 
 
-def test_stalled_worker_makes_the_pool_cold_not_wrong(pool):
+def test_stalled_worker_makes_the_pool_cold_not_wrong(pool, monkeypatch):
     """A worker that never comes (another process on its core): the caller runs every chunk, the measured
     speed-up stays below 1, the pool goes cold; every result is still the serial one."""
+    monkeypatch.setattr(T, "_MEASURE_FROM_CHUNK", 0)
     pool.set_num_threads(2)
     x = np.random.default_rng(7).standard_normal(20_000).astype(np.float32)
     _identical(T.reduce(np.add, x, (0,), False), np.add.reduce(x))  # the one worker exists now
@@ -251,3 +262,18 @@ def test_amax_fast_path_keeps_torch_results_and_errors():
         ember.tensor(np.ones(3, np.complex64)).amax()
     with pytest.raises(DTypeError, match="keepdim"):
         ember.ones(3).amax(keepdim=1)
+
+
+def test_threads_min_environment_pushes_everything_through_the_pool():
+    """EMBER_FLEX_THREADS_MIN=n: every op from n elements chunks (SIMD reductions too) and the pool never goes
+    cold (chunks shorter than _MEASURE_FROM_CHUNK)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from ember_flex import threads as T; "
+            "print(T.MIN_ELEMS, T.MIN_CHUNK, T.FAST_FACTOR, T.MIN_CHUNK < T._MEASURE_FROM_CHUNK)")
+    env = {**os.environ, "EMBER_FLEX_THREADS_MIN": "1024"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout.split()
+    assert out == ["1024", "512", "1", "True"]

@@ -34,7 +34,8 @@ wall time; when a running mean of that speed-up falls below :data:`_PAYS`, :func
 (doubling to 1 s while the probe after each pause does not pay) and the backend's reductions and copies run their
 plain serial calls (elementwise chunks run one after another on the caller). Only timing depends on this: every
 chunking gives the serial bits. The estimate cannot see two threads slowing each other (memory bandwidth): it errs
-towards pooling, as the pool did before it measured.
+towards pooling, as the pool did before it measured. With the thresholds lowered (tests, EMBER_FLEX_THREADS_MIN)
+the pool never goes cold: chunking is under test there, not speed.
 
 Pool: one process-wide pool of ``get_num_threads() - 1`` daemon workers, sized by ``ember.set_num_threads``
 (``1``: no pool, everything serial). An op is cut into about two chunks per thread; the calling thread and the
@@ -94,6 +95,9 @@ _BACKOFF_MIN = 0.01
 _BACKOFF_MAX = 1.0
 #: the clock of the cold-pool pauses (tests replace it)
 _clock = time.perf_counter
+#: the pool measures itself (and may go cold) only while chunks are at least this long: with the thresholds lowered
+#: (tests, EMBER_FLEX_THREADS_MIN) chunking is under test, not speed, and every large op stays pooled
+_MEASURE_FROM_CHUNK = 1 << 16
 
 
 def _cpu_count() -> int:
@@ -185,7 +189,7 @@ class _Pool:
         caller preempted by other processes would otherwise find its own chunks slow and the pool's wall time
         good in comparison. Only the timing uses this: every chunking gives the serial bits."""
         self.pooled += 1
-        if ran == 0 or wall <= 0:
+        if ran == 0 or wall <= 0 or MIN_CHUNK < _MEASURE_FROM_CHUNK:
             return
         ratio = busy * tasks / ran / wall
         now = _clock()
