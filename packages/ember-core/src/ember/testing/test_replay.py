@@ -46,7 +46,8 @@ class Case:
     ``grad``: differentiable in its first input (a float tensor), so the gradient check runs it too.
     ``breaks``: the op reads a value it computed (its result's shape depends on the data): a graph break, the
     reason holding this fragment. ``grad_breaks``: the same for its gradient only (a rule that branches on the
-    data).
+    data). ``special``: the forward check also feeds NaN, +-inf and -0.0 in the first input (an elementwise op
+    on all reals).
     """
 
     name: str
@@ -55,6 +56,7 @@ class Case:
     grad: bool = False
     breaks: str | None = None
     grad_breaks: str | None = None
+    special: bool = False
 
 
 def _f(*shape: int, lo: float | None = None, hi: float | None = None) -> Callable[[np.random.Generator], np.ndarray]:
@@ -129,7 +131,8 @@ def _elementwise_cases() -> list[Case]:
             else:
                 make = _inputs(_float_maker(op, 3, 5))
             cases.append(Case(op.name, _call(op.name, *_COMPOSITION_ARGS.get(op.name, ())), make,
-                              grad=op.differentiable and op.domain not in ("integers", "bools")))
+                              grad=op.differentiable and op.domain not in ("integers", "bools"),
+                              special=op.samples == "special" and op.domain not in ("integers", "bools")))
         elif op.arity == 2:
             if op.dtypes == "integral":
                 rhs = _i(5, lo=0, hi=6) if op.int_rhs == "shift" else _i(5)
@@ -141,7 +144,7 @@ def _elementwise_cases() -> list[Case]:
                 make = _inputs(lhs, rhs)
             breaks = "reads the value" if op.name in ("allclose", "equal") else None
             cases.append(Case(op.name, _call(op.name), make, grad=op.differentiable and op.dtypes != "integral"
-                              and breaks is None, breaks=breaks))
+                              and breaks is None, breaks=breaks, special=op.dtypes != "integral"))
         else:
             if op.name == "where":
                 cases.append(Case(op.name, lambda x, c, y: ember.where(c, x, y), _inputs(_f(3, 5), _b(3, 5), _f(5)),
@@ -413,6 +416,10 @@ def test_op_replay_matches_eager(device: Any, name: str) -> None:
     exact = _exact(device)
     for k in range(CALLS):
         arrays = case.make(_seed(name, k))
+        if case.special:  # the special values, at other places on every call
+            first = arrays[0].copy()
+            first.flat[[k, k + 4, k + 8, k + 12]] = (np.nan, np.inf, -np.inf, -0.0)
+            arrays = (first, *arrays[1:])
         got = compiled(*_tensors(arrays, device))
         want = case.fn(*_tensors(arrays, device))
         _same(got, want, exact, f"{name}, call {k} ({'record' if k == 0 else 'replay'})")
@@ -664,3 +671,23 @@ def test_inplace_update_of_an_input_is_replayed(device: Any) -> None:
         xc, xe = ember.tensor(xa), ember.tensor(xa)
         _same(compiled(xc, ember.tensor(ya)), fn(xe, ember.tensor(ya)), _exact(device), f"call {k} result")
         _same(xc, xe, _exact(device), f"call {k}: the input updated in place")
+
+
+def test_step_without_tensor_arguments_replays_on_its_state_device(device: Any) -> None:
+    """A step whose data is its state (a closure) runs on the state's device: recorded, then replayed."""
+    need(np.float32)
+    w = ember.tensor(np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(2, 3))
+
+    def fn() -> Any:
+        w.mul_(0.5).add_(0.25)
+        return w.exp().sum(dim=1)
+
+    compiled = ember.compile(fn)
+    ref = ember.tensor(w.numpy().copy())
+    for k in range(CALLS):
+        got = compiled()
+        ref.mul_(0.5).add_(0.25)
+        _same(got, ref.exp().sum(dim=1), _exact(device), f"call {k}")
+        _same(w, ref, _exact(device), f"call {k}: the state updated in place")
+    if _cannot_replay(device) is None:
+        assert compiled.stats()["replays"] == CALLS - 1, compiled.stats()
