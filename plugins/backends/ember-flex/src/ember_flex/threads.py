@@ -100,6 +100,18 @@ _clock = time.perf_counter
 _MEASURE_FROM_CHUNK = 1 << 16
 
 
+def _cpu_clock() -> Callable[[], float] | None:
+    """The calling thread's CPU clock where it resolves microseconds (Linux, macOS); None elsewhere (Windows
+    counts thread time in 15.6 ms ticks): the pool then never measures itself, nor goes cold."""
+    try:
+        return time.thread_time if time.get_clock_info("thread_time").resolution <= 1e-6 else None
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+_CPU_CLOCK = _cpu_clock()
+
+
 def _cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -189,7 +201,7 @@ class _Pool:
         caller preempted by other processes would otherwise find its own chunks slow and the pool's wall time
         good in comparison. Only the timing uses this: every chunking gives the serial bits."""
         self.pooled += 1
-        if ran == 0 or wall <= 0 or MIN_CHUNK < _MEASURE_FROM_CHUNK:
+        if ran == 0 or busy <= 0 or wall <= 0 or MIN_CHUNK < _MEASURE_FROM_CHUNK:
             return
         ratio = busy * tasks / ran / wall
         now = _clock()
@@ -241,7 +253,7 @@ class _Pool:
             put = self._queue.put
             for _ in range(wake):
                 put(batch)
-            ran, busy = batch.work(time.thread_time)  # chunks until none is unclaimed; then the workers' ones
+            ran, busy = batch.work(_CPU_CLOCK)  # chunks until none is left unclaimed; then the workers' ones
             batch.done.acquire()
             if batch.error is not None:
                 raise batch.error
