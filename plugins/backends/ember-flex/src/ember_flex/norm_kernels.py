@@ -26,11 +26,11 @@ holding inf or NaN runs the general form, which keeps their results.
 Layer norm: per block of whole rows, the row means, the centred rows (kept in scratch), the two-pass biased
 variance, ``y = (x - mean) * rstd * weight + bias``; the backward recomputes ``xhat`` per block and builds
 ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` (g = dy * weight), with dweight and dbias summed per block in
-the dtype and across blocks in float64. Row scalings into another array run as einsum (numpy's broadcast multiply
-loops per row), weight and bias go through a few rows' tile (one flat loop per tile, see :data:`TILE`), and the
-output block is written by one step. A gradient that is a broadcast scalar (``f(x).sum().backward()``) is never
-copied out to full size. Rows far from zero (:data:`_FAR`) get the corrected two-pass. Scratch blocks are reused
-per thread (:data:`SCRATCH_MAX`).
+the dtype and across blocks in float64. The chain runs in scratch and writes each output block once, by its last
+step (the row scaling of dx by einsum, whose loop beats numpy's broadcast multiply into another array); weight and
+bias go through a few rows' tile (one flat loop per tile, see :data:`TILE`). A gradient that is a broadcast
+scalar (``f(x).sum().backward()``) is never copied out to full size. Rows far from zero (:data:`_FAR`) get the
+corrected two-pass. Scratch blocks are reused per thread (:data:`SCRATCH_MAX`).
 
 float32 and float64 compute in their own dtype; other floating dtypes in float32, cast back once.
 """
@@ -429,11 +429,17 @@ def layer_norm(backend: Any, x: np.ndarray, weight: np.ndarray | None, bias: np.
             far = np.flatnonzero(np.abs(m) * v > _FAR)
             if far.size:
                 _recentre(xc, m, v, far, inv_d, f_eps)
-            np.einsum("rd,r->rd", xc, v, out=yb)  # the row scaling: einsum's loop beats a broadcast multiply
+            # in scratch (in cache), the output block written once by the last step
+            if w is None and b is None:
+                np.multiply(xc, v[:, None], out=yb)
+                continue
+            xc *= v[:, None]
+            if b is None:
+                _rowwise(np.multiply, xc, w, wt, yb)
+                continue
             if w is not None:
-                _rowwise(np.multiply, yb, w, wt, yb)
-            if b is not None:
-                _rowwise(np.add, yb, b, bt, yb)
+                _rowwise(np.multiply, xc, w, wt, xc)
+            _rowwise(np.add, xc, b, bt, yb)
 
     with np.errstate(all="ignore"):
         _run(r, rb, r * d, body)
