@@ -55,15 +55,15 @@ IntOrTuple = int | Sequence[int]
 _CL_MIN_REDUCTION = 32
 
 #: scratch a chunked convolution kernel works in per chunk of the batch (im2col rows, the GEMM's output): about
-#: half of a core's L2, so the copy that fills it and the GEMM that reads it stay in cache. Measured on the seed
-#: CNN's 64->64 3x3 convolution (batch 64, one thread, alternating): forward 16 %, weight gradient 20-30 % and
-#: input gradient 20 % faster than whole-batch scratch, which streams tens of MB through memory
-_CHUNK_BYTES = 1 << 20
+#: a core's L2, so the copy that fills it and the GEMM that reads it stay in cache. Measured on the seed CNN's
+#: 64->64 3x3 convolution (batch 64, one thread, CPU time, alternating): 1 MB chunks made forward + both gradients
+#: 15-25 % faster than whole-batch scratch, which streams tens of MB through memory
+_CHUNK_BYTES = 2 << 20
 #: at most this many chunks (larger chunks for large batches): every chunk makes its own BLAS calls, and a
-#: multi-threaded BLAS call costs a wake-up and a join of BLAS's threads -- on a machine whose cores are busy with
-#: other work, milliseconds each (measured: 200 small calls per kernel made the seed CNN's input gradient 5x slower
-#: on two loaded cores, while the whole-batch kernel lost 2x)
-_MAX_CHUNKS = 8
+#: multi-threaded BLAS call costs a wake-up and a join of BLAS's threads -- on cores busy with other work,
+#: milliseconds each (two threads on two loaded cores, wall time: 22 chunks of the input gradient's 9 per-tap GEMMs
+#: took 5x the whole-batch kernel; 8 chunks 1.5x; 4 chunks 0.85x)
+_MAX_CHUNKS = 4
 #: reductions (GEMM K) up to this length run as one BLAS call; longer ones as a multiple of _K_ALIGN plus a tail
 #: (see _gemm): OpenBLAS's block lengths are multiples of 64 and at least this long, its unrolls at most 32
 _K_SAFE = 256
