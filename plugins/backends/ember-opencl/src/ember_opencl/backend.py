@@ -22,10 +22,12 @@ from ember.errors import DTypeError, ShapeError
 from . import array as arr
 from . import complex_ as cx
 from . import elementwise as ew
+from . import nn_kernels
 from .array import CLArray
 from .runtime import runtime
 
 cx.register()  # OpenCL kernels for core's complex ops (real, imag, abs, angle, conj, view_as_real, ...)
+nn_kernels.register()  # GELU, layer norm and attention forward as single launches (ember_kernels.nn)
 
 
 class OpenCLBackend(Backend):
