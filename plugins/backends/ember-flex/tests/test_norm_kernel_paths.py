@@ -279,9 +279,9 @@ def test_layer_norm_rows_do_not_depend_on_the_call() -> None:
         np.testing.assert_array_equal(dxs, dx[rows])
 
 
-def test_user_threads_running_the_kernels_at_once_get_their_own_scratch(pooled: None) -> None:
-    """Scratch blocks are per thread: kernels called from several Python threads at once (one holds the pool, the
-    others run serially) give each thread exactly its serial result."""
+def test_user_threads_running_the_kernels_at_once_keep_their_serial_results(pooled: None) -> None:
+    """Kernels called from several Python threads at once (one holds the pool, the others run serially) give each
+    thread exactly its serial result: no state is shared between calls."""
     import threading
 
     rng = np.random.default_rng(21)

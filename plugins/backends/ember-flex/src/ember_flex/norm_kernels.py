@@ -26,11 +26,11 @@ holding inf or NaN runs the general form, which keeps their results.
 Layer norm: per block of whole rows, the row means, the centred rows (kept in scratch), the two-pass biased
 variance, ``y = (x - mean) * rstd * weight + bias``; the backward recomputes ``xhat`` per block and builds
 ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` (g = dy * weight), with dweight and dbias summed per block in
-the dtype and across blocks in float64. The chain runs in scratch and writes each output block once, by its last
-step (the row scaling of dx by einsum, whose loop beats numpy's broadcast multiply into another array); weight and
-bias go through a few rows' tile (one flat loop per tile, see :data:`TILE`). A gradient that is a broadcast
+the dtype and across blocks in float64. The backward runs in scratch and writes each dx block once, by its last
+step (the row scaling by einsum, whose loop beats numpy's broadcast multiply into another array), with dy * weight
+through a few rows' tile (one flat loop per tile, see :data:`TILE`). A gradient that is a broadcast
 scalar (``f(x).sum().backward()``) is never copied out to full size. Rows far from zero (:data:`_FAR`) get the
-corrected two-pass. Scratch blocks are reused per thread (:data:`SCRATCH_MAX`).
+corrected two-pass.
 
 float32 and float64 compute in their own dtype; other floating dtypes in float32, cast back once.
 """
@@ -38,7 +38,6 @@ float32 and float64 compute in their own dtype; other floating dtypes in float32
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -87,32 +86,6 @@ def _run(n: int, unit: int, size: int, body: Callable[[int, int], None]) -> None
 
 def _flat(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1)
-
-
-#: scratch arrays up to this many elements are kept per thread and reused: a fresh 256 KiB array is mapped anew by
-#: the allocator on every call here, and its first write then page-faults (~3 us per 4 KiB page in this VM, about
-#: 0.2 ms per scratch block, more than the chain's own work on a small input)
-SCRATCH_MAX = 1 << 18
-
-_local = threading.local()
-
-
-def _scratch(dtype: np.dtype, *shapes: tuple[int, ...]) -> list[np.ndarray]:
-    """Uninitialised arrays of the given shapes, distinct, from this thread's reusable buffers (a kernel's body
-    runs on one thread and kernels do not nest, so a thread never hands out a buffer still in use); larger ones
-    are allocated."""
-    sizes = [math.prod(sh) for sh in shapes]
-    if max(sizes, default=0) > SCRATCH_MAX:
-        return [np.empty(sh, dtype) for sh in shapes]
-    cache: dict[tuple[np.dtype, int], np.ndarray] = getattr(_local, "bufs", None) or {}
-    _local.bufs = cache
-    out = []
-    for i, (sh, n) in enumerate(zip(shapes, sizes)):
-        buf = cache.get((dtype, i))
-        if buf is None or buf.size < n:
-            buf = cache[(dtype, i)] = np.empty(max(n, 1 << 12), dtype)
-        out.append(buf[:n].reshape(sh))
-    return out
 
 
 def _broadcast_scalar(a: np.ndarray) -> np.generic | None:
@@ -252,8 +225,7 @@ def gelu(backend: Any, x: np.ndarray, *, approximate: str = "none") -> np.ndarra
     f32_exact = exact and work == np.float32
 
     def body(lo: int, hi: int) -> None:
-        n = min(BLOCK, hi - lo)
-        a, b, c = _scratch(work, (n,), (n,), (n,))
+        a, b, c = (np.empty(min(BLOCK, hi - lo), work) for _ in range(3))
         for i in range(lo, hi, BLOCK):
             j = min(hi, i + BLOCK)
             xs, p, s = xf[i:j], a[:j - i], b[:j - i]
@@ -285,8 +257,7 @@ def gelu_backward(backend: Any, x: np.ndarray, grad: np.ndarray, *, approximate:
     f = work.type
 
     def body(lo: int, hi: int) -> None:
-        n = min(BLOCK, hi - lo)
-        a, b, c = _scratch(work, (n,), (n,), (n,))
+        a, b, c = (np.empty(min(BLOCK, hi - lo), work) for _ in range(3))
         for i in range(lo, hi, BLOCK):
             j = min(hi, i + BLOCK)
             xs, p, s, r = xf[i:j], a[:j - i], b[:j - i], c[:j - i]
@@ -370,22 +341,35 @@ def _rowwise(op: np.ufunc, a: np.ndarray, vec: np.ndarray, tile: np.ndarray | No
 _FAR = 4.0
 
 
-def _recentre(xc: np.ndarray, m: np.ndarray, rstd: np.ndarray, rows: np.ndarray, inv_d: Any, eps: Any) -> None:
-    """Corrected two-pass (Chan, Golub & LeVeque) for the given rows of a block, in place: the centred rows' own
-    mean (the first mean's rounding error) moves into the mean and out of the centred rows, and the variance is
-    taken again from them. Row by row, so a row's result does not depend on the rows around it."""
-    xr = xc[rows]
+def _recentre(x2: np.ndarray, y: np.ndarray, mean: np.ndarray, rstd: np.ndarray, w: np.ndarray | None,
+              b: np.ndarray | None, inv_d: Any, eps: Any) -> None:
+    """Corrected two-pass (Chan, Golub & LeVeque) for the rows whose mean is more than :data:`_FAR` standard
+    deviations from zero, in place, after the blocked pass: the centred rows' own mean (the first mean's rounding
+    error) moves into the mean and out of the centred rows, the variance is taken again from them and y is
+    rewritten. One check per call on the row statistics; row by row, so a row's result does not depend on the rows
+    around it (nor on the blocks or threads)."""
+    ratio = np.abs(mean)
+    ratio *= rstd
+    if not ratio.max(initial=0) > _FAR:  # NaN rows compare False
+        return
+    rows = np.flatnonzero(ratio > _FAR)
+    xr = x2[rows] - mean[rows, None]
     c = np.einsum("rd->r", xr)
     c *= inv_d
     xr -= c[:, None]
-    m[rows] += c
+    mean[rows] += c
     v = np.einsum("rd,rd->r", xr, xr)
     v *= inv_d
     v += eps
     np.sqrt(v, out=v)
     np.reciprocal(v, out=v)
     rstd[rows] = v
-    xc[rows] = xr
+    xr *= v[:, None]
+    if w is not None:
+        xr *= w
+    if b is not None:
+        xr += b
+    y[rows] = xr
 
 
 def layer_norm(backend: Any, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, *,
@@ -405,14 +389,8 @@ def layer_norm(backend: Any, x: np.ndarray, weight: np.ndarray | None, bias: np.
     rb = _row_block(d)
     inv_d, f_eps = work.type(1.0 / d), work.type(eps)
 
-    tr = _tile_rows(d, rb)
-
     def body(lo: int, hi: int) -> None:
-        scratch, wt, bt = _scratch(work, (min(rb, hi - lo), d), (tr, d), (tr, d))
-        if w is not None:
-            np.copyto(wt, w)
-        if b is not None:
-            np.copyto(bt, b)
+        scratch = np.empty((min(rb, hi - lo), d), work)
         for i in range(lo, hi, rb):
             j = min(hi, i + rb)
             n = j - i
@@ -426,23 +404,15 @@ def layer_norm(backend: Any, x: np.ndarray, weight: np.ndarray | None, bias: np.
             v += f_eps
             np.sqrt(v, out=v)
             np.reciprocal(v, out=v)
-            far = np.flatnonzero(np.abs(m) * v > _FAR)
-            if far.size:
-                _recentre(xc, m, v, far, inv_d, f_eps)
-            # in scratch (in cache), the output block written once by the last step
-            if w is None and b is None:
-                np.multiply(xc, v[:, None], out=yb)
-                continue
-            xc *= v[:, None]
-            if b is None:
-                _rowwise(np.multiply, xc, w, wt, yb)
-                continue
+            np.multiply(xc, v[:, None], out=yb)
             if w is not None:
-                _rowwise(np.multiply, xc, w, wt, xc)
-            _rowwise(np.add, xc, b, bt, yb)
+                yb *= w
+            if b is not None:
+                yb += b
 
     with np.errstate(all="ignore"):
         _run(r, rb, r * d, body)
+        _recentre(x2, y, mean, rstd, w, b, inv_d, f_eps)
     stat = x.shape[:x.ndim - k] + (1,) * k
     return _cast(dt, (y.reshape(x.shape), mean.reshape(stat), rstd.reshape(stat)))
 
@@ -472,14 +442,16 @@ def layer_norm_backward(backend: Any, x: np.ndarray, weight: np.ndarray | None, 
 
     def body(lo: int, hi: int) -> None:
         n = min(rb, hi - lo)
-        xh_s, g_s, dy_s, wt = _scratch(work, (n, d), (n, d), (n, d), (tr, d))
+        xh_s, g_s = np.empty((n, d), work), np.empty((n, d), work)
+        dy_s = None if dy2.flags.c_contiguous else np.empty((n, d), work)
+        wt = None if w is None else np.empty((tr, d), work)
         if w is not None:
             np.copyto(wt, w)
         for i in range(lo, hi, rb):
             j = min(hi, i + rb)
             blk, nb = i // rb, j - i
             xb, dyb, s = x2[i:j], dy2[i:j], s1[i:j, None]
-            if not dy2.flags.c_contiguous:
+            if dy_s is not None:
                 dyb = dy_s[:nb]
                 np.copyto(dyb, dy2[i:j])
             xhat = np.subtract(xb, m1[i:j, None], out=xh_s[:nb])
