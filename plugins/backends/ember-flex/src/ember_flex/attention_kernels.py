@@ -118,10 +118,11 @@ _serial_blas = _SerialBlas()
 _EXP_LIMIT = {4: 60.0, 8: 600.0}
 
 
-def _reach(mask: np.ndarray) -> float:
+def _reach(mask: np.ndarray, scores: int) -> float:
     """The largest magnitude of a float mask's finite values (its -inf entries hide positions, they add nothing);
-    inf where it has NaN or +inf, or is too large to scan cheaply (then softmax takes its stable form)."""
-    if mask.size > (1 << 16):
+    inf where it has NaN or +inf, or where scanning it (three passes) would cost more than the two passes over the
+    ``scores`` elements it can save (then softmax takes its stable form)."""
+    if mask.size > max(1 << 16, scores // 4):
         return math.inf
     a = np.abs(mask)
     a[np.isneginf(mask)] = 0
@@ -205,7 +206,7 @@ def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
     # squared row norms of the scaled q and of k (bounds on each block's scores), and a float mask's reach
     qn2 = np.broadcast_to(np.einsum("...e,...e->...", q, q), batch + (L,))
     kn2 = np.broadcast_to(np.einsum("...e,...e->...", k, k), batch + (S,))
-    span = _reach(mask) if add is not None else 0.0
+    span = _reach(mask, attn.size) if add is not None else 0.0
     limit = _EXP_LIMIT[work.itemsize]
     blocks = _plan(batch, L, S, is_causal)
 
