@@ -236,8 +236,17 @@ def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequ
         if body[x].dtype is not body[i].dtype:
             return False
         v = vals[x]
-        if is_handle[other] and not _broadcasts_into(tuple(vals[other].shape), tuple(v.shape)):
-            return False
+        if is_handle[other]:
+            w = vals[other]
+            if not _broadcasts_into(tuple(w.shape), tuple(v.shape)):
+                return False
+            # the out-of-place op would lay its result out by both operands (numpy's K order), the in-place one
+            # keeps x's: a later reduction would then sum in another order than the eager op by op (1 ulp apart)
+            if tuple(w.shape) == tuple(v.shape):
+                if getattr(w, "strides", None) != getattr(v, "strides", None):
+                    return False
+            elif not getattr(getattr(v, "flags", None), "c_contiguous", True):
+                return False
         return not any(v is w for w in inputs) and not any(
             w is v for k, w in enumerate(vals) if k != x and last_use[k] >= i)
 
