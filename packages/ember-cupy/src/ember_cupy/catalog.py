@@ -17,7 +17,7 @@ from ember import dtypes as dt
 from ember.backend import BINARY_OPS, UNARY_OPS
 from ember.dtypes import DType
 from ember.ir import Instr, Kernel
-from ember_kernels import conv, fusion, indexing, matmul, pooling, random, reduction, sorting
+from ember_kernels import conv, fusion, indexing, matmul, nn, pooling, random, reduction, sorting
 from ember_kernels import elementwise as ew
 from ember_kernels.ctypes_ import ctype
 
@@ -230,6 +230,25 @@ def fusion_sources() -> Iterator[tuple[str, str]]:
                    fusion.reduce_source(body, k.outputs[0], len(k.inputs), op, tin, nred, acc, False))
 
 
+def nn_sources() -> Iterator[tuple[str, str]]:
+    """Core's neural-network ops (:mod:`ember_kernels.nn`): GELU forward/backward (exact, tanh), layer norm with
+    and without weight/bias, attention plain/causal/bool-mask/float-mask with and without dropout, per float dtype,
+    at GPU work-group sizes (256 rows for layer norm; 64 query rows, 16-key by 64-feature tiles for attention)."""
+    for d in FLOATS:
+        t = ctype(d)
+        for mode in nn.GELU_MODES:
+            yield f"nn/gelu/{mode}/{d.name}", nn.gelu_source(t, mode, False)
+            yield f"nn/gelu_backward/{mode}/{d.name}", nn.gelu_source(t, mode, True)
+        for w, b in ((True, True), (False, False)):
+            yield f"nn/layer_norm/{'affine' if w else 'plain'}/{d.name}", nn.layer_norm_source(t, w, b, 256)
+        ec = 32 if d is dt.float64 else 64
+        for kind, mask, causal in (("plain", None, False), ("causal", None, True),
+                                   ("bool-mask", ctype(dt.bool_), False), ("float-mask", t, False)):
+            for drop in (False, True):
+                yield (f"nn/sdpa/{kind}{'-dropout' if drop else ''}/{d.name}",
+                       nn.sdpa_source(t, mask, causal, drop, 64, 16, ec))
+
+
 #: the areas in report order
 AREAS = {
     "elementwise": elementwise_sources,
@@ -241,6 +260,7 @@ AREAS = {
     "sorting": sorting_sources,
     "random": random_sources,
     "fusion": fusion_sources,
+    "nn": nn_sources,
 }
 
 
