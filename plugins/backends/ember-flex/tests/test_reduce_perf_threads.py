@@ -21,11 +21,13 @@ from ember_flex.backend import FlexBackend
 
 @pytest.fixture
 def pool(monkeypatch: pytest.MonkeyPatch):
-    """4 threads, chunks of 16+ elements, arrays of 64+ elements chunked (SIMD reductions from 256); restored."""
+    """4 threads, chunks of 16+ elements, arrays of 64+ elements chunked (SIMD reductions from 256, copies from
+    64); restored."""
     before = T.get_num_threads()
     monkeypatch.setattr(T, "MIN_CHUNK", 16)
     monkeypatch.setattr(T, "MIN_ELEMS", 64)
     monkeypatch.setattr(T, "FAST_FACTOR", 4)
+    monkeypatch.setattr(T, "COPY_FACTOR", 1)
     T.set_num_threads(4)
     yield T
     T.set_num_threads(before)
@@ -275,8 +277,8 @@ def test_threads_min_environment_pushes_everything_through_the_pool():
     import sys
 
     code = ("from ember_flex import threads as T; "
-            "print(T.MIN_ELEMS, T.MIN_CHUNK, T.FAST_FACTOR, T.MIN_CHUNK < T._MEASURE_FROM_CHUNK)")
+            "print(T.MIN_ELEMS, T.MIN_CHUNK, T.FAST_FACTOR, T.COPY_FACTOR, T.MIN_CHUNK < T._MEASURE_FROM_CHUNK)")
     env = {**os.environ, "EMBER_FLEX_THREADS_MIN": "1024"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          check=True).stdout.split()
-    assert out == ["1024", "512", "1", "True"]
+    assert out == ["1024", "512", "1", "1", "True"]
