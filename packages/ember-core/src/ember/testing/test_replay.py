@@ -112,12 +112,6 @@ def _call(name: str, *extra: Any, **kw: Any) -> Callable[..., Any]:
 _GRAD_READS = frozenset({"maximum", "minimum", "logaddexp", "prod", "softplus", "normalize", "binary_cross_entropy",
                          "binary_cross_entropy_with_logits"})
 _AD_READS = "ember.autograd.backward reads"
-#: known bit-level differences between eager and replay on flex, by case: the replay stays within tolerance and
-#: the case skips naming the cause (the issue to fix), instead of failing the kit
-_KNOWN_INEXACT: dict[str, str] = {
-    "permute": "ember.ir.interpret writes a binary into a dead temporary of another memory layout than eager's "
-               "out-of-place result, so a later sum adds in another order (1 ulp); fix requested for ember.ir",
-}
 
 
 def _elementwise_cases() -> list[Case]:
@@ -482,15 +476,8 @@ def test_op_gradient_replay_matches_eager(gdev: Any, name: str) -> None:
             want = steps[1](*_tensors(arrays[1:], gdev))
             what = f"{name} gradient, call {k} ({'record' if k == 0 else 'replay'})"
             assert leaves[0].grad is not None, what
-            try:
-                _same(got, want.detach(), exact, what + " loss")
-                _same(leaves[0].grad, leaves[1].grad, exact, what)
-            except AssertionError:
-                if not (exact and name in _KNOWN_INEXACT):
-                    raise
-                _same(got, want.detach(), False, what + " loss")  # still within the kit's tolerance
-                _same(leaves[0].grad, leaves[1].grad, False, what)
-                pytest.skip(f"{name}: replay not bit-identical on {gdev}: {_KNOWN_INEXACT[name]}")
+            _same(got, want.detach(), exact, what + " loss")
+            _same(leaves[0].grad, leaves[1].grad, exact, what)
     _check_replayed(compiled.stats(), gdev, case, breaks=case.breaks or case.grad_breaks)
 
 
