@@ -43,9 +43,11 @@ def _lit(t: CType, value: str) -> str:
     return value if _acc(t) == "double" else f"{value}f"
 
 
-def gelu_source(t: CType, approximate: str, backward: bool) -> str:
+def gelu_source(t: CType, approximate: str, backward: bool, chunked: bool = False) -> str:
     """``ember_gelu(y, yo, x, xo, n)`` or ``ember_gelu_backward(dx, dxo, x, xo, g, go, n)`` for dtype t
-    (contiguous operands from element offsets ``*o``)."""
+    (contiguous operands from element offsets ``*o``). ``chunked`` (CPUs): each work-item runs over one contiguous
+    run of elements, a loop the CPU compiler vectorises, instead of the GPU's grid-stride loop (coalesced across
+    work-items)."""
     if approximate not in GELU_MODES:
         raise ValueError(f"gelu_source: approximate must be one of {GELU_MODES}, got {approximate!r}")
     a, s = _acc(t), t.storage
@@ -67,11 +69,17 @@ def gelu_source(t: CType, approximate: str, backward: bool) -> str:
     else:
         body = f"{a} r = x * {c['half']} * ({c['one']} + erf(x * {c['rsqrt2']}));"
     name = "ember_gelu_backward" if backward else "ember_gelu"
+    if chunked:
+        loop = ("long run = (n + get_global_size(0) - 1) / get_global_size(0);\n"
+                "    long lo = get_global_id(0) * run, hi = min(n, lo + run);\n"
+                "    for (long i = lo; i < hi; i++)")
+    else:
+        loop = "for (long i = get_global_id(0); i < n; i += get_global_size(0))"
     grad_param = f"__global const {s}* gp, long go, " if backward else ""
     grad_load = f"{a} g = ({a}){t.load('gp', 'go + i')};\n        " if backward else ""
     src = f"""{header(t)}
 __kernel void {name}(__global {s}* y, long yo, __global const {s}* xp, long xo, {grad_param}long n) {{
-    for (long i = get_global_id(0); i < n; i += get_global_size(0)) {{
+    {loop} {{
         {a} x = ({a}){t.load('xp', 'xo + i')};
         {grad_load}{body}
         {t.store('y', 'yo + i', 'r')};

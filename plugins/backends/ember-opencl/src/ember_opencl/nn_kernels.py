@@ -51,7 +51,8 @@ def _gelu(x: CLArray, grad: CLArray | None, approximate: str) -> CLArray:
         return y
     t = ctype(x.dtype)
     backward = grad is not None
-    knl = rt.kernel(gen.gelu_source(t, approximate, backward), "ember_gelu_backward" if backward else "ember_gelu")
+    name = "ember_gelu_backward" if backward else "ember_gelu"
+    knl = rt.kernel(gen.gelu_source(t, approximate, backward, rt.is_cpu), name)
     args: list[Any] = [y.buf, _i64(y.eoff), x.buf, _i64(x.eoff)]
     if grad is not None:
         g = _dense(grad)
