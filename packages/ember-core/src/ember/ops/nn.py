@@ -333,7 +333,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, out_shape: Shape) -> 
     else:
         h = s.matmul(x._h, weight._h)
     if bias is not None:
-        h = s.binary("add", h, bias._h)
+        # core checked bias: 1-d, out_features long. On a bare backend (a decorator must see the add as its own
+        # op) with a non-empty reduction (an empty one may give a broadcast fill) and one dtype throughout, add it
+        # into matmul's fresh result in place: no second (rows, out) buffer to allocate and write
+        if getattr(s, "inner", None) is None and weight.shape[-1] > 0 and bias._dtype is x._dtype is weight._dtype:
+            s.inplace_binary("add", h, bias._h)
+        else:
+            h = s.binary("add", h, bias._h)
     if tuple(h.shape) != out_shape:
         h = s.reshape(h, out_shape)
     return _like(x, h)
