@@ -425,6 +425,7 @@ _VALIDATION_READERS = frozenset({
     "ember.ops.nn.embedding",  # indices in range (its max_norm renormalisation reads elsewhere: a break)
     "ember.nn.functional.loss._check_range01",  # binary_cross_entropy: input in [0, 1]
     "ember.ops.indexing._check_index_values",  # gather / scatter / take_along_dim: indices in range
+    "ember.ops.elementwise._check_int",  # integer division / remainder / fmod: no zero divisor
 })
 #: helpers that read for the function calling them (the reader is their caller)
 _READ_HELPERS = frozenset({"ember.ops.nn._host_minmax", "ember.ops.nn.host_extrema", "ember.ops.indexing._minmax"})

@@ -683,3 +683,57 @@ def test_step_without_tensor_arguments_replays_on_its_state_device(device: Any) 
         _same(w, ref, _exact(device), f"call {k}: the state updated in place")
     if _cannot_replay(device) is None:
         assert compiled.stats()["replays"] == CALLS - 1, compiled.stats()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the registry's other dtypes: float64 and int64 operands in one step per op
+# ------------------------------------------------------------------------------------------------------------
+ELEMENTWISE = sorted(op.name for op in opinfo.OPS if op.name not in ("allclose", "equal"))
+
+
+def _dtype_groups(name: str, device: Any) -> list[tuple[np.ndarray, ...]]:
+    """The op's float32 sample inputs as float64 and as small int64 (nonzero, non-negative where the op needs
+    it), for the dtypes the device supports and the op accepts (eager raising: left out)."""
+    case = CASES[name]
+    base = case.make(_seed(name, 0))
+    groups = []
+    for d in (np.float64, np.int64):
+        if not device.supports_dtype(ember.dtypes.from_numpy_dtype(np.dtype(d))):
+            continue
+        if d is np.int64:
+            arrays = tuple(a if a.dtype == np.bool_ else
+                           np.clip(np.rint(np.abs(a) * 2) + 1, 1, 5).astype(np.int64) for a in base)
+        else:
+            arrays = tuple(a if a.dtype == np.bool_ or a.dtype.kind in "iu" else a.astype(np.float64) for a in base)
+        try:
+            case.fn(*_tensors(arrays, device))
+        except ember.EmberError:
+            continue
+        groups.append(arrays)
+    return groups
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_op_replay_in_other_dtypes(device: Any, name: str) -> None:
+    """Each elementwise op on float64 and int64 operands (one step for both), recorded then replayed."""
+    case = CASES[name]
+    groups = _dtype_groups(name, device)
+    if not groups:
+        pytest.skip(f"{name} takes neither float64 nor int64 operands on {device}")
+    sizes = [len(g) for g in groups]
+
+    def step(*ts: Any) -> Any:
+        out, at = [], 0
+        for n in sizes:
+            out.append(case.fn(*ts[at:at + n]))
+            at += n
+        return tuple(out)
+
+    compiled = ember.compile(step)
+    for k in range(CALLS):
+        rng = _seed(name + ":dtypes", k)
+        arrays = [a if a.dtype == np.bool_ else (a + rng.integers(0, 2, a.shape)).astype(a.dtype) if a.dtype.kind
+                  in "iu" else a * rng.uniform(0.5, 1.5, a.shape) for g in groups for a in g]
+        got = compiled(*_tensors(tuple(arrays), device))
+        _same(got, step(*_tensors(tuple(arrays), device)), _exact(device), f"{name} float64/int64, call {k}")
+    _check_replayed(compiled.stats(), device, case, breaks=case.breaks)
