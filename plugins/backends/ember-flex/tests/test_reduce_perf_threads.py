@@ -27,7 +27,7 @@ def pool(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(T, "MIN_CHUNK", 16)
     monkeypatch.setattr(T, "MIN_ELEMS", 64)
     monkeypatch.setattr(T, "FAST_FACTOR", 4)
-    monkeypatch.setattr(T, "COPY_FACTOR", 1)
+    monkeypatch.setattr(T, "COPY_MIN", 64)
     T.set_num_threads(4)
     yield T
     T.set_num_threads(before)
@@ -270,15 +270,27 @@ def test_amax_fast_path_keeps_torch_results_and_errors():
 
 
 def test_threads_min_environment_pushes_everything_through_the_pool():
-    """EMBER_FLEX_THREADS_MIN=n: every op from n elements chunks (SIMD reductions too) and the pool never goes
-    cold (chunks shorter than _MEASURE_FROM_CHUNK)."""
+    """EMBER_FLEX_THREADS_MIN=n: every op from n elements chunks (SIMD reductions and copies too) and the pool
+    never goes cold (chunks shorter than _MEASURE_FROM_CHUNK)."""
     import os
     import subprocess
     import sys
 
     code = ("from ember_flex import threads as T; "
-            "print(T.MIN_ELEMS, T.MIN_CHUNK, T.FAST_FACTOR, T.COPY_FACTOR, T.MIN_CHUNK < T._MEASURE_FROM_CHUNK)")
+            "print(T.MIN_ELEMS, T.MIN_CHUNK, T.FAST_FACTOR, T.COPY_MIN, T.MIN_CHUNK < T._MEASURE_FROM_CHUNK)")
     env = {**os.environ, "EMBER_FLEX_THREADS_MIN": "1024"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          check=True).stdout.split()
-    assert out == ["1024", "512", "1", "1", "True"]
+    assert out == ["1024", "512", "1", "1024", "True"]
+
+
+def test_copies_are_serial_by_default():
+    """COPY_MIN's default: the backend's clone never uses the pool (it measured no faster); threads.copy itself
+    still chunks when called."""
+    assert T.COPY_MIN >= 1 << 40 or T.COPY_MIN == T.MIN_ELEMS  # the default, or EMBER_FLEX_THREADS_MIN's
+    if T.COPY_MIN == T.MIN_ELEMS:
+        pytest.skip("EMBER_FLEX_THREADS_MIN is set: copies are pooled on purpose")
+    before = T.pool_stats()["pooled"]
+    x = np.arange(1 << 19, dtype=np.float32)
+    _identical(FlexBackend().copy(x), x)
+    assert T.pool_stats()["pooled"] == before

@@ -236,9 +236,9 @@ _REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "max": np.maximum.r
 
 
 def _copy_c(h: ndarray) -> ndarray:
-    """A C-order copy of h; very large ones (see ``threads.COPY_FACTOR``) filled in chunks on flex's thread pool
-    (the new pages' first touch and the copy spread over the cores; a copy is exact however it is split)."""
-    if h.size >= _par.min_elems * _par.COPY_FACTOR and _par.active() and (r := _par.copy(h)) is not None:
+    """A C-order copy of h; from ``threads.COPY_MIN`` elements on (by default never: not measured faster) filled
+    in chunks on flex's thread pool (a copy is exact however it is split)."""
+    if h.size >= _par.COPY_MIN and h.size >= _par.min_elems and _par.active() and (r := _par.copy(h)) is not None:
         return r
     return np.array(h, copy=True, order="C")
 

@@ -22,7 +22,8 @@ Results are bit-identical to the one-thread path, layout (strides) included:
 Reductions that numpy runs with SIMD loops (max/min, integer sums, float sums over outer axes) are ~4-8x faster
 per element than the scalar pairwise float sum, so they are chunked only from :data:`FAST_FACTOR` times as many
 elements. :func:`copy` fills a fresh C-order array in chunks (``np.copyto`` on slices: exact however it is split);
-the backend uses it from :data:`COPY_FACTOR` times as many elements (64 MB of float32), where it measured no worse.
+the backend's clone/contiguous use it only from :data:`COPY_MIN` elements on, by default never (measured no faster
+than numpy's serial copy here).
 
 ``EMBER_FLEX_THREADS_MIN=n`` (environment, read at import) chunks arrays from n elements on instead: for tests that
 push small arrays through the pool and for measuring the threshold on other machines.
@@ -75,10 +76,11 @@ MIN_CHUNK = 1 << 16
 #: ns per element against ~0.37 for the scalar pairwise float sum, so they are chunked only from FAST_FACTOR times
 #: as many elements: below, the pool's ~15-30 us cost more than half of a serial call
 FAST_FACTOR = 4
-#: copies (clone, contiguous) are chunked only from COPY_FACTOR * MIN_ELEMS elements (2**24: 64 MB of float32):
-#: measured here, 16 MB copied serially at 6.0 GB/s against 1.7 pooled (medians, a busy 2-core machine), 64 MB at
-#: 0.76 against 0.78 -- only the largest copies, where the new pages' first touch dominates, are not worse pooled
-COPY_FACTOR = 64
+#: copies (clone, contiguous) are chunked from this many elements on: by default never. In every same-run
+#: measurement on the busy 2-core machine this was written on, numpy's serial copy was as fast or faster (medians,
+#: serial vs pooled: 16 MB 6.0 vs 1.7 GB/s; 64 MB 0.76 vs 0.78, 1.40 vs 1.25, 0.63 vs 0.44). A machine where
+#: :func:`copy` pays sets it (``ember_flex.threads.COPY_MIN = 1 << 22``, say); EMBER_FLEX_THREADS_MIN sets it too
+COPY_MIN = 1 << 62
 
 # EMBER_FLEX_THREADS_MIN=n: chunk from n elements on (chunks from n/2): for tests that push small arrays through
 # the pool (the conformance kit, say) and for measuring thresholds on other machines
@@ -87,7 +89,7 @@ if _env_min.isdigit() and int(_env_min) > 0:
     MIN_ELEMS = int(_env_min)
     MIN_CHUNK = max(2, min(MIN_CHUNK, MIN_ELEMS // 2))
     FAST_FACTOR = 1
-    COPY_FACTOR = 1
+    COPY_MIN = MIN_ELEMS
 
 #: what the backend compares sizes with: MIN_ELEMS, or a size nothing reaches when there is one thread
 min_elems: int = MIN_ELEMS
