@@ -154,21 +154,21 @@ def sdpa_source(t: CType, mask: CType | None, causal: bool, dropout: bool, wg: i
     probabilities in ``@ v``; ``wg`` query rows (work-items) per work-group, ``tk`` keys and ``ec`` features per
     local-memory tile.
 
-    Arguments at launch: q, q_b (per-batch offsets from q's first element), q's element offset, q's row and
-    feature strides; the same for k and v (GQA heads mapped by their offsets); [mask, mask_b, its offset, row and
-    key strides]; [dropout, its element offset]; out and attn (contiguous, element offsets); the scratch of B*L*S
-    accumulation-type values (scores, then probabilities) and its offset; L, S, E, Ev, blocks of rows per batch
-    element, the scale.
+    Arguments at launch (every array followed by its element offset): q, q_b (per-batch offsets from q's first
+    element), q's row and feature strides; the same for k and v (GQA heads mapped by their offsets); [mask, mask_b,
+    row and key strides]; [dropout]; out and attn (contiguous); the scratch of B*L*S accumulation-type values
+    (scores, then probabilities); L, S, E, Ev, blocks of rows per batch element, the scale.
     """
     if mask is not None and causal:
         raise ValueError("sdpa_source: a mask and is_causal are exclusive")
     a, s = _acc(t), t.storage
     neg = "-INFINITY"
-    params = [f"__global const {s}* q, __global const long* q_b, long qo, long qsl, long qse",
-              f"__global const {s}* k, __global const long* k_b, long ko, long ksl, long kse",
-              f"__global const {s}* v, __global const long* v_b, long vo, long vsl, long vse"]
+    params = [f"__global const {s}* q, long qo, __global const long* q_b, long qbo, long qsl, long qse",
+              f"__global const {s}* k, long ko, __global const long* k_b, long kbo, long ksl, long kse",
+              f"__global const {s}* v, long vo, __global const long* v_b, long vbo, long vsl, long vse"]
     if mask is not None:
-        params.append(f"__global const {mask.storage}* m, __global const long* m_b, long mo, long msl, long mss")
+        params.append(f"__global const {mask.storage}* m, long mo, __global const long* m_b, long mbo, "
+                      "long msl, long mss")
     if dropout:
         params.append(f"__global const {s}* dr, long dro")
     params.append(f"__global {s}* out, long oo, __global {s}* attn, long ao, __global {a}* sc, long sco")
@@ -181,7 +181,7 @@ def sdpa_source(t: CType, mask: CType | None, causal: bool, dropout: bool, wg: i
         masking = f"sv += ({a}){mask.load('m', 'mb + i * msl + j * mss')};"
     if causal:
         masking = f"if (j > i) sv = {neg};"
-    mask_base = "long mb = mo + m_b[b];" if mask is not None else ""
+    mask_base = "long mb = mo + m_b[mbo + b];" if mask is not None else ""
     drop = f" * ({a}){t.load('dr', 'dro + row * S + j')}" if dropout else ""
     src = f"""{header(t, *( [mask] if mask is not None else []))}
 __kernel __attribute__((reqd_work_group_size({wg}, 1, 1)))
@@ -193,7 +193,7 @@ void ember_sdpa({", ".join(params)}) {{
     long i = r0 + lid;
     int valid = i < L;
     long row = b * L + i;  /* row of the (B*L, S) attention and (B*L, Ev) output */
-    long qb = qo + q_b[b], kb = ko + k_b[b], vb = vo + v_b[b];
+    long qb = qo + q_b[qbo + b], kb = ko + k_b[kbo + b], vb = vo + v_b[vbo + b];
     {mask_base}
     /* keys this block reads: a causal block stops at its last row's key */
     long jend = {"min(S, r0 + " + str(wg) + ")" if causal else "S"};

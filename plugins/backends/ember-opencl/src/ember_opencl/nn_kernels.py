@@ -176,13 +176,13 @@ def sdpa(backend: Any, q: CLArray, k: CLArray, v: CLArray, mask: CLArray | None,
     args: list[Any] = []
     for h, r in ((q, 1), (k, repeat_k), (v, repeat_v)):
         offs = _batch_offsets(h, r, batch)
-        args += [h.buf, offs, _i64(h.eoff), _i64(h.estrides[-2]), _i64(h.estrides[-1])]
+        args += [h.buf, _i64(h.eoff), offs, _i64(0), _i64(h.estrides[-2]), _i64(h.estrides[-1])]
     mt = None
     if mask is not None:
         mt = ctype(mask.dtype)
         me = mask.view(*_expanded(mask, batch + (L, S)))
         offs = _batch_offsets(me, 1, batch)
-        args += [me.buf, offs, _i64(me.eoff), _i64(me.estrides[-2]), _i64(me.estrides[-1])]
+        args += [me.buf, _i64(me.eoff), offs, _i64(0), _i64(me.estrides[-2]), _i64(me.estrides[-1])]
     if drop is not None:
         dd = _dense(drop)
         args += [dd.buf, _i64(dd.eoff)]
