@@ -49,6 +49,11 @@ def _unrepeat(g: np.ndarray, r: int) -> np.ndarray:
     return g.reshape(s[:-3] + (s[-3] // r, r) + s[-2:]).sum(-3)
 
 
+def _bcast(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """a as a (read-only) view of ``shape``; a itself where it has it (np.broadcast_to costs ~5 us a call)."""
+    return a if a.shape == shape else np.broadcast_to(a, shape)
+
+
 def _sum_to(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """g summed over the dims broadcasting added or expanded, down to ``shape``."""
     if g.shape == shape:
@@ -189,23 +194,23 @@ def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     # operands as (broadcast) views of the attention's batch dims; the scale folded into q (L*E multiplies)
     q = q * work.type(scale)
-    qs = np.broadcast_to(q, batch + (L, E))
-    kt = np.swapaxes(np.broadcast_to(k, batch + (S, E)), -1, -2)
-    vb = np.broadcast_to(v, batch + (S, ev))
+    qs = _bcast(q, batch + (L, E))
+    kt = np.swapaxes(_bcast(k, batch + (S, E)), -1, -2)
+    vb = _bcast(v, batch + (S, ev))
     attn = np.empty(batch + (L, S), work)
     out = np.empty(batch + (L, ev), work)
     add = skip = None
     if mask is not None and mask.dtype == np.bool_:
-        skip = np.broadcast_to(~mask, attn.shape)  # ~ on the mask as given (often (L, S) or (N, 1, 1, S))
+        skip = _bcast(~mask, attn.shape)  # ~ on the mask as given (often (L, S) or (N, 1, 1, S))
     elif mask is not None:
-        add = np.broadcast_to(mask, attn.shape)
+        add = _bcast(mask, attn.shape)
     tri = np.triu(np.ones((L, S), np.bool_), 1) if is_causal else None
     if attn.size == 0 or out.size == 0:  # nothing to attend (the functional runs the composition for these)
         out[...] = 0
         return _cast(dt, (out, attn))
     # squared row norms of the scaled q and of k (bounds on each block's scores), and a float mask's reach
-    qn2 = np.broadcast_to(np.einsum("...e,...e->...", q, q), batch + (L,))
-    kn2 = np.broadcast_to(np.einsum("...e,...e->...", k, k), batch + (S,))
+    qn2 = _bcast(np.einsum("...e,...e->...", q, q), batch + (L,))
+    kn2 = _bcast(np.einsum("...e,...e->...", k, k), batch + (S,))
     span = _reach(mask, attn.size) if add is not None else 0.0
     limit = _EXP_LIMIT[work.itemsize]
     blocks = _plan(batch, L, S, is_causal)
@@ -267,9 +272,9 @@ def sdpa_backward(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mas
     kr, vr = _repeat(k, repeat_k), _repeat(v, repeat_v)
     batch, (L, S) = attn.shape[:-2], attn.shape[-2:]
     E, ev = q.shape[-1], v.shape[-1]
-    qb = np.broadcast_to(q, batch + (L, E))
-    kb = np.broadcast_to(kr, batch + (S, E))
-    vt = np.swapaxes(np.broadcast_to(vr, batch + (S, ev)), -1, -2)
+    qb = _bcast(q, batch + (L, E))
+    kb = _bcast(kr, batch + (S, E))
+    vt = np.swapaxes(_bcast(vr, batch + (S, ev)), -1, -2)
     dq = np.empty(batch + (L, E), work)
     dk = np.empty(batch + (S, E), work)
     dv = np.empty(batch + (S, ev), work)
