@@ -107,10 +107,9 @@ def _call(name: str, *extra: Any, **kw: Any) -> Callable[..., Any]:
     return lambda *t: fn(*t, *extra, **kw)
 
 
-#: ops whose gradient rule reads values to branch (ties of maximum/minimum and what is built on them, zeros of
-#: prod): a graph break of the gradient step, eager results
-_GRAD_READS = frozenset({"maximum", "minimum", "logaddexp", "prod", "softplus", "normalize", "binary_cross_entropy",
-                         "binary_cross_entropy_with_logits"})
+#: ops whose gradient rule reads values to branch (zeros of prod): a graph break of the gradient step, eager
+#: results (maximum/minimum's tie check, and what is built on them, records its tie pass under ember.compile)
+_GRAD_READS = frozenset({"prod"})
 _AD_READS = "ember.autograd.backward reads"
 
 
