@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..bridge import same_device, to_tensor, transfer
+from ..compile import is_recording
 from ..errors import (
     DeviceError,
     DTypeError,
@@ -73,7 +74,8 @@ def _index_handle(x: Tensor, idx: Tensor, size: int, dim: int, op: str, allow_ne
     if lo < low_ok or hi >= size:
         bad = lo if lo < low_ok else hi
         raise IndexOutOfRangeError(f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}")
-    if lo < 0:
+    # under ember.compile the wrap is recorded whatever this call's indices hold: a replay may get negative ones
+    if lo < 0 or (allow_negative and is_recording()):
         h = stack.where(stack.binary("lt", h, 0), stack.binary("add", h, size), h)
     return h
 
