@@ -232,15 +232,17 @@ def fusion_sources() -> Iterator[tuple[str, str]]:
 
 def nn_sources() -> Iterator[tuple[str, str]]:
     """Core's neural-network ops (:mod:`ember_kernels.nn`): GELU forward/backward (exact, tanh), layer norm with
-    and without weight/bias, attention plain/causal/bool-mask/float-mask with and without dropout, per float dtype,
+    and without weight and bias, attention plain/causal/bool-mask/float-mask with and without dropout, per float dtype,
     at GPU work-group sizes (256 rows for layer norm; 64 query rows, 16-key by 64-feature tiles for attention)."""
     for d in FLOATS:
         t = ctype(d)
         for mode in nn.GELU_MODES:
             yield f"nn/gelu/{mode}/{d.name}", nn.gelu_source(t, mode, False)
             yield f"nn/gelu_backward/{mode}/{d.name}", nn.gelu_source(t, mode, True)
-        for w, b in ((True, True), (False, False)):
-            yield f"nn/layer_norm/{'affine' if w else 'plain'}/{d.name}", nn.layer_norm_source(t, w, b, 256)
+        for w in (True, False):
+            for b in (True, False):
+                yield (f"nn/layer_norm/{'w' if w else '-'}{'b' if b else '-'}/{d.name}",
+                       nn.layer_norm_source(t, w, b, 256))
         ec = 32 if d is dt.float64 else 64
         for kind, mask, causal in (("plain", None, False), ("causal", None, True),
                                    ("bool-mask", ctype(dt.bool_), False), ("float-mask", t, False)):
