@@ -352,7 +352,7 @@ class FlexBackend(Backend):
     def cast(self, h: ndarray, dtype: DType) -> ndarray:
         npdt = dtype.numpy
         try:
-            if h.size >= _par.min_elems and h.dtype != npdt:  # large: chunked on flex's thread pool
+            if h.size >= _par.min_elems and h.dtype != npdt and _par.active():  # large: chunked on flex's pool
                 r = _par.cast(h, npdt, h.dtype.kind == "f" and npdt.kind in "iu")
                 if r is not None:
                     return r
@@ -380,7 +380,8 @@ class FlexBackend(Backend):
     def unary(self, op: str, h: ndarray) -> ndarray:
         try:  # free when nothing is raised; an expanded (stride-0) input can ask for far more than it holds
             # large inputs: chunked on flex's thread pool (None where chunking would not give the same bits)
-            if h.size < _par.min_elems or (r := _par.elementwise(self._unary[op], (h,))) is None:
+            if h.size < _par.min_elems or not _par.active() or (
+                    r := _par.elementwise(self._unary[op], (h,))) is None:
                 r = self._unary[op](h)
         except MemoryError as exc:
             raise _oom(op, (h,), exc) from None
@@ -390,7 +391,7 @@ class FlexBackend(Backend):
         ta, tb = type(a) is ndarray, type(b) is ndarray
         try:
             m = _par.min_elems  # large operands: chunked on flex's thread pool (None: not exactly, run serially)
-            if not ((ta and a.size >= m) or (tb and b.size >= m)) or (
+            if not ((ta and a.size >= m) or (tb and b.size >= m)) or not _par.active() or (
                     r := _par.elementwise(self._binary[op], (a, b))) is None:
                 r = self._binary[op](a, b)
         except MemoryError as exc:
@@ -406,7 +407,7 @@ class FlexBackend(Backend):
 
     def inplace_binary(self, op: str, a: ndarray, b: Any) -> None:
         if op in _INPLACE_OK:
-            if a.size < _par.min_elems or not _par.inplace(self._binary[op], a, b):
+            if a.size < _par.min_elems or not _par.active() or not _par.inplace(self._binary[op], a, b):
                 self._binary[op](a, b, out=a)
         else:
             self.assign(a, self.binary(op, a, b))
@@ -415,7 +416,7 @@ class FlexBackend(Backend):
         try:
             m = _par.min_elems  # large operands: chunked on flex's thread pool
             big = any(type(x) is ndarray and x.size >= m for x in (cond, a, b))
-            if not big or (r := _par.elementwise(_where, (cond, a, b))) is None:
+            if not big or not _par.active() or (r := _par.elementwise(_where, (cond, a, b))) is None:
                 r = _where(cond, a, b)
         except MemoryError as exc:
             raise _oom("where", (cond, a, b), exc) from None

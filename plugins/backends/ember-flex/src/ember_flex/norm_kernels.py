@@ -81,7 +81,7 @@ def _run(n: int, unit: int, size: int, body: Callable[[int, int], None]) -> None
     if len(ranges) == 1:
         body(0, n)
     else:
-        threads._pool.run([(body, r) for r in ranges])
+        threads.run([(body, r) for r in ranges])
 
 
 def _flat(a: np.ndarray) -> np.ndarray:

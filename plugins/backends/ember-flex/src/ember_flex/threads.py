@@ -290,6 +290,14 @@ def active() -> bool:
     return _pool.active()
 
 
+def run(tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    """Run every ``fn(*args)`` of ``tasks`` (independent of each other) on this thread and the pool's workers,
+    returning when all are done and re-raising the first error; one after another on this thread while the pool is
+    cold or another op holds it. For kernels that cut their own work into blocks, each computed the same way
+    whatever thread runs it (flex's norm, training and attention kernels)."""
+    _pool.run(tasks)
+
+
 def pool_stats(reset: bool = False) -> dict[str, int]:
     """``{"pooled": ops run on the workers, "cold": large ops run serially because the pool was cold}`` since the
     process started or the last ``reset=True`` (benchmarks report them next to their timings)."""

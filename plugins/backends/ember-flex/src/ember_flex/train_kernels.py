@@ -115,7 +115,7 @@ def _row_blocks(rows: int, c: int, body: Callable[[int, int], None]) -> None:
         body(0, rows)
         return
     cuts = [min(rows, i * nblocks // parts * rb) for i in range(parts + 1)]
-    threads._pool.run([(_quietly, (body, cuts[i], cuts[i + 1])) for i in range(parts)])
+    threads.run([(_quietly, (body, cuts[i], cuts[i + 1])) for i in range(parts)])
 
 
 def _quietly(body: Callable[[int, int], None], lo: int, hi: int) -> None:
@@ -345,7 +345,7 @@ def _run_blocks(blocks: list[Block], size: int, body: Callable[[int, int], None]
         body(0, len(blocks))
         return
     k = len(blocks)
-    threads._pool.run([(_quietly, (body, i * k // parts, (i + 1) * k // parts)) for i in range(parts)])
+    threads.run([(_quietly, (body, i * k // parts, (i + 1) * k // parts)) for i in range(parts)])
 
 
 def _sum_rows(parts: np.ndarray) -> np.ndarray:
@@ -584,7 +584,7 @@ def adam_step(backend: Any, param: np.ndarray, grad: np.ndarray, exp_avg: np.nda
         blocks(0, n)
     else:
         cuts = [min(n, i * nblocks // parts * ADAM_BLOCK) for i in range(parts + 1)]
-        threads._pool.run([(blocks, (cuts[i], cuts[i + 1])) for i in range(parts)])
+        threads.run([(blocks, (cuts[i], cuts[i + 1])) for i in range(parts)])
     return state
 
 
