@@ -1,4 +1,4 @@
-"""Kernels for core's neural-network extension ops: GELU (forward and backward), layer norm's forward and scaled
+"""Kernels for core's neural-network extension ops: GELU and layer norm (forward and backward) and scaled
 dot-product attention's forward, in the shared vocabulary (:mod:`.dialect`: OpenCL C text, CUDA/HIP through the
 prelude).
 
@@ -12,6 +12,8 @@ torch's kernels accumulate.
   biased variance of the centred values (two passes over the row, as core's composition: no cancellation), each a
   tree reduction in local memory of wg partial sums (a fixed order: the result does not depend on timing), then
   ``(x - mean) * rstd * weight + bias`` and the row's mean and rstd (what the backward reads).
+* ``ember_layer_norm_dx`` / ``ember_layer_norm_dparams``: the backward's dx per row (a work-group, two tree sums)
+  and dweight/dbias per column (a work-item summing the rows in order).
 * ``ember_sdpa``: one work-group per (batch, block of wg query rows), one work-item per query row. Pass 1 computes
   the row's scores against tiles of ``tk`` keys by ``ec`` features loaded into local memory, applies the scale,
   the mask (bool keeps, float adds) or the causal triangle (computed from the indices, never materialised: a causal
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from .ctypes_ import CType, float_literals, header
 
-__all__ = ["GELU_MODES", "gelu_source", "layer_norm_source", "sdpa_source"]
+__all__ = ["GELU_MODES", "gelu_source", "layer_norm_backward_source", "layer_norm_source", "sdpa_source"]
 
 #: GELU's ``approximate`` values
 GELU_MODES = ("none", "tanh")
@@ -140,6 +142,73 @@ void ember_layer_norm(__global const {s}* xp, long xo, {wparam}{bparam}__global 
     if (lid == 0) {{
         {t.store('mp', 'mo + row', 'mean')};
         {t.store('rp', 'ro + row', 'rstd')};
+    }}
+}}
+"""
+    return float_literals(src)
+
+
+def layer_norm_backward_source(t: CType, has_weight: bool, wg: int) -> str:
+    """Layer norm's backward as two kernels: ``ember_layer_norm_dx``, one work-group of ``wg`` (a power of two) per
+    row: g = dy * weight, the row means of g and g * xhat (two tree sums in local memory, a fixed order), then
+    ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``; and ``ember_layer_norm_dparams``, one work-item per
+    column: dweight = sum(dy * xhat) and dbias = sum(dy) over the rows in row order (deterministic)."""
+    if wg < 1 or wg & (wg - 1):
+        raise ValueError(f"layer_norm_backward_source: the work-group size must be a power of two, got {wg}")
+    a, s = _acc(t), t.storage
+    wparam = f"__global const {s}* wp, long wo, " if has_weight else ""
+    g = f"dyv * ({a}){t.load('wp', 'wo + j')}" if has_weight else "dyv"
+    src = f"""{header(t)}
+__kernel __attribute__((reqd_work_group_size({wg}, 1, 1)))
+void ember_layer_norm_dx(__global const {s}* xp, long xo, {wparam}__global const {s}* mp, long mo,
+                         __global const {s}* rp, long ro, __global const {s}* dyp, long dyo, __global {s}* dx,
+                         long dxo, long d) {{
+    __local {a} s1[{wg}];
+    __local {a} s2[{wg}];
+    int lid = (int)get_local_id(0);
+    long row = get_group_id(0);
+    long base = row * d;
+    {a} mean = ({a}){t.load('mp', 'mo + row')}, rstd = ({a}){t.load('rp', 'ro + row')};
+    {a} a1 = 0, a2 = 0;
+    for (long j = lid; j < d; j += {wg}) {{
+        {a} dyv = ({a}){t.load('dyp', 'dyo + base + j')};
+        {a} gv = {g};
+        a1 += gv;
+        a2 += gv * ((({a}){t.load('xp', 'xo + base + j')} - mean) * rstd);
+    }}
+    s1[lid] = a1;
+    s2[lid] = a2;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int st = {wg // 2}; st > 0; st >>= 1) {{
+        if (lid < st) {{
+            s1[lid] += s1[lid + st];
+            s2[lid] += s2[lid + st];
+        }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    {a} mg = s1[0] / ({a})d, mgx = s2[0] / ({a})d;
+    for (long j = lid; j < d; j += {wg}) {{
+        {a} dyv = ({a}){t.load('dyp', 'dyo + base + j')};
+        {a} gv = {g};
+        {a} xhat = (({a}){t.load('xp', 'xo + base + j')} - mean) * rstd;
+        {t.store('dx', 'dxo + base + j', 'rstd * (gv - mg - xhat * mgx)')};
+    }}
+}}
+
+__kernel void ember_layer_norm_dparams(__global const {s}* xp, long xo, __global const {s}* mp, long mo,
+                                       __global const {s}* rp, long ro, __global const {s}* dyp, long dyo,
+                                       __global {s}* dw, long dwo, __global {s}* db, long dbo, long rows, long d) {{
+    for (long j = get_global_id(0); j < d; j += get_global_size(0)) {{
+        {a} aw = 0, ab = 0;
+        for (long r = 0; r < rows; r++) {{
+            {a} dyv = ({a}){t.load('dyp', 'dyo + r * d + j')};
+            {a} xhat = (({a}){t.load('xp', 'xo + r * d + j')} - ({a}){t.load('mp', 'mo + r')}) *
+                       ({a}){t.load('rp', 'ro + r')};
+            aw += dyv * xhat;
+            ab += dyv;
+        }}
+        {t.store('dw', 'dwo + j', 'aw')};
+        {t.store('db', 'dbo + j', 'ab')};
     }}
 }}
 """

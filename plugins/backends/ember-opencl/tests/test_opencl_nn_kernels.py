@@ -54,6 +54,7 @@ def test_kernels_are_registered() -> None:
     assert extension_kernel(T.gelu, stack) is nn_kernels.gelu
     assert extension_kernel(T.gelu_backward, stack) is nn_kernels.gelu_backward
     assert extension_kernel(T.layer_norm, stack) is nn_kernels.layer_norm
+    assert extension_kernel(T.layer_norm_backward, stack) is nn_kernels.layer_norm_backward
     assert extension_kernel(A.sdpa, stack) is nn_kernels.sdpa
 
 
@@ -118,7 +119,29 @@ def test_layer_norm_values_and_gradients(case: str, dtype: type, launched: list[
     for e, t in ((ex, tx), (ew_, tw), (eb, tb)):
         if e is not None:
             np.testing.assert_allclose(e.grad.numpy(), t.grad.numpy(), **TOL[dtype])
-    assert "ember_layer_norm" in launched
+    assert {"ember_layer_norm", "ember_layer_norm_dx", "ember_layer_norm_dparams"} <= set(launched)
+
+
+def test_layer_norm_backward_broadcast_gradient_and_no_rows() -> None:
+    """The gradient of ``layer_norm(x).sum()`` arrives broadcast (stride 0); no rows give zero dweight/dbias."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((33, 20)).astype(np.float32)
+    dev = _dev()
+    ex = ember.tensor(x, device=dev)
+    _, mean, rstd = T.layer_norm(ex, None, None, normalized_shape=(20,))
+    dy = ember.ones(1, 1, device=dev).expand(33, 20)
+    dx, dw, db = T.layer_norm_backward(ex, None, mean, rstd, dy, normalized_shape=(20,))
+    tx = torch.tensor(x, requires_grad=True)
+    tw = torch.ones(20, requires_grad=True)
+    tb = torch.zeros(20, requires_grad=True)
+    TF.layer_norm(tx, (20,), tw, tb).sum().backward()
+    for e, t in ((dx, tx.grad), (dw, tw.grad), (db, tb.grad)):
+        np.testing.assert_allclose(e.numpy(), t.numpy(), rtol=1e-4, atol=1e-4)
+    empty = ember.zeros(0, 20, device=dev)
+    stat = ember.zeros(0, 1, device=dev)
+    _, dw, db = T.layer_norm_backward(empty, None, stat, stat, empty, normalized_shape=(20,))
+    np.testing.assert_array_equal(dw.numpy(), np.zeros(20, np.float32))
+    np.testing.assert_array_equal(db.numpy(), np.zeros(20, np.float32))
 
 
 def test_layer_norm_statistics_float16_and_strided() -> None:

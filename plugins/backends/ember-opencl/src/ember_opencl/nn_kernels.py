@@ -1,11 +1,11 @@
-"""OpenCL kernels for core's neural-network extension ops: ``nn.gelu``, ``nn.gelu_backward``, ``nn.layer_norm``
-and ``nn.scaled_dot_product_attention`` (forward).
+"""OpenCL kernels for core's neural-network extension ops: ``nn.gelu``, ``nn.gelu_backward``, ``nn.layer_norm``,
+``nn.layer_norm_backward`` and ``nn.scaled_dot_product_attention`` (forward).
 
 Without them OpenCL runs the ops' compositions: GELU as a chain of maps, layer norm as two reductions and four
 maps, attention as two GEMMs, a softmax and several maps over full (..., L, S) intermediates. Here each is one
-launch of a generated program (:mod:`ember_kernels.nn`, shared with the CUDA/HIP catalog). Layer norm's backward
-and attention's backward keep their compositions (GEMMs and reductions, which the backend already runs as
-kernels); the forwards return what those read (mean and rstd; the probabilities ``attn``).
+launch of a generated program (:mod:`ember_kernels.nn`, shared with the CUDA/HIP catalog); layer norm's backward is
+two (dx per row, dweight/dbias per column). Attention's backward keeps its composition (GEMMs and reductions, which
+the backend already runs as kernels), reading the probabilities ``attn`` the forward returns.
 
 Strided operands of GELU and layer norm are first copied contiguous; attention reads q, k, v and the mask through
 their strides and per-batch offsets (broadcast batch dims and grouped-query heads cost no copy).
@@ -26,7 +26,7 @@ from ember_kernels.ctypes_ import ctype
 from . import elementwise as ew
 from .array import CLArray, empty
 
-__all__ = ["gelu", "gelu_backward", "layer_norm", "register", "sdpa"]
+__all__ = ["gelu", "gelu_backward", "layer_norm", "layer_norm_backward", "register", "sdpa"]
 
 
 def _dense(h: CLArray) -> CLArray:
@@ -107,6 +107,37 @@ def layer_norm(backend: Any, x: CLArray, weight: CLArray | None, bias: CLArray |
     args += [y.buf, _i64(y.eoff), mean.buf, _i64(mean.eoff), rstd.buf, _i64(rstd.eoff), _i64(d), t.arg(eps)]
     knl(rt.queue, (rows * wg,), (wg,), *args)
     return y, mean, rstd
+
+
+def layer_norm_backward(backend: Any, x: CLArray, weight: CLArray | None, mean: CLArray, rstd: CLArray,
+                        dy: CLArray, *, normalized_shape: tuple[int, ...]) -> tuple[CLArray, CLArray, CLArray]:
+    """(dx, dweight, dbias) of :func:`layer_norm`: dx one work-group per row, dweight/dbias one work-item per
+    column summing the rows in order (see :mod:`ember_kernels.nn`)."""
+    rt = x.rt
+    k = len(normalized_shape)
+    d = math.prod(normalized_shape)
+    rows = math.prod(x.shape[:x.ndim - k])
+    x, mean, rstd, dy = _dense(x), _dense(mean), _dense(rstd), _dense(dy)
+    dx = empty(rt, x.shape, x.dtype)
+    dw = empty(rt, tuple(normalized_shape), x.dtype)
+    db = empty(rt, tuple(normalized_shape), x.dtype)
+    if rows == 0 or d == 0:
+        zero = ew.full(rt, tuple(normalized_shape), 0, x.dtype)
+        return dx, zero, ew.copy(zero)
+    t = ctype(x.dtype)
+    wg = _ln_group(rt, d)
+    src = gen.layer_norm_backward_source(t, weight is not None, wg)
+    stats = [mean.buf, _i64(mean.eoff), rstd.buf, _i64(rstd.eoff), dy.buf, _i64(dy.eoff)]
+    args: list[Any] = [x.buf, _i64(x.eoff)]
+    if weight is not None:
+        w = _dense(weight)
+        args += [w.buf, _i64(w.eoff)]
+    args += stats + [dx.buf, _i64(dx.eoff), _i64(d)]
+    rt.kernel(src, "ember_layer_norm_dx")(rt.queue, (rows * wg,), (wg,), *args)
+    gsize, lsize = _map_grid(rt, d)
+    rt.kernel(src, "ember_layer_norm_dparams")(rt.queue, gsize, lsize, x.buf, _i64(x.eoff), *stats, dw.buf,
+                                               _i64(dw.eoff), db.buf, _i64(db.eoff), _i64(rows), _i64(d))
+    return dx, dw, db
 
 
 # -- attention -----------------------------------------------------------------------------------------------------
@@ -209,4 +240,5 @@ def register() -> None:
     T.gelu.kernel("opencl")(gelu)
     T.gelu_backward.kernel("opencl")(gelu_backward)
     T.layer_norm.kernel("opencl")(layer_norm)
+    T.layer_norm_backward.kernel("opencl")(layer_norm_backward)
     attention.sdpa.kernel("opencl")(sdpa)
