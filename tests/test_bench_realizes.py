@@ -66,8 +66,8 @@ def _opencl() -> Device | None:
 
 
 def _devices() -> list[Device]:
-    """The fused stacks the benchmarks run on (flex+autodiff shares flex's fusion stack, so its counters; flex is
-    fused in this module, see _flex_records_lazily)."""
+    """The fused stacks the benchmarks run on (flex+autodiff shares flex's fusion stack, so its counters; every
+    backend is fused in this module, see _devices_record_lazily)."""
     return [d for d in (Device.flex(), _opencl()) if d is not None]
 
 
@@ -102,20 +102,23 @@ def _reset_stacks() -> None:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _flex_records_lazily() -> Iterator[None]:
-    """flex declines automatic fusion, so its rows would run eagerly here and could not drop a lazy result. The
-    rows are checked on a flex that records lazily as OpenCL does (fusion applied unnamed, for this module only):
-    a row that drops its result is caught on a machine without OpenCL too."""
-    flex_cls = type(Device.flex().fusion(False).stack)
-    patch = pytest.MonkeyPatch()
-    patch.setattr(flex_cls, "fuse_by_default", True)
+def _devices_record_lazily() -> Iterator[None]:
+    """Backends may decline automatic fusion (flex does; OpenCL on a CPU does), so their rows would run eagerly
+    here and could not drop a lazy result. For this module only, fusion wraps every backend that supports it
+    without being named: each row is checked on devices that record lazily, on any machine."""
+    import dataclasses
+
+    from ember.plugins.manager import registry
+
+    spec = registry.decorator("fusion")
+    if spec is None or not spec.on_by_default():
+        pytest.skip("fusion is off (EMBER_FUSION=0 or ember-fusion not installed): nothing records lazily")
+    registry.decorators["fusion"] = dataclasses.replace(spec, applies_to=None)
     _reset_stacks()
     try:
-        if "fusion_recorded" not in Device.flex().memory_report():
-            pytest.skip("fusion is off (EMBER_FUSION=0 or ember-fusion not installed): nothing records lazily")
         yield
     finally:
-        patch.undo()
+        registry.decorators["fusion"] = spec
         _reset_stacks()
 
 
