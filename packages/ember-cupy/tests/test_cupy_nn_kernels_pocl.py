@@ -57,7 +57,16 @@ def test_layer_norm(be: Any, pocl: Any, affine: tuple[bool, bool]) -> None:
                                                None if b is None else torch.tensor(b), 1e-5)
     for got, want in ((y, ty), (mean, tmean), (rstd, trstd)):
         _close(got, want, np.float32)
-    assert "ember_layer_norm" in pocl.launched
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    dx, dw, db = nk.layer_norm_backward(be, x, w, mean, rstd, dy, normalized_shape=(300,))
+    tx = torch.tensor(x, requires_grad=True)
+    tw = torch.tensor(w if w is not None else np.ones(300, np.float32), requires_grad=True)
+    tb = torch.zeros(300, requires_grad=True)
+    TF.layer_norm(tx, (300,), tw, tb).backward(torch.tensor(dy))
+    _close(dx, tx.grad, np.float32)
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(db, tb.grad.numpy(), rtol=1e-4, atol=1e-4)
+    assert {"ember_layer_norm", "ember_layer_norm_dx", "ember_layer_norm_dparams"} <= set(pocl.launched)
 
 
 # name -> (query, key, value shapes, mask: None / (kind, shape), options); 70 rows cross the 64-row blocks

@@ -231,9 +231,10 @@ def fusion_sources() -> Iterator[tuple[str, str]]:
 
 
 def nn_sources() -> Iterator[tuple[str, str]]:
-    """Core's neural-network ops (:mod:`ember_kernels.nn`): GELU forward/backward (exact, tanh), layer norm with
-    and without weight and bias, attention plain/causal/bool-mask/float-mask with and without dropout, per float dtype,
-    at GPU work-group sizes (256 rows for layer norm; 64 query rows, 16-key by 64-feature tiles for attention)."""
+    """Core's neural-network ops (:mod:`ember_kernels.nn`): GELU forward/backward (exact, tanh), layer norm forward
+    and backward with and without weight and bias, attention plain/causal/bool-mask/float-mask with and without
+    dropout, per float dtype, at GPU work-group sizes (256 threads per layer-norm row; 64 query rows and 16-key by
+    64-feature tiles for attention)."""
     for d in FLOATS:
         t = ctype(d)
         for mode in nn.GELU_MODES:
@@ -243,6 +244,7 @@ def nn_sources() -> Iterator[tuple[str, str]]:
             for b in (True, False):
                 yield (f"nn/layer_norm/{'w' if w else '-'}{'b' if b else '-'}/{d.name}",
                        nn.layer_norm_source(t, w, b, 256))
+            yield f"nn/layer_norm_backward/{'w' if w else '-'}/{d.name}", nn.layer_norm_backward_source(t, w, 256)
         ec = 32 if d is dt.float64 else 64
         for kind, mask, causal in (("plain", None, False), ("causal", None, True),
                                    ("bool-mask", ctype(dt.bool_), False), ("float-mask", t, False)):

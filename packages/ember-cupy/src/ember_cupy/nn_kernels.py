@@ -1,5 +1,5 @@
 """CuPy (CUDA/HIP) kernels for core's neural-network extension ops: ``nn.gelu``, ``nn.gelu_backward``,
-``nn.layer_norm`` and ``nn.scaled_dot_product_attention`` (forward).
+``nn.layer_norm``, ``nn.layer_norm_backward`` and ``nn.scaled_dot_product_attention`` (forward).
 
 The programs are :mod:`ember_kernels.nn`'s -- the text ember-opencl runs (on PoCL in CI) and ``ember kernels check
 --area nn`` compiles for CUDA and HIP -- launched with ember-opencl's arguments (see ``ember_opencl.nn_kernels``):
@@ -21,7 +21,7 @@ from ember import dtypes as dt
 from ember_kernels import nn as gen
 from ember_kernels.ctypes_ import ctype
 
-__all__ = ["gelu", "gelu_backward", "layer_norm", "register", "sdpa"]
+__all__ = ["gelu", "gelu_backward", "layer_norm", "layer_norm_backward", "register", "sdpa"]
 
 _LN_THREADS = 256
 _SDPA_ROWS = 64
@@ -88,6 +88,27 @@ def layer_norm(be: Any, x: Any, weight: Any | None, bias: Any | None, *, normali
     return y, mean, rstd
 
 
+def layer_norm_backward(be: Any, x: Any, weight: Any | None, mean: Any, rstd: Any, dy: Any, *,
+                        normalized_shape: tuple[int, ...]) -> tuple[Any, Any, Any]:
+    """(dx, dweight, dbias): dx one block of 256 threads per row, dweight/dbias one thread per column."""
+    cp = be.cp
+    k = len(normalized_shape)
+    d = math.prod(normalized_shape)
+    rows = math.prod(x.shape[:x.ndim - k])
+    x, mean, rstd, dy = (cp.ascontiguousarray(a) for a in (x, mean, rstd, dy))
+    dx = cp.empty(x.shape, dtype=x.dtype)
+    if rows == 0 or d == 0:
+        return dx, cp.zeros(normalized_shape, dtype=x.dtype), cp.zeros(normalized_shape, dtype=x.dtype)
+    dw = cp.empty(normalized_shape, dtype=x.dtype)
+    db = cp.empty(normalized_shape, dtype=x.dtype)
+    src = gen.layer_norm_backward_source(_ctype(x), weight is not None, _LN_THREADS)
+    stats = [mean, _Z, rstd, _Z, dy, _Z]
+    args: list[Any] = [x, _Z] + ([cp.ascontiguousarray(weight), _Z] if weight is not None else [])
+    be._launch_groups(src, "ember_layer_norm_dx", rows, _LN_THREADS, args + stats + [dx, _Z, np.int64(d)])
+    be._launch(src, "ember_layer_norm_dparams", d, [x, _Z] + stats + [dw, _Z, db, _Z, np.int64(rows), np.int64(d)])
+    return dx, dw, db
+
+
 def _batch_offsets(cp: Any, h: Any, repeat: int, batch: tuple[int, ...]) -> Any:
     """int64 element offsets (from h's first element) of each batch element's matrix, heads (dim -3) repeated
     ``repeat`` times (GQA's repeat_interleave), batch dims broadcast to ``batch``; on the device."""
@@ -152,4 +173,5 @@ def register(name: str) -> None:
     T.gelu.kernel(name)(gelu)
     T.gelu_backward.kernel(name)(gelu_backward)
     T.layer_norm.kernel(name)(layer_norm)
+    T.layer_norm_backward.kernel(name)(layer_norm_backward)
     attention.sdpa.kernel(name)(sdpa)
