@@ -444,3 +444,19 @@ def test_elementwise_runs_replay_as_fused_kernels():
     np.testing.assert_array_equal(w.numpy(), ew.numpy())
     stats = fn.stats()
     assert stats["replays"] == 2 and stats["kernels"] < stats["records"]  # the chain ran as one compiled kernel
+
+
+def test_tensor_index_replays_negative_indices_the_recording_did_not_have() -> None:
+    """x[idx] records the negative-index wrap whatever the recorded indices hold: a replay given negative ones
+    wraps them (before, the recording's all-non-negative indices left the wrap out, so x[int tensor] was a break)."""
+    x = ember.tensor(np.arange(15.0, dtype=np.float32).reshape(5, 3))
+    step = ember.compile(lambda x, i: x[i] * 2)
+    for idx in ([0, 1, 2], [3, 4, 0], [-1, -5, 2], [4, -2, 0]):
+        got = step(x, ember.tensor(np.array(idx)))
+        np.testing.assert_array_equal(got.numpy(), x.numpy()[idx] * 2)
+    assert step.stats()["replays"] == 3 and step.stats()["graph_breaks"] == 0
+    # the range check ran while recording; a replay's kernel refusing an index is still ember's typed error
+    with pytest.raises(ember.IndexOutOfRangeError, match=r"ember.compile: a replayed kernel failed .*EMBER_REPLAY=0"):
+        step(x, ember.tensor(np.array([5, 0, 0])))
+    with pytest.raises(ember.IndexOutOfRangeError, match="index 5 is out of bounds for dimension 0 with size 5"):
+        (lambda x, i: x[i] * 2)(x, ember.tensor(np.array([5, 0, 0])))  # eager: the check's own message

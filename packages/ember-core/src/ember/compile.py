@@ -60,7 +60,7 @@ from .capture import IN_PLACE, CaptureStack, _is_handle, _unflatten, is_capturin
 from .decorator import CONTRACT_METHODS, Decorator, Policy
 from .device import Device
 from .dtypes import DType, bool_
-from .errors import DTypeError, UnsupportedError, ValueRangeError
+from .errors import DTypeError, EmberError, IndexOutOfRangeError, UnsupportedError, ValueRangeError
 from .extension import ExtensionCall
 from .ir import OpRecord, Ref
 from .tensor import Tensor
@@ -425,6 +425,8 @@ _VALIDATION_READERS = frozenset({
     "ember.ops.nn.embedding",  # indices in range (its max_norm renormalisation reads elsewhere: a break)
     "ember.nn.functional.loss._check_range01",  # binary_cross_entropy: input in [0, 1]
     "ember.ops.indexing._check_index_values",  # gather / scatter / take_along_dim: indices in range
+    # tensor indices in range (while recording, the negative-index wrap is recorded whatever the values hold)
+    "ember.ops.indexing._index_handle",
     "ember.ops.elementwise._check_int",  # integer division / remainder / fmod: no zero divisor
 })
 #: helpers that read for the function calling them (the reader is their caller)
@@ -459,10 +461,6 @@ def _reader(skip_packages: frozenset[str]) -> tuple[str, bool]:
     name = _frame_name(f)
     if name == "ember.ops.nn.one_hot":
         return name, f.f_locals.get("num_classes", -1) != -1
-    if name == "ember.ops.indexing._index_handle":
-        # a range check, but where negative indices are allowed the values read also decide whether they are
-        # wrapped (a later call's negative index would not be): a validation only where they are refused
-        return name, f.f_locals.get("allow_negative", True) is False
     return name, name in _VALIDATION_READERS
 
 
@@ -814,6 +812,15 @@ class _Schedule:
         for slot, e in self.rebind_in:
             vals[slot] = state_handles[e]
         bvals = [float(src()) for src in self.sources]
+        try:
+            self._steps(vals, bvals)
+        except EmberError:
+            raise
+        except Exception as exc:  # a kernel refused what ember's checks would have: say which, as ember's error
+            raise _replay_error(exc) from exc
+        return vals
+
+    def _steps(self, vals: list[Any], bvals: list[float]) -> None:
         for st in self.steps:
             if st.fused is not None:  # a block of elementwise records as one compiled kernel
                 in_slots, scalars = st.fused
@@ -847,7 +854,16 @@ class _Schedule:
                     vals[s] = h
             for s in st.free:
                 vals[s] = None
-        return vals
+
+
+def _replay_error(exc: Exception) -> EmberError:
+    """The typed ember error for a backend error raised while replaying: a graph assumes that ember's input checks
+    (index ranges, class targets, integer divisors), which ran while it was recorded, pass for later inputs too."""
+    kind = IndexOutOfRangeError if isinstance(exc, IndexError) else ValueRangeError
+    return kind(f"ember.compile: a replayed kernel failed ({type(exc).__name__}: {exc}). A compiled graph assumes "
+                "the input checks that passed when it was recorded (index ranges, class targets, integer divisors) "
+                "pass for later inputs; these inputs fail one. Run the step eagerly (EMBER_REPLAY=0, or without "
+                "ember.compile) for the check's own error")
 
 
 def _bind(b: Bound, bound: list[Bound]) -> int:

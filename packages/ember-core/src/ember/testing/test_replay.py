@@ -248,8 +248,10 @@ def _nn_cases() -> list[Case]:
         # indexing
         C("getitem", lambda x: x[1:, ::2], _inputs(f(4, 5)), grad=True),
         # integer-tensor indexing wraps negative indices only when the recorded ones hold one: a break
-        C("getitem_tensor", lambda x, idx: x[idx], _inputs(f(5, 3), i(4, lo=0, hi=5, dtype=np.int64)), grad=True,
-          breaks="_index_handle reads"),
+        C("getitem_tensor", lambda x, idx: x[idx], _inputs(f(5, 3), i(4, lo=0, hi=5, dtype=np.int64)), grad=True),
+        # negative indices, and a replay whose indices are negative where the recording's were not
+        C("getitem_negative", lambda x, idx: x[idx], _inputs(f(5, 3), i(4, lo=-5, hi=5, dtype=np.int64)),
+          grad=True),
         C("index_select", lambda x, idx: ember.index_select(x, 1, idx), _inputs(f(3, 5), i(4, lo=0, hi=5,
                                                                                        dtype=np.int64)), grad=True),
         C("gather", lambda x, idx: ember.gather(x, 1, idx), _inputs(f(3, 5), i(3, 2, lo=0, hi=5, dtype=np.int64)),
