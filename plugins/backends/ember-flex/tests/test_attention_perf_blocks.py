@@ -41,6 +41,8 @@ def tiny_blocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(K, "BLOCK", 64)
     monkeypatch.setattr(K, "CAUSAL_ROWS", 4)
     monkeypatch.setattr(threads, "min_elems", 1)
+    # the pool stays on however busy the machine is (it would go cold and run the blocks serially: same bits)
+    monkeypatch.setattr(threads._pool, "active", lambda: threads.get_num_threads() > 1)
     yield
 
 
@@ -118,7 +120,9 @@ def test_bits_do_not_depend_on_the_thread_count(tiny_blocks: None, magnitude: fl
         for n in (1, 2, 4):
             threads.set_num_threads(n)
             threads.min_elems = 1  # set_num_threads resets it
+            pooled = threads.pool_stats()["pooled"]
             results.append(_kernel(q, k, v, None, is_causal=causal))
+            assert (threads.pool_stats()["pooled"] > pooled) == (n > 1)  # the blocks ran on the pool
     finally:
         threads.set_num_threads(before)
     for other in results[1:]:

@@ -169,10 +169,11 @@ def _plan_cached(batch: tuple[int, ...], L: int, S: int, is_causal: bool, split_
 
 def _run_blocks(block: Callable[..., None], blocks: list[tuple[tuple[Any, ...], int, int]], size: int) -> None:
     """``block(*b)`` for every block: on flex's pool (numpy's BLAS on one thread meanwhile) when the attention has
-    ``size`` >= the pool's threshold elements, serially otherwise."""
-    if len(blocks) > 1 and _threads.get_num_threads() > 1 and size >= _threads.min_elems:
+    ``size`` >= the pool's threshold elements and the pool pays now (:func:`ember_flex.threads.active`), serially
+    otherwise (BLAS then keeps its own threads for the GEMMs)."""
+    if len(blocks) > 1 and _threads.get_num_threads() > 1 and size >= _threads.min_elems and _threads.active():
         with _serial_blas:
-            _threads._pool.run([(block, b) for b in blocks])
+            _threads.run([(block, b) for b in blocks])
     else:
         for b in blocks:
             block(*b)
