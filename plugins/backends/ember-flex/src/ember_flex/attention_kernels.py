@@ -168,10 +168,11 @@ def _plan_cached(batch: tuple[int, ...], L: int, S: int, is_causal: bool, split_
 
 
 def _run_blocks(block: Callable[..., None], blocks: list[tuple[tuple[Any, ...], int, int]], size: int) -> None:
-    """``block(*b)`` for every block: on flex's pool (numpy's BLAS on one thread meanwhile) when the attention has
-    ``size`` >= the pool's threshold elements and the pool pays now (:func:`ember_flex.threads.active`), serially
-    otherwise (BLAS then keeps its own threads for the GEMMs)."""
-    if len(blocks) > 1 and _threads.get_num_threads() > 1 and size >= _threads.min_elems and _threads.active():
+    """``block(*b)`` for every block: when the attention has ``size`` >= the pool's threshold elements, on flex's
+    pool with numpy's BLAS on one thread meanwhile (while the pool is cold, :func:`ember_flex.threads.active`, the
+    blocks run one after another on this thread, BLAS still on one: other processes hold the other cores, and
+    BLAS's spinning threads would fight them too); serially with BLAS's own threads otherwise."""
+    if len(blocks) > 1 and _threads.get_num_threads() > 1 and size >= _threads.min_elems:
         with _serial_blas:
             _threads.run([(block, b) for b in blocks])
     else:
