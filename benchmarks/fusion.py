@@ -544,9 +544,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment()
     sections = [s for s in SECTIONS + EXTRA_SECTIONS if s in (args.sections or SECTIONS)]
     ocl, desc = opencl_device()
+    if ocl is not None:  # the fused device's stack (a CPU driver fuses only when fusion is named)
+        desc = ocl.fusion().stack.describe()
     backends = [b for b in BACKENDS if b == "flex" or ocl is not None]
     print(describe_environment(env))
-    print(f"flex: {Device.flex().stack.describe()}")
+    print(f"flex: {Device.flex().fusion().stack.describe()}")
     print(f"opencl: {desc}" if ocl is not None else f"opencl: skipped, no OpenCL device ({desc})")
     print("times: median of >= 5 alternating repeats after warm-up; spread = min..max and IQR; the 'ember' column "
           "is the fused case; fused speedup = unfused time / fused time (> 1: fusion is faster)\n")

@@ -119,7 +119,7 @@ def test_on_a_fused_device_the_kernel_is_a_boundary_on_computed_inputs(make: Any
 
 def test_a_fusable_op_records_its_composition_on_a_fused_device(make: Any) -> None:
     s = make(vjp=False, fusable=True)
-    x, y, xn, yn = _data(Device.parse("flex"))
+    x, y, xn, yn = _data(Device.parse("flex+fusion"))
     out = s.op(x, y)
     assert s.kernel_calls == []
     np.testing.assert_allclose(out.numpy(), np.tanh(xn) + yn, rtol=1e-6)
