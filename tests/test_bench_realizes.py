@@ -1,11 +1,12 @@
 """Every benchmark row times work, not lazy recording (issue 17).
 
-With fusion on (the default on OpenCL; named on flex), a fused device records ops lazily and computes only what a live tensor can still
-read; a timed call that drops its result times the recording alone (the 8-op GELU chain once read 0.066 ms against
-torch's 2.6 ms). Every row of benchmarks/{micro,overhead,autodiff,suite,opencl}.py is timed through
-``_common.sample_cases``; here that function is replaced by a probe that runs each ember case once, through the very
-loop the timing uses (``_common.time_loop``, one call), and reads the devices' fusion counters around it. A case
-fails when it ran no kernel at all, or when it recorded ops lazily and realized none of them.
+On a fused device (OpenCL GPUs by default; flex and CPU drivers when fusion is named) ops are recorded lazily and
+only what a live tensor can still read is computed; a timed call that drops its result times the recording alone
+(the 8-op GELU chain once read 0.066 ms against torch's 2.6 ms). Every row of
+benchmarks/{micro,overhead,autodiff,suite,opencl}.py is timed through ``_common.sample_cases``; here that function
+is replaced by a probe that runs each ember case once, through the very loop the timing uses (``_common.time_loop``,
+one call), and reads the devices' fusion counters around it. A case fails when it ran no kernel at all, or when it
+recorded ops lazily and realized none of them.
 
 No timing is asserted; sizes are the smallest that still record lazily (>= 2**19 elements for elementwise rows).
 """
