@@ -294,3 +294,46 @@ def test_copies_are_serial_by_default():
     x = np.arange(1 << 19, dtype=np.float32)
     _identical(FlexBackend().copy(x), x)
     assert T.pool_stats()["pooled"] == before
+
+
+def test_run_executes_every_task_once_from_several_user_threads(pool):
+    """threads.run (the kernels' entry to the pool): every task runs exactly once, from any number of user threads
+    at once (a thread that finds the pool busy runs its tasks itself), and results land where each task writes."""
+    outs = [np.zeros(64) for _ in range(6)]
+    errors: list[BaseException] = []
+
+    def user(k: int) -> None:
+        def fill(lo: int, hi: int) -> None:
+            outs[k][lo:hi] += np.arange(lo, hi) + k
+
+        try:
+            for _ in range(20):
+                pool.run([(fill, (lo, lo + 8)) for lo in range(0, 64, 8)])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    ts = [threading.Thread(target=user, args=(k,)) for k in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert not errors and not any(t.is_alive() for t in ts)
+    for k, out in enumerate(outs):
+        np.testing.assert_array_equal(out, 20 * (np.arange(64) + k))
+
+
+@pytest.mark.parametrize("threads", [4, 1], ids=["pooled", "serial"])
+def test_run_reraises_the_first_error_after_every_task_ran(pool, threads):
+    pool.set_num_threads(threads)
+    ran: list[int] = []
+
+    def task(i: int) -> None:
+        ran.append(i)
+        if i == 2:
+            raise ValueError("task 2 failed")
+
+    with pytest.raises(ValueError, match="task 2 failed"):
+        pool.run([(task, (i,)) for i in range(6)])
+    assert sorted(ran) == list(range(6))  # nothing half-applied: the other tasks were not abandoned
+    pool.run([(ran.append, (9,))])  # the pool is usable afterwards
+    assert ran[-1] == 9

@@ -247,8 +247,7 @@ class _Pool:
         """Run every ``fn(*args)`` on this thread and the workers; return when all are done and raise the first
         error. Serial on this thread when another op holds the pool or while it is cold (:meth:`active`)."""
         if len(tasks) < 2 or not self.active() or not self._busy.acquire(blocking=False):
-            for fn, args in tasks:
-                fn(*args)
+            _run_serially(tasks)
             return
         try:
             t0 = time.perf_counter()
@@ -288,6 +287,18 @@ def active() -> bool:
     serial call while it is False, skipping even the chunking's Python; the others' chunks then run one after
     another on the calling thread."""
     return _pool.active()
+
+
+def _run_serially(tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    """Every task on this thread; the first error is raised after all ran, as on the pool (no task abandoned)."""
+    first: BaseException | None = None
+    for fn, args in tasks:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, once every task ran
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 def run(tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
