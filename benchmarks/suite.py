@@ -13,6 +13,12 @@ is slower):
 * inference throughput (samples/s, eval mode under no_grad) of both models
 * the micro-benchmarks of ``benchmarks/micro.py``
 * peak memory of one training step per model: peak RSS growth in a fresh process, ember and torch
+* speedups of ember's own decorators, from ``benchmarks/compile.py`` and ``benchmarks/fusion.py``: the seed-CNN
+  step replayed (``ember.compile``) vs eager, fused vs unfused (fusion named), and the GELU chain fused vs unfused,
+  on flex and on OpenCL when a device is present (``--quick``: flex only, small batches)
+
+At the end, the target table (``benchmarks/targets.py``) reads the targets of the speed work off these figures: each
+figure's value, its target and whether it is met.
 
 Both frameworks start from the same weights (ember's initialisation, copied into the torch twin by name). Every
 timed call ends with its work done: a training step reads its loss and syncs the device, inference reads the logits
@@ -24,9 +30,9 @@ Usage::
     python benchmarks/suite.py [--quick] [--json PATH] [--only SECTION ...]
 
 ``--quick`` (CI smoke, well under a minute) shrinks batches, skips the full transformer and runs the smaller
-micro-benchmarks; CI never asserts timings. Sections: cnn, transformer, inference, micro, memory; and, only when
-asked for with ``--only ports``, the train-step times of the PyTorch ports (``benchmarks/ports.py``: torch, ember
-fused and ember unfused per program of ``examples/ports/``).
+micro-benchmarks; CI never asserts timings. Sections: cnn, transformer, inference, micro, memory, speedups; and,
+only when asked for with ``--only ports``, the train-step times of the PyTorch ports (``benchmarks/ports.py``:
+torch, ember fused and ember unfused per program of ``examples/ports/``).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ if str(HERE) not in sys.path:  # `ember bench` loads this file by path: make its
     sys.path.insert(0, str(HERE))
 
 import micro  # noqa: E402
+import targets  # noqa: E402
 import transformer  # noqa: E402
 from _common import (  # noqa: E402
     bench_parser,
@@ -66,7 +73,7 @@ import ember.nn.functional as F  # noqa: E402
 from ember import Device  # noqa: E402
 from ember_train.models import SeedCNN, text_transformer  # noqa: E402
 
-SECTIONS = ("cnn", "transformer", "inference", "micro", "memory")
+SECTIONS = ("cnn", "transformer", "inference", "micro", "memory", "speedups")
 #: sections that run only when named with --only (plain `ember bench` keeps its running time)
 OPTIONAL_SECTIONS = ("ports",)
 MODELS = ("cnn", "transformer-small", "transformer-full")
@@ -254,6 +261,27 @@ def format_memory(mem: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def bench_speedups(quick: bool) -> list[dict[str, Any]]:
+    """ember against itself: replayed vs eager step (compile.py), fused vs unfused step and GELU chain (fusion.py),
+    on flex and, unless ``quick``, on OpenCL when a device is present; each figure re-sectioned for the table."""
+    # siblings that import this module: imported here, when the section runs
+    import compile as replay_bench
+    import fusion as fusion_bench
+    from opencl import opencl_device
+
+    ocl = None if quick else opencl_device()[0]
+    names = ["flex"] + (["opencl"] if ocl is not None else [])
+    devices = [("flex", Device.flex().autodiff())] + ([("opencl", ocl.autodiff())] if ocl is not None else [])
+    repeats = 5 if quick else 7
+    figs = [{**f, "section": "replay"}
+            for f in replay_bench.bench_train(devices, (8,) if quick else (16, 64), repeats)]
+    figs += [{**f, "section": "fused step"}
+             for f in fusion_bench.bench_train("cnn", 8 if quick else 64, names, repeats, 2 if quick else 5)]
+    figs += [{**f, "section": "fused chain"}
+             for f in fusion_bench.bench_gelu(10**6, names, repeats, 2 if quick else 5)]
+    return figs
+
+
 # ----------------------------------------------------------------------------------------------------------
 # driver
 # ----------------------------------------------------------------------------------------------------------
@@ -286,6 +314,8 @@ def run(quick: bool, only: Sequence[str] = ()) -> dict[str, Any]:
             figures += micro.run(quick)
         elif section == "memory":
             memory += [bench_memory(m, b) for m, b in p["memory"]]
+        elif section == "speedups":
+            figures += bench_speedups(quick)
         elif section == "ports":
             import ports  # a sibling script; imported here so plain `ember bench` does not load the ports
 
@@ -320,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nreproduce a row (its section alone):\n  " + "\n  ".join(commands))
     if result["memory"]:
         print("\n" + format_memory(result["memory"]))
+    result["targets"] = targets.evaluate(result["figures"], result["memory"])
+    print("\n" + targets.format_targets(result["targets"]))
     if args.json:
         result["environment"] = env
         write_json(args.json, result)

@@ -27,10 +27,18 @@ def test_quick_suite_reports_every_section(tmp_path: Path) -> None:
     assert "ember bench suite" in out.stdout and "ember/torch" in out.stdout
     result = json.loads(path.read_text())
     assert result["benchmark"] == "suite" and result["quick"] is True
-    assert result["sections"] == ["cnn", "transformer", "inference", "micro", "memory"]
+    assert result["sections"] == ["cnn", "transformer", "inference", "micro", "memory", "speedups"]
     sections = {f["section"] for f in result["figures"]}
     assert sections >= {"cnn", "transformer", "inference", "per-op", "matmul", "conv2d", "elementwise", "reduction",
-                        "copy"}
+                        "copy", "replay", "fused step", "fused chain"}
+    # the target table: every target has a row; on flex each of these ran (quick skips only the full transformer)
+    ran = {r["target"] for r in result["targets"] if r["value"] is not None}
+    assert {"replayed vs eager step, flex", "fused vs unfused training step, flex",
+            "GELU chain fused vs unfused, flex", "Tensor a + b, 1,000 f32, flex",
+            "seed-CNN training step, flex (eager)", "seed-CNN step peak RSS growth, flex"} <= ran
+    assert all(r["met"] == (r["value"] <= r["bound"] if r["at_most"] else r["value"] >= r["bound"])
+               for r in result["targets"] if r["value"] is not None)
+    assert "Targets (from the figures above" in out.stdout
     has_torch = result["environment"]["torch"] is not None
     for fig in result["figures"]:
         assert fig["ember_case"] in fig["seconds"], fig["name"]
