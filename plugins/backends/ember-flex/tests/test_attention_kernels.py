@@ -28,8 +28,8 @@ DEVICES = ["flex+autodiff", "flex+fusion(False)+autodiff"]
 def calls() -> Iterator[dict[str, int]]:
     """Count the kernels' calls (the originals are restored afterwards)."""
     ember.zeros(1)  # plugins load lazily: the flex kernels are registered once flex is loaded
-    counts = {"forward": 0, "backward": 0}
-    fwd, bwd = A.sdpa.kernels["flex"], A.sdpa_backward.kernels["flex"]
+    counts = {"forward": 0, "backward": 0, "out": 0}
+    fwd, bwd, out = A.sdpa.kernels["flex"], A.sdpa_backward.kernels["flex"], A.sdpa_out.kernels["flex"]
 
     def counting(name: str, fn: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -39,11 +39,13 @@ def calls() -> Iterator[dict[str, int]]:
 
     A.sdpa.kernel("flex")(counting("forward", fwd))
     A.sdpa_backward.kernel("flex")(counting("backward", bwd))
+    A.sdpa_out.kernel("flex")(counting("out", out))
     try:
         yield counts
     finally:
         A.sdpa.kernel("flex")(fwd)
         A.sdpa_backward.kernel("flex")(bwd)
+        A.sdpa_out.kernel("flex")(out)
 
 
 def _rand(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -104,7 +106,7 @@ def _run(dev: str, dtype: str, shapes: tuple[Any, ...], mask_kind: str | None, s
                                              for k in ([None] if s[3] is None else ["bool", "float"])])
 def test_against_torch(calls: dict[str, int], dev: str, dtype: str, case: str, mask_kind: str | None) -> None:
     _run(dev, dtype, CASES[case], mask_kind)
-    assert calls == {"forward": 1, "backward": 1}
+    assert calls == {"forward": 1, "backward": 1, "out": 0}
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -114,7 +116,7 @@ def test_causal_and_scale(calls: dict[str, int], dev: str, dtype: str, L: int, S
     # top-left aligned triangle as torch; with L > S the last rows see every key
     _run(dev, dtype, ((2, 3, L, 4), (2, 3, S, 4), (2, 3, S, 6), None), None, is_causal=True)
     _run(dev, dtype, ((2, 3, L, 4), (2, 3, S, 4), (2, 3, S, 6), None), None, scale=0.3, seed=1)
-    assert calls == {"forward": 2, "backward": 2}
+    assert calls == {"forward": 2, "backward": 2, "out": 0}
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -122,7 +124,7 @@ def test_causal_and_scale(calls: dict[str, int], dev: str, dtype: str, L: int, S
 def test_gqa(calls: dict[str, int], dev: str, dtype: str) -> None:
     _run(dev, dtype, ((2, 6, 5, 4), (2, 2, 7, 4), (2, 3, 7, 5), None), None, enable_gqa=True)
     _run(dev, dtype, ((2, 6, 5, 4), (2, 3, 7, 4), (2, 3, 7, 5), (5, 7)), "bool", enable_gqa=True, is_causal=False)
-    assert calls == {"forward": 2, "backward": 2}
+    assert calls == {"forward": 2, "backward": 2, "out": 0}
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -143,7 +145,7 @@ def test_fully_masked_rows_give_zeros(calls: dict[str, int], dev: str) -> None:
     fm = np.where(keep, 0.0, -np.inf)
     out2 = F.scaled_dot_product_attention(*e_in, attn_mask=ember.tensor(fm, device=dev))
     np.testing.assert_allclose(out2.numpy(), out.numpy(), rtol=0, atol=0)
-    assert calls == {"forward": 2, "backward": 1}
+    assert calls == {"forward": 2, "backward": 1, "out": 0}
 
 
 @pytest.mark.parametrize("mask_kind", [None, "bool", "float", "causal"])
@@ -179,7 +181,7 @@ def test_half_dtypes_compute_in_float32(calls: dict[str, int]) -> None:
         t = TF.scaled_dot_product_attention(*(torch.tensor(a).to(getattr(torch, name)) for a in arrays))
         assert e.dtype is getattr(ember, name)
         np.testing.assert_allclose(e.to(ember.float32).numpy(), t.float().numpy(), rtol=2e-2, atol=2e-2)
-    assert calls["forward"] == 2
+    assert calls == {"forward": 0, "backward": 0, "out": 2}  # no grad: the output-only kernel
 
 
 def test_errors_unchanged() -> None:
@@ -206,7 +208,7 @@ def test_dropout_one_and_empty_use_the_composition(calls: dict[str, int]) -> Non
     assert np.all(F.scaled_dot_product_attention(q, q, q, dropout_p=1.0).numpy() == 0)
     empty = F.scaled_dot_product_attention(ember.ones(2, 0, 8, device="flex"), q, q)
     assert empty.shape == (2, 0, 8)
-    assert calls == {"forward": 0, "backward": 0}
+    assert calls == {"forward": 0, "backward": 0, "out": 0}
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -239,7 +241,7 @@ def test_dropout_draws_as_the_composition(calls: dict[str, int], dev: str) -> No
     (ref * torch.tensor(g)).sum().backward()
     for e, t in zip(e_in, t_in):
         np.testing.assert_allclose(e.grad.numpy(), t.grad.numpy(), **TOL["float64"])
-    assert calls == {"forward": 1, "backward": 1}
+    assert calls == {"forward": 1, "backward": 1, "out": 0}
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -265,7 +267,7 @@ def test_encoder_layer_through_the_kernels(calls: dict[str, int], dev: str, batc
     tp = dict(tl.named_parameters())
     for name, p in el.named_parameters():
         np.testing.assert_allclose(p.grad.numpy(), tp[name].grad.numpy(), **TOL["float64"], err_msg=name)
-    assert calls == {"forward": 1, "backward": 1}
+    assert calls == {"forward": 1, "backward": 1, "out": 0}
 
 
 def test_inference_runs_the_forward_kernel_only(calls: dict[str, int]) -> None:
@@ -274,4 +276,4 @@ def test_inference_runs_the_forward_kernel_only(calls: dict[str, int]) -> None:
     with ember.no_grad():
         out, w = m(x, x, x, need_weights=False)
     assert out.shape == (2, 5, 8) and w is None
-    assert calls == {"forward": 1, "backward": 0}
+    assert calls == {"forward": 0, "backward": 0, "out": 1}

@@ -15,6 +15,13 @@ Grouped-query attention (``enable_gqa``) repeats each key/value head ``repeat_k`
 is used as everywhere else): the kept positions' factor ``1 / (1 - p)``, zeros elsewhere, of the attention's shape;
 ``out = (attn * dropout_mask) @ v`` while ``attn`` stays the undropped probabilities.
 
+``sdpa_out`` is the same forward returning ``out`` alone, for calls no gradient can flow through (inference:
+grad mode off, or no operand requires grad) that do not ask for the weights: its default composition is
+``sdpa(...)[0]`` (so a backend's ``sdpa`` kernel serves it), and a backend may register a kernel that never holds
+the whole (..., L, S) probabilities (ember-flex keeps one block's scores at a time). It has no vjp of its own: on a
+stack that tracks its operands, autodiff differentiates that composition, so a tracked call still gets every
+gradient.
+
 The backward uses ``D = rowsum(dout * out)`` (FlashAttention's identity, equal to ``rowsum(dP * attn)``):
 ``dS = attn * (dout @ v^T * dropout_mask - D)``, ``dq = dS @ k * scale``, ``dk = dS^T @ q * scale``,
 ``dv = (attn * dropout_mask)^T @ dout``; gradients of broadcast batch dims and of repeated (GQA) heads are summed
@@ -33,7 +40,7 @@ from ..tensor import Tensor
 from . import nn as _nn
 from .pointwise import where
 
-__all__ = ["repeated_shape", "sdpa", "sdpa_backward", "sdpa_shapes"]
+__all__ = ["repeated_shape", "sdpa", "sdpa_backward", "sdpa_out", "sdpa_shapes"]
 
 _OP = "scaled_dot_product_attention"
 
@@ -157,6 +164,25 @@ def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, dr
     # safe softmax: a row that is entirely -inf gives zeros instead of NaN
     attn = where(scores.amax(-1, keepdim=True) == float("-inf"), 0.0, attn)
     return (attn if dropout_mask is None else attn * dropout_mask) @ v, attn
+
+
+def _out_spec(q: TensorSpec, k: TensorSpec, v: TensorSpec, mask: TensorSpec | None, drop: TensorSpec | None, *,
+              scale: float, is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1) -> TensorSpec:
+    return _spec(q, k, v, mask, drop, scale=scale, is_causal=is_causal, repeat_k=repeat_k, repeat_v=repeat_v)[0]
+
+
+@backend_extension("nn.scaled_dot_product_attention_out", output=_out_spec, publish=False,
+                   description="scaled dot-product attention's output alone (no weights kept: inference)")
+def sdpa_out(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, dropout_mask: Tensor | None, *,
+             scale: float, is_causal: bool = False, repeat_k: int = 1, repeat_v: int = 1) -> Tensor:
+    """``out`` of :func:`sdpa` without the attention weights (see the module docstring); same operands.
+
+    The composition is :func:`sdpa`'s first output, so a backend with an ``sdpa`` kernel runs it here too; on a
+    stack that tracks the operands autodiff differentiates it (a float mask that requires grad gets its gradient).
+    """
+    mask_grad = attn_mask is not None and attn_mask.dtype is not dt.bool_ and attn_mask.requires_grad
+    return sdpa(query, key, value, attn_mask, dropout_mask, scale=scale, is_causal=is_causal, repeat_k=repeat_k,
+                repeat_v=repeat_v, mask_grad=mask_grad)[0]
 
 
 def _backward_spec(q: TensorSpec, k: TensorSpec, v: TensorSpec, mask: TensorSpec | None, drop: TensorSpec | None,

@@ -34,7 +34,7 @@ from . import threads as _threads
 from .kernel_dtypes import cast_back as _cast
 from .kernel_dtypes import work_arrays as _work
 
-__all__ = ["register", "sdpa", "sdpa_backward"]
+__all__ = ["register", "sdpa", "sdpa_backward", "sdpa_out"]
 
 
 def _repeat(h: np.ndarray, r: int) -> np.ndarray:
@@ -189,39 +189,63 @@ def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
     into its slice of ``attn``: the GEMM, the mask and the softmax's passes run on a block that stays in cache, and
     the blocks run on flex's thread pool when the attention is large (each block is the same computation on any
     number of threads: the result's bits do not depend on it)."""
+    out, attn = _forward(q, k, v, mask, drop, scale, is_causal, repeat_k, repeat_v, True)
+    assert attn is not None
+    return out, attn
+
+
+def sdpa_out(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+             drop: np.ndarray | None, *, scale: float, is_causal: bool = False, repeat_k: int = 1,
+             repeat_v: int = 1) -> np.ndarray:
+    """``out`` of :func:`sdpa` alone (core's ``sdpa_out``, for inference): the same blocks and arithmetic, bit for
+    bit, but each block's scores live in a scratch buffer of the block's size (in cache, dropped after it) instead
+    of a slice of the whole (..., L, S) probabilities, which are never allocated."""
+    return _forward(q, k, v, mask, drop, scale, is_causal, repeat_k, repeat_v, False)[0]
+
+
+def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, drop: np.ndarray | None,
+             scale: float, is_causal: bool, repeat_k: int, repeat_v: int,
+             weights: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """(out, attn) of the forward, attn None unless ``weights``: one block function for both, so ``out`` has the
+    same bits whether the probabilities are kept or not."""
     dt = q.dtype
     work, (q, k, v, mask, drop) = _work(q, k, v, mask, drop)
     k, v = _repeat(k, repeat_k), _repeat(v, repeat_v)
     L, S, E, ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    shape = batch + (L, S)
     # operands as (broadcast) views of the attention's batch dims; the scale folded into q (L*E multiplies)
     q = q * work.type(scale)
     qs = _bcast(q, batch + (L, E))
     kt = np.swapaxes(_bcast(k, batch + (S, E)), -1, -2)
     vb = _bcast(v, batch + (S, ev))
-    attn = np.empty(batch + (L, S), work)
+    attn = np.empty(shape, work) if weights else None
     out = np.empty(batch + (L, ev), work)
     add = skip = None
     if mask is not None and mask.dtype == np.bool_:
-        skip = _bcast(~mask, attn.shape)  # ~ on the mask as given (often (L, S) or (N, 1, 1, S))
+        skip = _bcast(~mask, shape)  # ~ on the mask as given (often (L, S) or (N, 1, 1, S))
     elif mask is not None:
-        add = _bcast(mask, attn.shape)
+        add = _bcast(mask, shape)
     tri = np.triu(np.ones((L, S), np.bool_), 1) if is_causal else None
-    if attn.size == 0 or out.size == 0:  # nothing to attend (the functional runs the composition for these)
+    size = math.prod(shape)
+    if size == 0 or out.size == 0:  # nothing to attend (the functional runs the composition for these)
         out[...] = 0
-        return _cast(dt, (out, attn))
+        return _cast(dt, (out,))[0], None if attn is None else _cast(dt, (attn,))[0]
     # squared row norms of the scaled q and of k (bounds on each block's scores), and a float mask's reach
     qn2 = _bcast(np.einsum("...e,...e->...", q, q), batch + (L,))
     kn2 = _bcast(np.einsum("...e,...e->...", k, k), batch + (S,))
-    span = _reach(mask, attn.size) if add is not None else 0.0
+    span = _reach(mask, size) if add is not None else 0.0
     limit = _EXP_LIMIT[work.itemsize]
     blocks = _plan(batch, L, S, is_causal)
 
     def block(b: tuple[Any, ...], r0: int, r1: int) -> None:
         rows = b + (Ellipsis, slice(r0, r1), slice(None))
         c = min(S, r1) if is_causal else S  # keys beyond the block's last row are masked for all its rows
-        s = attn[b + (Ellipsis, slice(r0, r1), slice(0, c))]
-        np.matmul(qs[rows], kt[b + (Ellipsis, slice(None), slice(0, c))], out=s)
+        qb = qs[rows]
+        # the block's scores: its slice of the probabilities, or a scratch buffer of the block's size (in cache)
+        s = np.empty(qb.shape[:-1] + (c,), work) if attn is None else \
+            attn[b + (Ellipsis, slice(r0, r1), slice(0, c))]
+        np.matmul(qb, kt[b + (Ellipsis, slice(None), slice(0, c))], out=s)
         if tri is not None:
             if c > r0 + 1:  # the diagonal's right: keys r0+1 .. c-1 hide from some rows
                 np.copyto(s[..., r0 + 1:c], -np.inf, where=tri[r0:r1, r0 + 1:c])
@@ -253,13 +277,20 @@ def sdpa(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
         if masked_rows:
             total[empty] = 1
         s *= np.reciprocal(total, out=total)  # as torch's CPU softmax: one reciprocal per row, then multiplies
-        p = s if drop is None else s * drop[b + (Ellipsis, slice(r0, r1), slice(0, c))]
+        if drop is not None:  # in place in the scratch buffer; the kept probabilities stay undropped
+            p = s * drop[b + (Ellipsis, slice(r0, r1), slice(0, c))] if attn is not None else \
+                np.multiply(s, drop[b + (Ellipsis, slice(r0, r1), slice(0, c))], out=s)
+        else:
+            p = s
         np.matmul(p, vb[b + (Ellipsis, slice(0, c), slice(None))], out=out[rows])
-        if c < S:
+        if attn is not None and c < S:
             attn[b + (Ellipsis, slice(r0, r1), slice(c, None))] = 0
 
-    _run_blocks(block, blocks, attn.size)
-    return _cast(dt, (out, attn))
+    _run_blocks(block, blocks, size)
+    if attn is None:
+        return _cast(dt, (out,))[0], None
+    out, attn = _cast(dt, (out, attn))
+    return out, attn
 
 
 def sdpa_backward(backend: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
@@ -318,4 +349,5 @@ def register() -> None:
     from ember.ops import attention
 
     attention.sdpa.kernel("flex")(sdpa)
+    attention.sdpa_out.kernel("flex")(sdpa_out)
     attention.sdpa_backward.kernel("flex")(sdpa_backward)
