@@ -1,7 +1,8 @@
 """ember.ops.attention's compositions on a backend without attention kernels (the example backend ``toy``): the
 forward op and, through autodiff, the backward against torch; and the backward op's own composition (what a backend
-with a forward kernel but no backward kernel runs) against torch's gradients. Devices are reached by name; no plugin
-is imported."""
+with a forward kernel but no backward kernel runs) against torch's gradients; the output-only op (``sdpa_out``,
+inference) through its composition, untracked and differentiated when tracked. Devices are reached by name; no
+plugin is imported."""
 
 from __future__ import annotations
 
@@ -107,3 +108,61 @@ def test_shape_rules_refuse_bad_operands() -> None:
         A.sdpa_backward(q, q, q, None, None, out, attn, ember.zeros(2, 4, 7, device=dev), scale=1.0)
     with pytest.raises(ember.DTypeError, match="mask_grad needs a float attn_mask"):
         A.sdpa_backward(q, q, q, None, None, out, attn, out, scale=1.0, mask_grad=True)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_output_only_op_on_toy(case: str) -> None:
+    """sdpa_out on a backend without kernels: its composition (sdpa's first output) gives torch's numbers and the
+    exact bits of sdpa's output; its shape rule describes one output of the output's shape."""
+    dev = ember.Device.parse("toy")
+    assert "toy" not in A.sdpa_out.kernels
+    arrays, m, kw = _data(case, seed=4)
+    q, k, v = (ember.tensor(a, device=dev) for a in arrays)
+    em = None if m is None else ember.tensor(m, device=dev)
+    hq = arrays[0].shape[-3] if len(arrays[0].shape) >= 3 else 1
+    rk = hq // arrays[1].shape[-3] if kw.get("enable_gqa") else 1
+    rv = hq // arrays[2].shape[-3] if kw.get("enable_gqa") else 1
+    opts = {"scale": kw.get("scale", arrays[0].shape[-1] ** -0.5), "is_causal": kw.get("is_causal", False),
+            "repeat_k": rk, "repeat_v": rv}
+    out = A.sdpa_out(q, k, v, em, None, **opts)
+    spec = A.sdpa_out.output_spec(q, k, v, em, None, **opts)
+    assert isinstance(spec, ember.TensorSpec) and spec.shape == tuple(out.shape) and spec.dtype is out.dtype
+    assert np.array_equal(out.numpy(), A.sdpa(q, k, v, em, None, **opts)[0].numpy())
+    want = TF.scaled_dot_product_attention(*(torch.tensor(a) for a in arrays),
+                                           attn_mask=None if m is None else torch.tensor(m), **kw)
+    np.testing.assert_allclose(out.numpy(), want.numpy(), **TOL)
+
+
+@pytest.mark.parametrize("case", ["plain", "float-mask", "gqa"])
+def test_output_only_op_tracked_differentiates_its_composition(case: str) -> None:
+    """Called on operands that require grad (it has no vjp of its own), autodiff differentiates the composition:
+    torch's gradients, the float mask's included."""
+    dev = ember.Device.parse("toy+autodiff")
+    arrays, m, kw = _data(case, seed=5)
+    grad_mask = m is not None
+    e_in = [ember.tensor(a, device=dev, requires_grad=True) for a in arrays]
+    e_m = None if m is None else ember.tensor(m, device=dev, requires_grad=True)
+    t_in = [torch.tensor(a, requires_grad=True) for a in arrays]
+    t_m = None if m is None else torch.tensor(m, requires_grad=True)
+    rk, rv = (3, 2) if kw.get("enable_gqa") else (1, 1)
+    out = A.sdpa_out(*e_in, e_m, None, scale=kw.get("scale", 0.5), repeat_k=rk, repeat_v=rv)
+    t_out = TF.scaled_dot_product_attention(*t_in, attn_mask=t_m, **kw)
+    np.testing.assert_allclose(out.numpy(), t_out.detach().numpy(), **TOL)
+    g = np.random.default_rng(6).standard_normal(tuple(t_out.shape))
+    (out * ember.tensor(g, device=dev)).sum().backward()
+    (t_out * torch.tensor(g)).sum().backward()
+    for e, t in zip(e_in + ([e_m] if grad_mask else []), t_in + ([t_m] if grad_mask else [])):
+        np.testing.assert_allclose(e.grad.numpy(), t.grad.numpy(), **TOL)
+
+
+def test_output_only_op_refuses_bad_operands() -> None:
+    dev = ember.Device.parse("toy")
+    q = ember.zeros(2, 4, 8, device=dev)
+    with pytest.raises(ember.ShapeError, match=r"nn.scaled_dot_product_attention_out: .*\(2, 4, 8\)"):
+        A.sdpa_out(q, ember.zeros(2, 5, 3, device=dev), q, None, None, scale=1.0)
+    with pytest.raises(ember.DTypeError, match="attn_mask dtype"):
+        A.sdpa_out(q, q, q, ember.zeros(4, 4, dtype=ember.int64, device=dev), None, scale=1.0)
+    with pytest.raises(ember.ShapeError, match="dropout_mask"):
+        A.sdpa_out(q, q, q, None, ember.zeros(2, 4, 5, device=dev), scale=1.0)
+    with pytest.raises(ember.DTypeError, match="query, key and value must have one dtype"):
+        A.sdpa_out(q, q, ember.zeros(2, 4, 8, dtype=ember.float64, device=dev), None, None, scale=1.0)

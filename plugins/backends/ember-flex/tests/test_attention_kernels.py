@@ -2,8 +2,9 @@
 against the ops' compositions: no mask, bool and float masks (broadcast), is_causal (L != S too), scale=, GQA,
 dropout (the composition's draw), broadcast batch dims, unbatched 2-D operands, float32 and float64, fused and
 unfused devices, fully masked rows, the float mask's gradient, and MultiheadAttention / TransformerEncoderLayer
-through the kernels. Every test checks the kernels really ran (a silent fall back to the composition gives the
-same numbers)."""
+through the kernels; inference (no gradient can flow) through the output-only kernel, bit for bit the training
+forward's output, eager and replayed. Every test checks the kernels really ran (a silent fall back to the
+composition gives the same numbers)."""
 
 from __future__ import annotations
 
@@ -277,3 +278,123 @@ def test_inference_runs_the_forward_kernel_only(calls: dict[str, int]) -> None:
         out, w = m(x, x, x, need_weights=False)
     assert out.shape == (2, 5, 8) and w is None
     assert calls == {"forward": 0, "backward": 0, "out": 1}
+
+
+# -- inference: the output-only op (nn.scaled_dot_product_attention_out) ------------------------------------------
+# (device, how no gradient can flow): a device without autodiff; autodiff under no_grad; autodiff with operands that
+# do not require grad; the fused device
+INFERENCE = [("flex", "plain"), ("flex+autodiff", "no_grad"), ("flex+autodiff", "no_requires_grad"),
+             ("flex+fusion(False)+autodiff", "no_grad"), ("flex+fusion", "plain")]
+
+
+def _inference(dev: str, how: str, arrays: list[np.ndarray], m: np.ndarray | None, **kw: Any) -> np.ndarray:
+    e_in = [ember.tensor(a, device=dev, requires_grad=how == "no_grad") for a in arrays]
+    e_m = None if m is None else ember.tensor(m, device=dev)
+    if how == "no_grad":
+        with ember.no_grad():
+            return F.scaled_dot_product_attention(*e_in, attn_mask=e_m, **kw).numpy()
+    return F.scaled_dot_product_attention(*e_in, attn_mask=e_m, **kw).numpy()
+
+
+@pytest.mark.parametrize("dev,how", INFERENCE)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case,mask_kind", [(c, k) for c, s in CASES.items()
+                                             for k in ([None] if s[3] is None else ["bool", "float"])])
+def test_inference_runs_the_output_only_kernel(calls: dict[str, int], dev: str, how: str, dtype: str, case: str,
+                                               mask_kind: str | None) -> None:
+    """No gradient can flow: the output-only kernel runs (never the forward that keeps the weights), with torch's
+    numbers and exactly the bits of the training forward's output."""
+    rng = np.random.default_rng(12)
+    qs, ks, vs, ms = CASES[case]
+    arrays = [_rand(rng, s, dtype) for s in (qs, ks, vs)]
+    m = _mask(rng, ms, mask_kind, dtype) if ms is not None and mask_kind else None
+    got = _inference(dev, how, arrays, m)
+    want = TF.scaled_dot_product_attention(*(torch.tensor(a) for a in arrays),
+                                           attn_mask=None if m is None else torch.tensor(m))
+    np.testing.assert_allclose(got, want.numpy(), **TOL[dtype])
+    assert calls == {"forward": 0, "backward": 0, "out": 1}
+    tracked = F.scaled_dot_product_attention(*(ember.tensor(a, device="flex+autodiff", requires_grad=True)
+                                               for a in arrays),
+                                             attn_mask=None if m is None else ember.tensor(m, device="flex+autodiff"))
+    assert calls == {"forward": 1, "backward": 0, "out": 1}
+    assert np.array_equal(got, tracked.numpy())  # the same blocks and arithmetic, bit for bit
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("kw", [{"is_causal": True}, {"enable_gqa": True}, {"scale": 0.3, "is_causal": True}],
+                         ids=["causal", "gqa", "scale-causal"])
+def test_inference_causal_gqa_and_dtypes(calls: dict[str, int], dtype: str, kw: dict[str, Any]) -> None:
+    rng = np.random.default_rng(13)
+    shapes = ((2, 6, 9, 4), (2, 2, 11, 4), (2, 3, 11, 5)) if kw.get("enable_gqa") else \
+        ((2, 3, 9, 4), (2, 3, 11, 4), (2, 3, 11, 5))
+    arrays = [_rand(rng, s, "float32") for s in shapes]
+    e_in = [ember.tensor(a, device="flex").to(getattr(ember, dtype)) for a in arrays]
+    t_in = [torch.tensor(a).to(getattr(torch, dtype)) for a in arrays]
+    got = F.scaled_dot_product_attention(*e_in, **kw)
+    assert got.dtype is getattr(ember, dtype) and calls["out"] == 1
+    want = TF.scaled_dot_product_attention(*t_in, **kw)
+    tol = TOL.get(dtype, {"rtol": 2e-2, "atol": 2e-2})
+    np.testing.assert_allclose(got.to(ember.float64).numpy(), want.double().numpy(), **tol)
+    # the training forward's output, bit for bit (half dtypes: the same float32 work, rounded once)
+    sc = kw.get("scale", 0.5)
+    rk = rv = 1
+    if kw.get("enable_gqa"):
+        rk, rv = 3, 2
+    full = A.sdpa(*e_in, None, None, scale=sc, is_causal=kw.get("is_causal", False), repeat_k=rk, repeat_v=rv)[0]
+    assert np.array_equal(got.to(ember.float64).numpy(), full.to(ember.float64).numpy())
+
+
+def test_a_mask_that_requires_grad_keeps_the_training_forward(calls: dict[str, int]) -> None:
+    """Only the float mask requires grad: gradient flows to it, so the weights are kept and its gradient is torch's."""
+    rng = np.random.default_rng(14)
+    arrays = [_rand(rng, s, "float64") for s in ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4))]
+    m = _rand(rng, (5, 7), "float64")
+    e_m, t_m = ember.tensor(m, device="flex+autodiff", requires_grad=True), torch.tensor(m, requires_grad=True)
+    e = F.scaled_dot_product_attention(*(ember.tensor(a, device="flex+autodiff") for a in arrays), attn_mask=e_m)
+    t = TF.scaled_dot_product_attention(*(torch.tensor(a) for a in arrays), attn_mask=t_m)
+    e.sum().backward()
+    t.sum().backward()
+    np.testing.assert_allclose(e_m.grad.numpy(), t_m.grad.numpy(), **TOL["float64"])
+    assert calls == {"forward": 1, "backward": 1, "out": 0}
+
+
+def test_need_weights_still_gets_the_weights(calls: dict[str, int]) -> None:
+    """MultiheadAttention(need_weights=True) under no_grad returns torch's averaged and per-head weights."""
+    rng = np.random.default_rng(15)
+    tm = torch.nn.MultiheadAttention(8, 2, batch_first=True, dtype=torch.float64)
+    em = ember.nn.MultiheadAttention(8, 2, batch_first=True, dtype=ember.float64, device="flex")
+    em.load_state_dict({k: ember.tensor(v.detach().numpy(), device="flex") for k, v in tm.state_dict().items()})
+    x = rng.standard_normal((2, 5, 8))
+    ex, tx = ember.tensor(x, device="flex"), torch.tensor(x)
+    for average in (True, False):
+        with ember.no_grad(), torch.no_grad():
+            eo, ew = em(ex, ex, ex, need_weights=True, average_attn_weights=average)
+            to, tw = tm(tx, tx, tx, need_weights=True, average_attn_weights=average)
+        np.testing.assert_allclose(eo.numpy(), to.numpy(), **TOL["float64"])
+        assert ew is not None
+        np.testing.assert_allclose(ew.numpy(), tw.numpy(), **TOL["float64"])
+    with ember.no_grad():
+        eo2, none = em(ex, ex, ex, need_weights=False)
+    assert none is None and calls["out"] == 1
+    np.testing.assert_allclose(eo2.numpy(), eo.numpy(), **TOL["float64"])
+
+
+def test_inference_replay_is_bit_identical_to_eager(calls: dict[str, int]) -> None:
+    """An encoder layer's inference forward through ember.compile's replay: eager's bits, the output-only kernel."""
+    dev = ember.Device.parse("flex")
+    layer = ember.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation="gelu", batch_first=True,
+                                             norm_first=True, device=dev)
+    layer.eval()
+    rng = np.random.default_rng(16)
+    xs = [ember.tensor(rng.standard_normal((3, 24, 16)).astype(np.float32), device=dev) for _ in range(3)]
+
+    def fwd(x: Any) -> Any:
+        with ember.no_grad():
+            return layer(x, is_causal=True)
+
+    eager = [fwd(x).numpy() for x in xs]
+    f = ember.compile(fwd)
+    replayed = [f(x).numpy() for x in xs]
+    assert f.stats()["replays"] >= 1
+    assert calls["forward"] == 0 and calls["out"] >= len(xs) + 1
+    assert all(np.array_equal(a, b) for a, b in zip(eager, replayed, strict=True))

@@ -2,7 +2,8 @@
 the causal row blocks that skip the keys after their last row, the max-free softmax where the scores are bounded,
 the backward's blocks of heads, and the blocks on flex's thread pool. Every case runs with tiny blocks (many
 blocks, the pool forced on) and is compared with torch, with the kernel's own one-block result, and bit for bit
-across thread counts."""
+across thread counts. The output-only forward (inference) equals the forward's output bit for bit and never holds
+the (..., L, S) weights."""
 
 from __future__ import annotations
 
@@ -307,3 +308,78 @@ def test_compile_replay_is_bit_identical_to_eager(tiny_blocks: None) -> None:
     assert replays[0] >= 1  # the later steps replayed the recording
     assert le == lc
     assert we.keys() == wc.keys() and all(np.array_equal(we[k], wc[k]) for k in we)
+
+
+# -- the output-only forward (inference) -------------------------------------------------------------------------
+@pytest.mark.parametrize("softmax", ["auto", "stable"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case,mask_kind,causal", CASES)
+def test_out_only_is_the_forward_output_bit_for_bit(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch,
+                                                     softmax: str, dtype: str, case: str, mask_kind: str | None,
+                                                     causal: bool) -> None:
+    """sdpa_out in many blocks on the pool: exactly sdpa's ``out`` (same blocks, same arithmetic; the scores in a
+    scratch buffer instead of a slice of the weights), and torch's numbers."""
+    if softmax == "stable":
+        monkeypatch.setattr(K, "_EXP_LIMIT", {4: -1.0, 8: -1.0})
+    q, k, v, m = _data(SHAPES[case], dtype, mask_kind, seed=20)
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    got = K.sdpa_out(None, q, k, v, m, None, scale=scale, is_causal=causal)
+    out, _ = _kernel(q, k, v, m, is_causal=causal)
+    assert got.dtype == out.dtype and got.shape == out.shape
+    assert np.array_equal(got, out)
+    np.testing.assert_allclose(got, _torch(q, k, v, m, is_causal=causal), **TOL[dtype])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_out_only_dropout_gqa_half_and_thread_count(tiny_blocks: None, causal: bool) -> None:
+    """Dropout factors and GQA repeats in blocks, float16 in float32 work: sdpa's ``out`` bit for bit, on 1, 2 and 4
+    threads."""
+    rng = np.random.default_rng(21)
+    q = rng.standard_normal((2, 6, 22, 8)).astype(np.float32)
+    k, v = rng.standard_normal((2, 2, 25, 8)).astype(np.float32), rng.standard_normal((2, 3, 25, 5)).astype(np.float32)
+    drop = ((rng.random((2, 6, 22, 25)) < 0.7) / 0.7).astype(np.float32)
+    kw = {"scale": 0.3, "is_causal": causal, "repeat_k": 3, "repeat_v": 2}
+    before = threads.get_num_threads()
+    try:
+        for n in (1, 2, 4):
+            threads.set_num_threads(n)
+            threads.min_elems = 1
+            for args in ((q, k, v, None, drop), (q, k, v, None, None),
+                         tuple(None if a is None else a.astype(np.float16) for a in (q, k, v, None, drop))):
+                got = K.sdpa_out(None, *args, **kw)
+                want, _ = K.sdpa(None, *args, **kw)
+                assert got.dtype == args[0].dtype and np.array_equal(got, want), (n, args[0].dtype)
+    finally:
+        threads.set_num_threads(before)
+
+
+def test_out_only_never_holds_the_weights() -> None:
+    """The output-only forward's peak traced memory stays far below one (..., L, S) buffer, which the forward that
+    keeps the weights allocates (numpy reports its buffers to tracemalloc)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(22)
+    q, k, v = (rng.standard_normal((1, 8, 512, 16)).astype(np.float32) for _ in range(3))
+    weights = 8 * 512 * 512 * 4  # 8 MiB of float32 probabilities
+
+    def peak(fn: Any) -> int:
+        tracemalloc.start()
+        try:
+            fn(None, q, k, v, None, None, scale=0.25)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    full, only = peak(K.sdpa), peak(K.sdpa_out)
+    assert full >= weights  # the instrument sees numpy's buffers
+    # q's scaled copy and out (256 KiB each) and a block's scratch (512 KiB) per thread: well under the weights
+    assert only < weights // 4, (full, only)
+
+
+def test_out_only_empty_shapes() -> None:
+    q = np.ones((2, 0, 4), np.float32)
+    k = np.ones((2, 3, 4), np.float32)
+    assert K.sdpa_out(None, q, k, k, None, None, scale=1.0).shape == (2, 0, 4)
+    out = K.sdpa_out(None, np.ones((2, 3, 4), np.float32), np.ones((2, 0, 4), np.float32),
+                     np.ones((2, 0, 5), np.float32), None, None, scale=1.0)
+    assert out.shape == (2, 3, 5) and np.all(out == 0)
