@@ -145,37 +145,41 @@ def test_pairwise_plan_is_numpys_tree_and_cached(pool):
 
 
 def test_cold_pool_goes_serial_and_comes_back(pool, monkeypatch):
-    """Made-up measurements: ops whose pooled wall time is no better than the caller's serial estimate make the
-    pool cold (active() False, the backend runs serial numpy, same bits); after the pause a probe that pays
-    makes it warm again; failing probes double the pause up to _BACKOFF_MAX."""
+    """Made-up measurements of one kind of op: pooled wall times no better than the caller's serial estimate make
+    the kind cold (and, as it is the only kind measured, active() False: the backend runs serial numpy, same
+    bits); after the pause a probe that pays makes it warm again; failing probes double the pause up to
+    _BACKOFF_MAX."""
     p = T._pool
     now = [1000.0]
     monkeypatch.setattr(T, "_clock", lambda: now[0])
     monkeypatch.setattr(T, "_MEASURE_FROM_CHUNK", 0)  # the fixture's small chunks: measured all the same
-    assert T.active() and p.gain == 1.5
+    assert T.active() and p.gain == 1.5 and not p.kinds
     for _ in range(20):  # the caller ran every chunk itself: speed-up 1/1.1
-        p._measured(4, 4, 1.0, 1.1)
-        if not T.active():
+        p._measured("k", 4, 4, 1.0, 1.1)
+        if not T.active("k"):
             break
-    assert not T.active() and p.cold_until == pytest.approx(now[0] + T._BACKOFF_MIN)
+    st = p.kinds["k"]
+    assert not T.active("k") and st.cold_until == pytest.approx(now[0] + T._BACKOFF_MIN)
+    assert not T.active() and p.all_cold_until == st.cold_until  # every measured kind is cold
     be = FlexBackend()
     x = np.random.default_rng(6).standard_normal((50, 40)).astype(np.float32)
     _identical(be.reduce("sum", x, (0, 1), False), np.add.reduce(x, axis=(0, 1)))  # serial while cold
     _identical(be.copy(x), x)
     now[0] += T._BACKOFF_MIN  # the pause is over: the next pooled op is a probe
-    assert T.active()
-    p._measured(4, 4, 1.0, 1.1)  # the probe does not pay: a pause twice as long
-    assert not T.active() and p.cold_until == pytest.approx(now[0] + 2 * T._BACKOFF_MIN)
+    assert T.active("k") and T.active()
+    p._measured("k", 4, 4, 1.0, 1.1)  # the probe does not pay: a pause twice as long
+    assert not T.active("k") and st.cold_until == pytest.approx(now[0] + 2 * T._BACKOFF_MIN)
     for _ in range(12):
-        now[0] = p.cold_until
-        p._measured(4, 4, 1.0, 1.1)
-    assert p.cold_until - now[0] == pytest.approx(T._BACKOFF_MAX)
-    now[0] = p.cold_until
-    p._measured(4, 2, 1.0, 1.2)  # the caller ran half the chunks in 1.2x the time of two: speed-up 1.67
-    assert T.active() and p.cold_until == 0.0 and p.gain == pytest.approx(2 / 1.2)
-    p._measured(4, 2, 1.0, 0.0)  # a zero wall time measures nothing
-    p._measured(4, 2, 0.0, 1.0)  # nor does a CPU clock too coarse to see the chunks
-    assert p.gain == pytest.approx(2 / 1.2)
+        now[0] = st.cold_until
+        p._measured("k", 4, 4, 1.0, 1.1)
+    assert st.cold_until - now[0] == pytest.approx(T._BACKOFF_MAX)
+    now[0] = st.cold_until
+    p._measured("k", 4, 2, 1.0, 1.2)  # the caller ran half the chunks in 1.2x the time of two: speed-up 1.67
+    assert T.active("k") and st.cold_until == 0.0 and st.gain == pytest.approx(2 / 1.2)
+    assert T.active() and p.all_cold_until == 0.0
+    p._measured("k", 4, 2, 1.0, 0.0)  # a zero wall time measures nothing
+    p._measured("k", 4, 2, 0.0, 1.0)  # nor does a CPU clock too coarse to see the chunks
+    assert st.gain == pytest.approx(2 / 1.2) and p.gain == st.gain
 
 
 def test_lowered_thresholds_never_go_cold(pool):
@@ -183,16 +187,19 @@ def test_lowered_thresholds_never_go_cold(pool):
     large op stays pooled, so tests exercise the workers."""
     p = T._pool
     for _ in range(50):
-        p._measured(4, 4, 1.0, 10.0)
-    assert T.active() and p.gain == 1.5 and p.cold_until == 0.0
+        p._measured("k", 4, 4, 1.0, 10.0)
+    assert T.active() and T.active("k") and p.gain == 1.5 and not p.kinds and p.all_cold_until == 0.0
 
 
-def test_cold_pool_reset_by_set_num_threads(pool):
+def test_cold_pool_reset_by_set_num_threads(pool, monkeypatch):
+    """A new thread count is measured afresh: every kind's estimate is dropped."""
+    monkeypatch.setattr(T, "_MEASURE_FROM_CHUNK", 0)
     p = T._pool
-    p.cold_until = T._clock() + 3600
-    assert not T.active()
+    for _ in range(8):
+        p._measured("k", 4, 4, 1.0, 3.0)
+    assert not T.active("k") and not T.active()
     ember.set_num_threads(3)
-    assert T.active() and p.gain == 1.5 and T.get_num_threads() == 3
+    assert T.active() and T.active("k") and p.gain == 1.5 and not p.kinds and T.get_num_threads() == 3
 
 
 def test_stalled_worker_makes_the_pool_cold_not_wrong(pool, monkeypatch):

@@ -297,18 +297,24 @@ def test_tensor_ops_through_ember(pool):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5)
 
 
-def test_fork_child_gets_a_fresh_pool(pool):
+def test_fork_child_gets_a_fresh_pool(pool, monkeypatch):
     import os
 
     if not hasattr(os, "fork"):
         pytest.skip("no fork")
     x = np.arange(10_000, dtype=np.float32)
     T.elementwise(np.add, (x, x))  # the parent's workers exist
+    monkeypatch.setattr(T, "_MEASURE_FROM_CHUNK", 0)
+    for _ in range(10):  # and a cold kind: the child measures afresh
+        T._pool._measured(T._key(np.add), 4, 4, 1.0, 2.0)
+    assert not T.active(np.add)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: the parent's workers are gone; the pool must make new ones, not wait for dead ones
         try:
-            ok = T.elementwise(np.add, (x, x)) is not None and np.array_equal(T.elementwise(np.add, (x, x)), x + x)
+            ok = not T._pool.kinds and T.active(np.add)
+            ok = ok and T.elementwise(np.add, (x, x)) is not None
+            ok = ok and np.array_equal(T.elementwise(np.add, (x, x)), x + x)
             os.write(w, b"1" if ok else b"0")
         finally:
             os._exit(0)

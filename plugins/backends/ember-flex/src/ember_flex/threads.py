@@ -57,7 +57,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from types import CodeType
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,9 @@ _clock = time.perf_counter
 #: the pool measures itself (and may go cold) only while chunks are at least this long: with the thresholds lowered
 #: (tests, EMBER_FLEX_THREADS_MIN) chunking is under test, not speed, and every large op stays pooled
 _MEASURE_FROM_CHUNK = 1 << 16
+#: kinds of op with an estimate of their own (see :func:`run`): a model's few dozen kernels and ufuncs fit; beyond,
+#: the least recently measured kind is dropped (and measured afresh when it comes back)
+_MAX_KINDS = 64
 
 
 def _cpu_clock() -> Callable[[], float] | None:
@@ -169,6 +173,61 @@ class _Batch:
                 self.done.release()
 
 
+class _Speed:
+    """One kind of op's estimate: the running mean of its pooled ops' measured speed-up, and its cold pause."""
+
+    __slots__ = ("gain", "cold_until", "backoff", "used", "pooled", "cold")
+
+    def __init__(self) -> None:
+        self.gain = 1.5  # a hopeful start: a new kind is pooled until its own measurements say otherwise
+        #: while _clock() < cold_until, ops of this kind run serially: the last pooled ones did not pay
+        self.cold_until = 0.0
+        self.backoff = _BACKOFF_MIN
+        self.used = 0  # the pool's tick at its last measurement: the least recently measured kind is dropped first
+        self.pooled = 0  # ops of this kind run on the workers, and run serially while cold (see kind_stats)
+        self.cold = 0
+
+
+def _key(f: Any) -> Hashable:
+    """The kind key of a callable: a Python function's (or bound method's) code object, so every closure made by
+    one ``def`` is one kind; a ufunc itself; other functions by module and qualified name; any other callable by
+    its type. ``functools.partial`` is unwrapped. Never the callable itself where that could keep objects alive."""
+    while isinstance(f, functools.partial):
+        f = f.func
+    code = getattr(f, "__code__", None)
+    if isinstance(code, CodeType):
+        return code
+    if isinstance(f, np.ufunc):
+        return f
+    name = getattr(f, "__qualname__", None)
+    if isinstance(name, str):  # builtins and C functions: module-level, named
+        return (getattr(f, "__module__", None), name)
+    return type(f)
+
+
+def _task_kind(task: tuple[Callable[..., Any], tuple[Any, ...]]) -> Hashable:
+    """The kind of a batch of tasks, from its first: the function's key, and the first argument's when that is
+    callable too (a generic chunk helper running a ufunc, or a wrapper running a kernel's block function)."""
+    fn, args = task
+    k = _key(fn)
+    if args and callable(args[0]):
+        return (k, _key(args[0]))
+    return k
+
+
+def _kind_name(k: Any) -> str:
+    """A readable name of a kind key (kind_stats)."""
+    if isinstance(k, CodeType):
+        return f"{getattr(k, 'co_qualname', k.co_name)} ({os.path.basename(k.co_filename).removesuffix('.py')})"
+    if isinstance(k, np.ufunc):
+        return k.__name__
+    if isinstance(k, type):
+        return k.__qualname__
+    if isinstance(k, tuple):
+        return ".".join(_kind_name(x) for x in k if x is not None)
+    return str(k)
+
+
 class _Pool:
     """Daemon worker threads fed from one queue; :meth:`run` runs one op's chunks on them and the caller."""
 
@@ -183,46 +242,80 @@ class _Pool:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._busy = threading.Lock()  # held by the one op using the workers
         self._reset_speed()
-        #: ops run on the workers, and checks of active() that found the pool cold (see :func:`pool_stats`)
+        #: ops run on the workers, and large ops run serially because the pool or their kind was cold (pool_stats)
         self.pooled = 0
         self.cold = 0
 
     def _reset_speed(self) -> None:
-        #: running mean of the measured speed-up of pooled ops over the serial estimate (a hopeful start)
-        self.gain = 1.5
-        #: while perf_counter() < cold_until, ops run serially: the last pooled ones did not pay
-        self.cold_until = 0.0
-        self._backoff = _BACKOFF_MIN
+        # every estimate is written under _busy (run's _measured, set_threads) and read without it: rebinding the
+        # dict leaves a concurrent reader with the old one, consistent in itself
+        #: kind key -> its estimate; at most _MAX_KINDS, the least recently measured dropped first
+        self.kinds: dict[Hashable, _Speed] = {}
+        #: > 0 while every measured kind is cold (the earliest end of their pauses): the machine is busy, and
+        #: active() without a kind says so to callers that check before chunking
+        self.all_cold_until = 0.0
+        self._tick = 0
 
-    def active(self) -> bool:
-        """Whether large ops should be chunked now: False for a while after pooled ops stopped paying (the other
-        cores busy with other processes: a worker that gets a chunk and is then preempted makes the caller wait
-        for it), True again when that while is over (the next pooled op measures again)."""
-        if not self.cold_until or _clock() >= self.cold_until:
+    @property
+    def gain(self) -> float:
+        """The mean of the kinds' speed-up estimates (1.5, the hopeful start, before any was measured)."""
+        kinds = list(self.kinds.values())
+        return sum(s.gain for s in kinds) / len(kinds) if kinds else 1.5
+
+    def active(self, kind: Hashable | None = None) -> bool:
+        """Whether large ops (of ``kind``) should be chunked now: False for a while after pooled ops of that kind
+        stopped paying (the other cores busy with other processes, or a bandwidth-bound op that a second thread
+        does not speed up), True again when that while is over (the next pooled op of the kind measures again).
+        Without a kind, or for a kind not measured yet: False only while every measured kind is cold."""
+        return self._pays(kind)
+
+    def _pays(self, kind: Hashable | None) -> bool:
+        st = None if kind is None else self.kinds.get(kind)
+        until = self.all_cold_until if st is None else st.cold_until
+        if not until or _clock() >= until:
             return self.threads > 1
         self.cold += 1
+        if st is not None:
+            st.cold += 1
         return False
 
-    def _measured(self, tasks: int, ran: int, busy: float, wall: float) -> None:
-        """Update the speed-up estimate after a pooled op: the caller's own chunks timed the serial cost (the CPU
-        seconds of its chunks per chunk, times all chunks) against the op's wall time. CPU time, not wall time: a
-        caller preempted by other processes would otherwise find its own chunks slow and the pool's wall time
-        good in comparison. Only the timing uses this: every chunking gives the serial bits."""
+    def _measured(self, kind: Hashable, tasks: int, ran: int, busy: float, wall: float) -> None:
+        """Update ``kind``'s speed-up estimate after one of its pooled ops (under ``_busy``): the caller's own
+        chunks timed the serial cost (the CPU seconds of its chunks per chunk, times all chunks) against the op's
+        wall time. CPU time, not wall time: a caller preempted by other processes would otherwise find its own
+        chunks slow and the pool's wall time good in comparison. Only the timing uses this: every chunking gives
+        the serial bits."""
         self.pooled += 1
         if ran == 0 or busy <= 0 or wall <= 0 or MIN_CHUNK < _MEASURE_FROM_CHUNK:
             return
+        st = self.kinds.get(kind)
+        if st is None:
+            if len(self.kinds) >= _MAX_KINDS:
+                del self.kinds[min(self.kinds, key=lambda k: self.kinds[k].used)]
+            st = self.kinds[kind] = _Speed()
+            self.all_cold_until = 0.0  # a new kind is warm
+        self._tick += 1
+        st.used = self._tick
+        st.pooled += 1
         ratio = busy * tasks / ran / wall
         now = _clock()
-        if self.cold_until:  # a probe after a cold spell: one pooled op decides
+        if st.cold_until:  # a probe after a cold spell: one pooled op decides
             if ratio >= _PAYS:
-                self.cold_until, self._backoff, self.gain = 0.0, _BACKOFF_MIN, ratio
+                st.cold_until, st.backoff, st.gain = 0.0, _BACKOFF_MIN, ratio
+                self.all_cold_until = 0.0
             else:
-                self._backoff = min(2 * self._backoff, _BACKOFF_MAX)
-                self.cold_until = now + self._backoff
+                st.backoff = min(2 * st.backoff, _BACKOFF_MAX)
+                self._cools(st, now + st.backoff)
             return
-        self.gain += (ratio - self.gain) * 0.25
-        if self.gain < _PAYS:
-            self.cold_until = now + self._backoff
+        st.gain += (ratio - st.gain) * 0.25
+        if st.gain < _PAYS:
+            self._cools(st, now + st.backoff)
+
+    def _cools(self, st: _Speed, until: float) -> None:
+        """``st``'s kind goes cold until ``until``; when every kind is cold, so is active() without a kind."""
+        st.cold_until = until
+        kinds = self.kinds.values()
+        self.all_cold_until = min(s.cold_until for s in kinds) if all(s.cold_until for s in kinds) else 0.0
 
     def _work(self) -> None:
         get = self._queue.get
@@ -243,10 +336,17 @@ class _Pool:
             if extra > 0:
                 self._workers = self._workers[:n - 1]
 
-    def run(self, tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    def run(self, tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], kind: Hashable | None = None) -> None:
         """Run every ``fn(*args)`` on this thread and the workers; return when all are done and raise the first
-        error. Serial on this thread when another op holds the pool or while it is cold (:meth:`active`)."""
-        if len(tasks) < 2 or not self.active() or not self._busy.acquire(blocking=False):
+        error. Serial on this thread when another op holds the pool or while it, or the tasks' kind (``kind``, by
+        default :func:`_task_kind` of the first task), is cold (:meth:`active`)."""
+        if len(tasks) < 2:
+            _run_serially(tasks)
+            return
+        if kind is None:
+            kind = _task_kind(tasks[0])
+        # self.active() first, without a kind: what a test that keeps the pool on replaces
+        if not self.active() or not self._pays(kind) or not self._busy.acquire(blocking=False):
             _run_serially(tasks)
             return
         try:
@@ -264,7 +364,7 @@ class _Pool:
             batch.done.acquire()
             if batch.error is not None:
                 raise batch.error
-            self._measured(len(tasks), ran, busy, time.perf_counter() - t0)
+            self._measured(kind, len(tasks), ran, busy, time.perf_counter() - t0)
         finally:
             self._busy.release()
 
@@ -276,17 +376,21 @@ if hasattr(os, "register_at_fork"):
 
 def set_num_threads(n: int) -> None:
     """Use n threads for large elementwise ops and reductions (1: all serial). ``ember.set_num_threads`` calls
-    this through flex's ``register_backend_traits`` declaration."""
+    this through flex's ``register_backend_traits`` declaration; every kind's speed estimate starts afresh."""
     global min_elems
     _pool.set_threads(n)
     min_elems = MIN_ELEMS if n > 1 else _NEVER
 
 
-def active() -> bool:
+def active(kind: Any = None) -> bool:
     """Whether chunking large ops pays now (see :meth:`_Pool.active`): callers that check it run their plain
     serial call while it is False, skipping even the chunking's Python; the others' chunks then run one after
-    another on the calling thread."""
-    return _pool.active()
+    another on the calling thread. ``kind``: a function as passed to :func:`run` (its kind is that of
+    ``run([(kind, args)])`` with a non-callable first argument) or a kind key; without it, False only while every
+    kind measured so far is cold (a busy machine)."""
+    if kind is None:
+        return _pool.active()  # without an argument: what a test that keeps the pool on replaces
+    return _pool._pays(_key(kind) if callable(kind) else kind)
 
 
 def _run_serially(tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
@@ -301,21 +405,44 @@ def _run_serially(tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -
         raise first
 
 
-def run(tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+def run(tasks: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], kind: Any = None) -> None:
     """Run every ``fn(*args)`` of ``tasks`` (independent of each other) on this thread and the pool's workers,
     returning when all are done and re-raising the first error; one after another on this thread while the pool is
     cold or another op holds it. For kernels that cut their own work into blocks, each computed the same way
-    whatever thread runs it (flex's norm, training and attention kernels)."""
-    _pool.run(tasks)
+    whatever thread runs it (flex's norm, training and attention kernels).
+
+    Whether pooling pays is estimated per kind of op: ``kind`` (a function or a kind key, as :func:`active`
+    takes), by default the first task's function (with its first argument where that is a function too: a
+    wrapper's kernel), so each kernel's blocks are judged on their own."""
+    _pool.run(tasks, None if kind is None else _key(kind) if callable(kind) else kind)
 
 
 def pool_stats(reset: bool = False) -> dict[str, int]:
-    """``{"pooled": ops run on the workers, "cold": large ops run serially because the pool was cold}`` since the
-    process started or the last ``reset=True`` (benchmarks report them next to their timings)."""
+    """``{"pooled": ops run on the workers, "cold": large ops run serially because the pool (or their kind) was
+    cold}`` since the process started or the last ``reset=True`` (benchmarks report them next to their timings;
+    :func:`kind_stats` splits them by kind)."""
     r = {"pooled": _pool.pooled, "cold": _pool.cold}
     if reset:
         _pool.pooled = _pool.cold = 0
     return r
+
+
+def kind_stats(reset: bool = False) -> dict[str, dict[str, float]]:
+    """Per kind of op measured so far (named by function or ufunc; at most :data:`_MAX_KINDS`): ``{"gain": its
+    running speed-up estimate, "cold": 1.0 while it is paused (serial) else 0.0, "pooled": its ops run on the
+    workers, "serial": its ops run serially while cold}``, the counts since the kind was first measured or the
+    last ``reset=True``. For profiles: which kinds pay on this machine."""
+    out: dict[str, dict[str, float]] = {}
+    now = _clock()
+    for k, st in list(_pool.kinds.items()):
+        name = _kind_name(k)
+        while name in out:  # two keys with one name (two modules' functions of one name): both shown
+            name += "'"
+        out[name] = {"gain": round(st.gain, 3), "cold": float(bool(st.cold_until) and now < st.cold_until),
+                     "pooled": st.pooled, "serial": st.cold}
+        if reset:
+            st.pooled = st.cold = 0
+    return out
 
 
 def get_num_threads() -> int:
@@ -369,7 +496,11 @@ def _copy_result(fn: Callable[..., Any], args: tuple[Any, ...], out: ndarray) ->
 def elementwise(fn: Callable[..., Any], args: tuple[Any, ...]) -> ndarray | None:
     """``fn(*args)`` for a numpy elementwise function (a ufunc, or a function of ufuncs such as flex's sigmoid or
     ``np.where``) computed in chunks on the pool, bit for bit and stride for stride as the serial call; ``None``
-    where chunking would not be exact or would not pay (the caller then calls ``fn`` itself)."""
+    where chunking would not be exact or would not pay (the caller then calls ``fn`` itself). Each ``fn`` is a kind
+    of its own (see :func:`run`): exp may pay where a bandwidth-bound add does not."""
+    kind = _key(fn)
+    if not _pool._pays(kind):
+        return None
     arrays = [a for a in args if type(a) is ndarray]
     shape = arrays[0].shape
     for a in arrays[1:]:
@@ -389,7 +520,7 @@ def elementwise(fn: Callable[..., Any], args: tuple[Any, ...]) -> ndarray | None
         order = "C"
         if len(full) == len(arrays):  # no broadcasting: split the flat arrays
             flat_args = tuple(a.reshape(-1) if type(a) is ndarray else a for a in args)
-            r = _run_elementwise(fn, flat_args, (n,), 0, parts, None)
+            r = _run_elementwise(fn, flat_args, (n,), 0, parts, None, kind)
             return None if r is None else r.reshape(shape)
         axis = _outer_axis(shape, tuple(range(ndim, 0, -1)), parts, range(ndim))
     elif len(arrays) == 1 and full:
@@ -400,11 +531,11 @@ def elementwise(fn: Callable[..., Any], args: tuple[Any, ...]) -> ndarray | None
         return None  # mixed layouts: numpy's choice of result layout is not worth re-deriving
     if axis < 0:
         return None
-    return _run_elementwise(fn, args, shape, axis, parts, arrays[0] if order == "K" else None)
+    return _run_elementwise(fn, args, shape, axis, parts, arrays[0] if order == "K" else None, kind)
 
 
 def _run_elementwise(fn: Callable[..., Any], args: tuple[Any, ...], shape: tuple[int, ...], axis: int,
-                     parts: int, like: ndarray | None) -> ndarray | None:
+                     parts: int, like: ndarray | None, kind: Hashable) -> ndarray | None:
     """The chunks along ``axis`` into a new result: C order, or ``like``'s layout (numpy's order K)."""
     ndim = len(shape)
     # per operand: the axis of its own that is split, -1 for an operand taken whole (a scalar, or broadcast)
@@ -417,7 +548,7 @@ def _run_elementwise(fn: Callable[..., Any], args: tuple[Any, ...], shape: tuple
     tasks = [(run, (fn, args, ks, lo, hi, out, axis))
              for lo, hi in _bounds(shape[axis], parts, 64 if axis == ndim - 1 else 1)]
     try:
-        _pool.run(tasks)
+        _pool.run(tasks, kind)
     except _Mismatch:
         return None
     return out
@@ -463,7 +594,8 @@ def inplace(fn: np.ufunc, a: ndarray, b: Any) -> bool:
         except ValueError:
             return False
     parts = _parts(a.size)
-    if parts < 2 or a.ndim == 0:
+    kind = ("inplace", fn)
+    if parts < 2 or a.ndim == 0 or not _pool._pays(kind):
         return False
     if type(b) is not ndarray or b.shape == a.shape:
         fa = a.reshape(-1)
@@ -475,7 +607,7 @@ def inplace(fn: np.ufunc, a: ndarray, b: Any) -> bool:
             return False
         ks = (axis, _split_axis(b, axis, a.ndim))
         tasks = [(_ufunc_chunk, (fn, (a, b), ks, lo, hi, a, axis)) for lo, hi in _bounds(a.shape[axis], parts)]
-    _pool.run(tasks)
+    _pool.run(tasks, kind)
     return True
 
 
@@ -483,7 +615,7 @@ def cast(h: ndarray, npdt: np.dtype[Any], trunc: bool) -> ndarray | None:
     """``h.astype(npdt)`` (``np.trunc(h).astype(npdt)`` with ``trunc``) in chunks: one pass, the same cast loop;
     ``None`` where it would not pay."""
     parts = _parts(h.size)
-    if parts < 2 or h.ndim == 0:
+    if parts < 2 or h.ndim == 0 or not _pool._pays("cast"):
         return None
     out = np.empty_like(h, dtype=npdt)  # astype's order K
     if h.flags.c_contiguous:
@@ -497,7 +629,7 @@ def cast(h: ndarray, npdt: np.dtype[Any], trunc: bool) -> ndarray | None:
     pre = (slice(None),) * axis
     tasks = [(_cast_into, (src[pre + (slice(lo, hi),)], dst[pre + (slice(lo, hi),)], trunc))
              for lo, hi in _bounds(src.shape[axis], parts, 64 if src.ndim == 1 else 1)]
-    _pool.run(tasks)
+    _pool.run(tasks, "cast")
     return out
 
 
@@ -511,7 +643,7 @@ def copy(h: ndarray) -> ndarray | None:
     ``np.copyto`` on slices, so the first touch of its new pages (which the kernel zeroes) and the copy itself are
     spread over the cores; ``None`` where that would not pay (the caller then copies serially)."""
     parts = _parts(h.size)
-    if parts < 2 or h.ndim == 0:
+    if parts < 2 or h.ndim == 0 or not _pool._pays("copy"):
         return None
     out = np.empty(h.shape, h.dtype)
     if h.flags.c_contiguous:
@@ -522,7 +654,7 @@ def copy(h: ndarray) -> ndarray | None:
             return None  # the outer axis of the C-order result is where its rows are contiguous
         src, dst = h, out
         bounds = _bounds(h.shape[0], min(parts, h.shape[0]))
-    _pool.run([(_copy_into, (dst[lo:hi], src[lo:hi])) for lo, hi in bounds])
+    _pool.run([(_copy_into, (dst[lo:hi], src[lo:hi])) for lo, hi in bounds], "copy")
     return out
 
 
@@ -542,18 +674,21 @@ def reduce(ufunc: np.ufunc, h: ndarray, dims: tuple[int, ...], keepdim: bool) ->
     if ndim == 0 or not dims:
         return None
     red = {d % ndim for d in dims}
-    if h.size < min_elems * (1 if _pairwise_loop(ufunc, h, red) else FAST_FACTOR):
+    pairwise = _pairwise_loop(ufunc, h, red)
+    if h.size < min_elems * (1 if pairwise else FAST_FACTOR):
         return None
     kept = [d for d in range(ndim) if d not in red]
     parts = _parts(h.size)
     if parts < 2:
         return None
     axis = _outer_axis(h.shape, h.strides, parts, kept) if kept else -1
+    # a kind per ufunc, loop (pairwise or SIMD) and split (along kept rows, or the whole array's partial results)
+    kind = ("reduce", ufunc, "pairwise" if pairwise else "simd", "rows" if axis >= 0 else "whole")
     if axis >= 0:
-        return _reduce_outer(ufunc, h, dims, keepdim, axis, parts, red)
+        return _reduce_outer(ufunc, h, dims, keepdim, axis, parts, red, kind) if _pool._pays(kind) else None
     if any(h.shape[d] != 1 for d in kept):
         return None  # a few kept rows: serial
-    return _reduce_whole(ufunc, h, keepdim, parts, red)
+    return _reduce_whole(ufunc, h, keepdim, parts, red, kind) if _pool._pays(kind) else None
 
 
 def _pairwise_loop(ufunc: np.ufunc, h: ndarray, red: set[int]) -> bool:
@@ -567,7 +702,7 @@ def _pairwise_loop(ufunc: np.ufunc, h: ndarray, red: set[int]) -> bool:
 
 
 def _reduce_outer(ufunc: np.ufunc, h: ndarray, dims: tuple[int, ...], keepdim: bool, axis: int, parts: int,
-                  red: set[int]) -> ndarray | None:
+                  red: set[int], kind: Hashable) -> ndarray | None:
     n = h.shape[axis]
     parts = min(parts, n // 2)  # chunks at least 2 long: a length-1 axis would be dropped and reorder the loops
     if parts < 2:
@@ -583,7 +718,7 @@ def _reduce_outer(ufunc: np.ufunc, h: ndarray, dims: tuple[int, ...], keepdim: b
     opre = (slice(None),) * oaxis
     tasks = [(_reduce_into, (ufunc, h[pre + (slice(lo, hi),)], dims, keepdim, out[opre + (slice(lo, hi),)]))
              for lo, hi in _bounds(n, parts)]
-    _pool.run(tasks)
+    _pool.run(tasks, kind)
     return out
 
 
@@ -600,43 +735,44 @@ def _flat(h: ndarray) -> ndarray | None:
     return None
 
 
-def _reduce_whole(ufunc: np.ufunc, h: ndarray, keepdim: bool, parts: int, red: set[int]) -> ndarray | None:
+def _reduce_whole(ufunc: np.ufunc, h: ndarray, keepdim: bool, parts: int, red: set[int],
+                  kind: Hashable) -> ndarray | None:
     flat = _flat(h)
     if flat is None:
         return None
     kind = h.dtype.kind
     shape = tuple(1 for _ in range(h.ndim)) if keepdim else ()
     if kind in "iub":  # integer arithmetic wraps: exact in any order
-        partial = _chunk_reduce(ufunc, flat, parts)
+        partial = _chunk_reduce(ufunc, flat, parts, kind)
         return np.asarray(ufunc.reduce(partial)).reshape(shape)
     if kind != "f" or h.dtype.itemsize < 4:
         return None  # half types accumulate wider inside numpy's loop; ml_dtypes' types have no pairwise loop
     if ufunc is np.add:
-        return np.asarray(_pairwise(flat, parts)).reshape(shape)
+        return np.asarray(_pairwise(flat, parts, kind)).reshape(shape)
     if ufunc is np.maximum or ufunc is np.minimum:
-        r = ufunc.reduce(_chunk_reduce(ufunc, flat, parts))
+        r = ufunc.reduce(_chunk_reduce(ufunc, flat, parts, kind))
         if r == 0 or r != r:  # the sign of a zero, a NaN's payload: whichever the serial order gives
             return None
         return np.asarray(r).reshape(shape)
     return None  # float products: numpy multiplies in sequence
 
 
-def _chunk_reduce(ufunc: np.ufunc, flat: ndarray, parts: int) -> ndarray:
+def _chunk_reduce(ufunc: np.ufunc, flat: ndarray, parts: int, kind: Hashable) -> ndarray:
     bounds = _bounds(flat.size, parts, 64)
     probe = ufunc.reduce(flat[:1])
     partial = np.empty(len(bounds), dtype=np.asarray(probe).dtype)
     tasks = [(_reduce_into, (ufunc, flat[lo:hi], (0,), True, partial[i:i + 1])) for i, (lo, hi) in enumerate(bounds)]
-    _pool.run(tasks)
+    _pool.run(tasks, kind)
     return partial
 
 
-def _pairwise(flat: ndarray, parts: int) -> Any:
+def _pairwise(flat: ndarray, parts: int, kind: Hashable) -> Any:
     """numpy's ``add.reduce`` of a contiguous float array: ``0 + pairwise_sum(flat)``, the tree's subtrees summed on
     the pool (``add.reduce(leaf, initial=-0.0)`` is exactly ``pairwise_sum(leaf)``: -0.0 changes no sum)."""
     leaves, tree = _pairwise_plan(flat.size, max(1, (parts - 1).bit_length()))  # 2**depth >= parts leaves
     sums = np.empty(len(leaves), dtype=flat.dtype)
     tasks = [(_leaf_sum, (flat[lo:lo + n], sums[i:i + 1])) for i, (lo, n) in enumerate(leaves)]
-    _pool.run(tasks)
+    _pool.run(tasks, kind)
     vals = list(sums)  # numpy scalars of flat's dtype: their + rounds as the C loop's does
 
     def combine(t: Any) -> Any:
