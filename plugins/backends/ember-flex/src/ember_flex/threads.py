@@ -32,12 +32,24 @@ Cold pool: on a machine whose other cores are busy with other processes, a worke
 preempted makes the caller wait for it, and pooled ops run slower than serial ones (measured here: a 1M-element
 float32 sum 0.54 ms pooled against 0.42 ms serial, minima, with 6 processes on 2 cores). Each pooled op therefore
 times the caller's own chunks (their CPU seconds per chunk times all chunks: the serial cost) against the op's
-wall time; when a running mean of that speed-up falls below :data:`_PAYS`, :func:`active` is False for 10 ms
-(doubling to 1 s while the probe after each pause does not pay) and the backend's reductions and copies run their
-plain serial calls (elementwise chunks run one after another on the caller). Only timing depends on this: every
-chunking gives the serial bits. The estimate cannot see two threads slowing each other (memory bandwidth): it errs
-towards pooling, as the pool did before it measured. With the thresholds lowered (tests, EMBER_FLEX_THREADS_MIN)
-the pool never goes cold: chunking is under test there, not speed.
+wall time; when a running mean of that speed-up falls below :data:`_PAYS`, ops of that kind run serially for 10 ms
+(doubling to 1 s while the probe after each pause does not pay): the backend's reductions, casts and elementwise
+ops their plain serial calls, a kernel's blocks one after another on the caller. Only timing depends on this:
+every chunking gives the serial bits. With the thresholds lowered (tests, EMBER_FLEX_THREADS_MIN) the pool never
+goes cold: chunking is under test there, not speed.
+
+Per kind, not one estimate for all: a bandwidth-bound op (``a + b``, a cast) gains ~1.0-1.3x from a second thread
+on a small VM, a compute-bound kernel (attention blocks, GELU, exp, norm blocks) ~2x. With one running mean the
+many cheap elementwise ops dragged it under :data:`_PAYS` and the attention blocks of a transformer's forward then
+ran serially too (measured: a (2, 8, 512, 64) float32 attention 14-17 ms pooled, 26-28 ms serial). A kind is keyed
+from what the caller passes, without naming it (:func:`run`): a block function's code object (every closure of one
+``def`` is one kind; ``functools.partial`` unwrapped), with the first argument's where that is a function too (a
+wrapper and the kernel it runs), or a ufunc; the backend's elementwise ops are a kind per ufunc or function,
+reductions per ufunc and loop. At most :data:`_MAX_KINDS` kinds are kept (the least recently measured dropped).
+:func:`active` without a kind, what the backend asks before it chunks, is False only while every measured kind is
+cold (a machine whose other cores are taken); a kind not measured yet follows that. The estimate cannot see two
+threads slowing each other (memory bandwidth): it errs towards pooling, as the pool did before it measured.
+:func:`kind_stats` shows each kind's estimate and counts.
 
 Pool: one process-wide pool of ``get_num_threads() - 1`` daemon workers, sized by ``ember.set_num_threads``
 (``1``: no pool, everything serial). An op is cut into about two chunks per thread; the calling thread and the
