@@ -257,6 +257,32 @@ def test_max_pool_tiled_ties_pick_the_first_tap(shape, k):
     np.testing.assert_array_equal(idx, ridx.numpy())
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 12, 14), (3, 12, 16), (2, 2, 13, 14), (2, 3, 8, 8)])
+@pytest.mark.parametrize("fill", ["ties", "inf", "nan"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pool_2x2_pairwise_path(monkeypatch, shape, fill, dtype):
+    """The 2x2 pairwise kernel (even sizes, rows of at least _POOL2X2_MIN_ROW outputs; others take the tap loop):
+    values and first-tap indices as torch's over ties, +-inf and NaN (which falls back to the tap loop), on
+    strided input too."""
+    calls = []
+    real = K._max_pool_2x2
+    monkeypatch.setattr(K, "_max_pool_2x2", lambda *a: calls.append(1) or real(*a))
+    g = np.random.default_rng(11)
+    x = g.integers(0, 3, shape).astype(dtype)
+    if fill == "inf":
+        x[g.random(shape) < 0.2] = np.inf
+        x[g.random(shape) < 0.2] = -np.inf
+    elif fill == "nan":
+        x[g.random(shape) < 0.05] = np.nan
+    ref, ridx = F.max_pool2d(T(x), 2, 2, 0, 1, False, True)
+    for inp in (x, noncontig(x)):
+        y, idx = K.max_pool(inp, (2, 2), (2, 2), (0, 0), (1, 1), False, True)
+        check(y, ref, dtype, equal_nan=True)
+        np.testing.assert_array_equal(idx, ridx.numpy())
+    uses = shape[-2] % 2 == 0 and shape[-1] % 2 == 0 and shape[-1] // 2 >= K._POOL2X2_MIN_ROW
+    assert bool(calls) == uses
+
+
 def test_max_pool_empty_batch():
     x = np.zeros((0, 3, 8, 8), np.float32)
     y, idx = K.max_pool(x, (2, 2), (2, 2), (0, 0), (1, 1), False, True)

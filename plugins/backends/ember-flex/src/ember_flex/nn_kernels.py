@@ -654,6 +654,8 @@ def _max_pool_tiled(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], lead:
     """Max pooling with indices for non-overlapping, unpadded windows (stride == kernel, the usual 2x2 pool):
     the max over strided tap views, then the index of the first tap equal to it (as the tap loop: first maximum
     wins), on output-sized arrays only. Returns None when the result holds NaN (torch keeps the last NaN there)."""
+    if tuple(K) == (2, 2) and x.shape[-2:] == (2 * O[0], 2 * O[1]) and O[1] >= _POOL2X2_MIN_ROW:
+        return _max_pool_2x2(x, O)
     nd = len(K)
     S = x.shape[lead:]
     pstr = [math.prod(S[i + 1:]) for i in range(nd)]
@@ -684,6 +686,38 @@ def _max_pool_tiled(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], lead:
         shp[i] = O[i]
         base = base + (np.arange(O[i], dtype=np.int64) * (K[i] * pstr[i])).reshape(shp)
     idx += base
+    return v, idx
+
+
+#: shortest output rows for which :func:`_max_pool_2x2` pays: its passes run numpy's inner loop once per row, over
+#: twice the output's elements (measured, one thread: 0.76x the tap loop's time at 26x26 input, 0.90x at 12x12, 1.14x
+#: at 8x8; a cropped odd-sized input, 1.03-1.19x, keeps the tap loop)
+_POOL2X2_MIN_ROW = 6
+
+
+def _max_pool_2x2(x: np.ndarray, O: tuple[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_max_pool_tiled` for 2x2 windows (the usual pool) in two pairwise passes: the max of each row's
+    column pair, then the max of the two rows' results, with strict ``>`` so ties keep the first column, then the
+    first row -- the first tap in row-major order, as torch's window loop. Measured (batch 256, 64 channels, 26x26,
+    one thread, CPU time): ~25 % faster than the four tap views' max and per-tap equality tests. None on NaN."""
+    W = x.shape[-1]
+    o0, o1 = O
+    left, right = x[..., 0::2], x[..., 1::2]
+    cmax = np.maximum(left, right)
+    cbit = np.greater(right, left)  # the second column won its row
+    top, bottom = cmax[..., 0::2, :], cmax[..., 1::2, :]
+    v = np.maximum(top, bottom)
+    if v.size and np.isnan(v.max()):  # max propagates NaN: one reduction instead of an isnan array
+        return None
+    rbit = np.greater(bottom, top)  # the second row won
+    c0, c1 = cbit[..., 0::2, :], cbit[..., 1::2, :]
+    col = np.bitwise_xor(c0, c1)  # the winning row's column bit: c0 ^ ((c0 ^ c1) & rbit), branch-free
+    col &= rbit
+    col ^= c0
+    tap = np.left_shift(rbit, 1, dtype=np.uint8)
+    tap |= col
+    idx = np.take(np.array([0, 1, W, W + 1], dtype=np.int64), tap)
+    idx += np.arange(o0, dtype=np.int64)[:, None] * (2 * W) + np.arange(o1, dtype=np.int64) * 2
     return v, idx
 
 
