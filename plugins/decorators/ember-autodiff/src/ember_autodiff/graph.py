@@ -14,6 +14,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ember.errors import AutodiffError
@@ -62,10 +63,13 @@ class ADArray:
     """Handle of an autodiff stack: the inner value, its Meta when it requires grad, and a version counter
     shared with its views. Exposes ``.shape`` (and ``.strides`` when the inner value has them)."""
 
-    __slots__ = ("value", "meta", "_version", "recipe", "base", "__weakref__")
+    __slots__ = ("value", "shape", "meta", "_version", "recipe", "base", "__weakref__")
 
     def __init__(self, value: Any, meta: Meta | None = None, base: ADArray | None = None) -> None:
         self.value = value
+        # a slot, not a property over value: every eager ``a + b`` compares its operands' shapes (the value is
+        # never rebound, so the shape cannot go stale)
+        self.shape: tuple[int, ...] = value.shape
         self.meta = meta
         self.base = base  # the array this one is a view of (shares its version counter)
         self._version: Version | None = base.version if base is not None else None  # created on first use
@@ -83,10 +87,6 @@ class ADArray:
         self._version = v
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return self.value.shape
-
-    @property
     def strides(self) -> Any:
         return self.value.strides  # AttributeError when the inner handle has none: hasattr() stays honest
 
@@ -95,18 +95,24 @@ class ADArray:
 
 
 class Node:
-    """One recorded op: ``vjp(g) -> tuple`` of gradients (inner handles or None), one per input."""
+    """One recorded op: ``vjp(*args, g) -> tuple`` of gradients (inner handles or None), one per input.
 
-    __slots__ = ("name", "inputs", "vjp", "__weakref__")
+    ``args`` are the leading arguments of ``vjp`` (what the rule saved): the hottest rules pass a module-level
+    function and a tuple rather than build a closure or a ``functools.partial`` on every recorded op."""
 
-    def __init__(self, name: str, inputs: tuple[Meta | None, ...], vjp: Callable[[Any], Sequence[Any]]) -> None:
+    __slots__ = ("name", "inputs", "vjp", "args", "__weakref__")
+
+    def __init__(self, name: str, inputs: tuple[Meta | None, ...], vjp: Callable[..., Sequence[Any]],
+                 args: tuple[Any, ...] = ()) -> None:
         self.name = name
         self.inputs = inputs
-        self.vjp: Callable[[Any], Sequence[Any]] | None = vjp
+        self.vjp: Callable[..., Sequence[Any]] | None = vjp
+        self.args = args
 
     def release(self) -> None:
         """Free saved values after backward (retain_graph=False)."""
         self.vjp = None
+        self.args = ()
 
     def __repr__(self) -> str:
         return f"<{self.name}Backward>"
@@ -138,6 +144,31 @@ class Recipe:
             self.value = out.value if out is not None else self.fn()
 
 
+def _modified_error(now: int, saved: int) -> AutodiffError:
+    return AutodiffError(
+        "one of the tensors needed for gradient computation has been modified by an in-place operation "
+        f"(version {now}, saved at version {saved}); clone() it before modifying, or modify a copy"
+    )
+
+
+def kept(value: Any, counter: Version, version: int) -> Any:
+    """A saved value held as is (no checkpointing), after PyTorch's in-place check: the getter of
+    :func:`keep` (a ``partial`` over this function costs less to build than a :class:`Saved` and its bound
+    ``get``, and recording runs on every op)."""
+    if counter.n != version:
+        raise _modified_error(counter.n, version)
+    return value
+
+
+def keep(arr: ADArray) -> Callable[[], Any]:
+    """A getter of ``arr``'s value at backward time that holds the value (what :class:`Saved` does with
+    ``keep=True``), version-checked."""
+    counter = arr._version
+    if counter is None:
+        counter = arr._version = Version()
+    return partial(kept, arr.value, counter, counter.n)
+
+
 class Saved:
     """A value a vjp needs later, with PyTorch's in-place check and optional recomputation."""
 
@@ -158,11 +189,7 @@ class Saved:
 
     def get(self) -> Any:
         if self._counter.n != self._version:
-            raise AutodiffError(
-                "one of the tensors needed for gradient computation has been modified by an in-place operation "
-                f"(version {self._counter.n}, saved at version {self._version}); clone() it before modifying, "
-                "or modify a copy"
-            )
+            raise _modified_error(self._counter.n, self._version)
         if self._value is not None:
             return self._value
         if self._cache is not None:
@@ -229,7 +256,8 @@ def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, ac
                 f"trying to backward through the graph a second time (through {node()}): its saved values were "
                 "freed after the first backward; pass retain_graph=True to the first backward() if you need that"
             )
-        in_grads = vjp(g)
+        args = node.args
+        in_grads = vjp(*args, g) if args else vjp(g)
         if not retain_graph:
             node.release()
         for inp, ig in zip(node.inputs, in_grads):

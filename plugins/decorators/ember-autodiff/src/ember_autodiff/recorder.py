@@ -13,7 +13,7 @@ from typing import Any
 from ember.autograd import GRAD_MODE
 from ember.errors import AutodiffError
 
-from .graph import ADArray, Meta, Node, Recipe, Saved
+from .graph import ADArray, Meta, Node, Recipe, Saved, keep
 
 
 class Recorder:
@@ -36,7 +36,9 @@ class Recorder:
         """A getter for arr's value at backward time (version-checked; recomputed if freed when balanced)."""
         if type(arr) is not ADArray:
             return lambda: arr
-        return Saved(arr, keep=not self.balanced).get
+        if not self.balanced:
+            return keep(arr)
+        return Saved(arr, keep=False).get
 
     def record(self, name: str, value: Any, inputs: Sequence[Any], vjp: Callable[[Any], Sequence[Any]], *,
                recompute: Callable[[], Any] | None = None, view_of: ADArray | None = None) -> ADArray:

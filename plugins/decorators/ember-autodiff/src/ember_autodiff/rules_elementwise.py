@@ -17,7 +17,7 @@ from ember.compile import is_recording
 from ember.errors import AutodiffError
 
 from .complex_grads import conj, is_complex, real_part
-from .graph import ADArray, Meta, Node
+from .graph import ADArray, Meta, Node, keep
 from .recorder import Recorder
 
 _LN2 = math.log(2.0)
@@ -234,6 +234,11 @@ def _unsaved() -> Any:
 #: binary rules that only ever combine an operand with the incoming gradient (a scalar operand is fine there)
 _SCALAR_SAFE = frozenset({"add", "sub", "mul", "div", "floor_divide"})
 
+#: what ElementwiseRules.binary needs of a differentiable op, in one lookup: (its rule, its one-sided rules or
+#: None, what those read (_ONE_SIDED_KEEP's row) or None, whether a Python-scalar operand may stay a scalar)
+_BINARY_SPECS: dict[str, tuple[Callable[..., tuple[Any, Any]], Any, Any, bool]] = {
+    op: (rule, _ONE_SIDED.get(op), _ONE_SIDED_KEEP.get(op), op in _SCALAR_SAFE) for op, rule in BINARY_VJP.items()}
+
 
 def _scalar_getter(be: Any, scalar: Any, other: Getter) -> Getter:
     """A getter of ``scalar`` as a 0-d handle of the other operand's dtype (built at backward time only)."""
@@ -290,9 +295,10 @@ class ElementwiseRules(Recorder):
         rule = UNARY_VJP[op]
         if self.balanced:
             return self._record_balanced_unary(op, value, h, x, rule)
-        # recorded without self.record and with a partial, no closure (see binary): this runs for every activation
+        # recorded without self.record, the vjp's arguments on the node, no closure (see binary): this runs for
+        # every activation
         out = ADArray(value)
-        out.meta = Meta(Node(op, (h.meta,), partial(_unary_vjp, inner, rule, x, self.save(out))))
+        out.meta = Meta(Node(op, (h.meta,), _unary_vjp, (inner, rule, x, keep(out))))
         return out
 
     def _record_balanced_unary(self, op: str, value: Any, h: ADArray, x: Getter,
@@ -354,31 +360,40 @@ class ElementwiseRules(Recorder):
                            recompute=lambda: inner.clamp(x(), bound(val(lo), glo), bound(val(hi), ghi)))
 
     def binary(self, op: str, a: Any, b: Any) -> ADArray:
-        # the hottest path of the decorator: self.tracking, self.record and conjugated are inlined here
+        # the hottest path of the decorator (every eager a + b): self.tracking, self.record, self.save and
+        # conjugated are inlined here, the op's rules come from one table lookup, and the node holds its vjp's
+        # arguments as a tuple (no partial, no closure cells)
         inner = self.inner
         ta, tb = type(a) is ADArray, type(b) is ADArray
         value = inner.binary(op, a.value if ta else a, b.value if tb else b)
         ma = a.meta if ta else None
         mb = b.meta if tb else None
-        if (ma is None and mb is None) or not GRAD_MODE.enabled or op not in BINARY_VJP:
+        if (ma is None and mb is None) or not GRAD_MODE.enabled:
             return ADArray(value)
-        sa = a.value.shape if ta else None  # unbroadcast makes them tuples, when it runs
-        sb = b.value.shape if tb else None
+        spec = _BINARY_SPECS.get(op)
+        if spec is None:  # not differentiable (comparisons, bitwise ops): an untracked result
+            return ADArray(value)
+        rule, sided, keeps, scalar_safe = spec
+        sa = a.shape if ta else None  # unbroadcast makes them tuples, when it runs
+        sb = b.shape if tb else None
         need_a, need_b = ma is not None, mb is not None
         balanced = self.balanced
-        sided = _ONE_SIDED.get(op)
-        if sided is not None and not balanced:
-            keep_a, keep_b, keep_y = _ONE_SIDED_KEEP[op][need_a + 2 * need_b]
-        else:  # every rule may read everything; balanced recipes rebuild the output from both operands
+        if balanced or keeps is None:  # every rule may read everything; balanced recipes rebuild the output
             keep_a = keep_b = keep_y = True
-        ga = self.save(a) if keep_a else _unsaved
-        gb = self.save(b) if keep_b else _unsaved
-        rule = BINARY_VJP[op]
+        else:
+            keep_a, keep_b, keep_y = keeps[need_a + 2 * need_b]
+        save = self.save
+        if balanced:
+            ga = save(a)
+            gb = save(b)
+        else:
+            ga = (keep(a) if ta else save(a)) if keep_a else _unsaved
+            gb = (keep(b) if tb else save(b)) if keep_b else _unsaved
 
         # rules other than these combine the two operands with each other (or apply unary ops to them): a
         # Python-scalar operand becomes a 0-d handle there, since backends never see two scalars
         pa, pb = ga, gb
-        if (sa is None or sb is None) and op not in _SCALAR_SAFE:
+        if (sa is None or sb is None) and not scalar_safe:
             if sa is None:
                 pa = _scalar_getter(inner, a, gb)
             if sb is None:
@@ -388,9 +403,8 @@ class ElementwiseRules(Recorder):
             return self._record_balanced_binary(op, value, a, b, ga, gb, partial(
                 _binary_vjp, inner, op, sided, rule, pa, pb))
         out = ADArray(value)
-        # partials, no closure: a closure over these dozen names would cost a cell object each on every record
-        out.meta = Meta(Node(op, (ma, mb), partial(_binary_vjp, inner, op, sided, rule, pa, pb,
-                                                   self.save(out) if keep_y else _unsaved, sa, sb, need_a, need_b)))
+        out.meta = Meta(Node(op, (ma, mb), _binary_vjp, (inner, op, sided, rule, pa, pb,
+                                                         keep(out) if keep_y else _unsaved, sa, sb, need_a, need_b)))
         return out
 
     def _record_balanced_binary(self, op: str, value: Any, a: Any, b: Any, ga: Getter, gb: Getter,
