@@ -107,6 +107,20 @@ def test_global_active_false_only_when_every_kind_is_cold(pool):
     assert T.active("a") and T._pool.kinds["a"].cold_until == 0.0 and T._pool.all_cold_until == 0.0
 
 
+def test_new_kind_starts_from_the_machines_estimate(pool):
+    """The pool's running mean over every kind is where a new kind starts: on a machine where nothing paid lately
+    a new kind goes cold after one failing op (not after five from the hopeful 1.5), and one that pays at once
+    stays warm."""
+    assert T._pool.gain == 1.5
+    _cool("a")
+    _cool("b")
+    assert T._pool.gain < T._PAYS
+    T._pool._measured("c", 4, 4, 1.0, 1.1)
+    assert not T.active("c")
+    T._pool._measured("d", 4, 1, 1.0, 1.0)  # the caller ran one chunk of four in the op's time: 4x
+    assert T.active("d") and T._pool.kinds["d"].gain > T._PAYS
+
+
 def test_elementwise_and_reductions_are_their_own_kinds(pool):
     """The backend's add going cold leaves exp, in-place add and sums on the pool; the cold add is numpy's serial
     call (same bits), decided before any chunking."""

@@ -45,7 +45,9 @@ ran serially too (measured: a (2, 8, 512, 64) float32 attention 14-17 ms pooled,
 from what the caller passes, without naming it (:func:`run`): a block function's code object (every closure of one
 ``def`` is one kind; ``functools.partial`` unwrapped), with the first argument's where that is a function too (a
 wrapper and the kernel it runs), or a ufunc; the backend's elementwise ops are a kind per ufunc or function,
-reductions per ufunc and loop. At most :data:`_MAX_KINDS` kinds are kept (the least recently measured dropped).
+reductions per ufunc and loop. A new kind starts from the running mean over all kinds (the machine's estimate:
+on a busy machine it goes cold after one op that does not pay). At most :data:`_MAX_KINDS` kinds are kept (the
+least recently measured dropped).
 :func:`active` without a kind, what the backend asks before it chunks, is False only while every measured kind is
 cold (a machine whose other cores are taken); a kind not measured yet follows that. The estimate cannot see two
 threads slowing each other (memory bandwidth): it errs towards pooling, as the pool did before it measured.
@@ -190,8 +192,8 @@ class _Speed:
 
     __slots__ = ("gain", "cold_until", "backoff", "used", "pooled", "cold")
 
-    def __init__(self) -> None:
-        self.gain = 1.5  # a hopeful start: a new kind is pooled until its own measurements say otherwise
+    def __init__(self, gain: float) -> None:
+        self.gain = gain  # starts from the machine's estimate (all kinds'): a busy machine's new kinds go cold fast
         #: while _clock() < cold_until, ops of this kind run serially: the last pooled ones did not pay
         self.cold_until = 0.0
         self.backoff = _BACKOFF_MIN
@@ -267,12 +269,9 @@ class _Pool:
         #: active() without a kind says so to callers that check before chunking
         self.all_cold_until = 0.0
         self._tick = 0
-
-    @property
-    def gain(self) -> float:
-        """The mean of the kinds' speed-up estimates (1.5, the hopeful start, before any was measured)."""
-        kinds = list(self.kinds.values())
-        return sum(s.gain for s in kinds) / len(kinds) if kinds else 1.5
+        #: running mean of every pooled op's measured speed-up, whatever its kind (a hopeful start): the machine's
+        #: estimate, which a new kind starts from
+        self.gain = 1.5
 
     def active(self, kind: Hashable | None = None) -> bool:
         """Whether large ops (of ``kind``) should be chunked now: False for a while after pooled ops of that kind
@@ -300,16 +299,17 @@ class _Pool:
         self.pooled += 1
         if ran == 0 or busy <= 0 or wall <= 0 or MIN_CHUNK < _MEASURE_FROM_CHUNK:
             return
+        ratio = busy * tasks / ran / wall
         st = self.kinds.get(kind)
         if st is None:
             if len(self.kinds) >= _MAX_KINDS:
                 del self.kinds[min(self.kinds, key=lambda k: self.kinds[k].used)]
-            st = self.kinds[kind] = _Speed()
+            st = self.kinds[kind] = _Speed(self.gain)
             self.all_cold_until = 0.0  # a new kind is warm
+        self.gain += (ratio - self.gain) * 0.25
         self._tick += 1
         st.used = self._tick
         st.pooled += 1
-        ratio = busy * tasks / ran / wall
         now = _clock()
         if st.cold_until:  # a probe after a cold spell: one pooled op decides
             if ratio >= _PAYS:
