@@ -98,16 +98,31 @@ class Node:
     """One recorded op: ``vjp(*args, g) -> tuple`` of gradients (inner handles or None), one per input.
 
     ``args`` are the leading arguments of ``vjp`` (what the rule saved): the hottest rules pass a module-level
-    function and a tuple rather than build a closure or a ``functools.partial`` on every recorded op."""
+    function and a tuple rather than build a closure or a ``functools.partial`` on every recorded op.
 
-    __slots__ = ("name", "inputs", "vjp", "args", "__weakref__")
+    A node is also a valid :class:`Meta` of the one output it produced (``node`` is the node itself, the other
+    fields are class defaults until set): single-output rules store the node as the output's meta, one object
+    per recorded op instead of two. ``Meta(node)`` stays valid (multi-output ops and in-place rebases use it)."""
 
-    def __init__(self, name: str, inputs: tuple[Meta | None, ...], vjp: Callable[..., Sequence[Any]],
+    __slots__ = ("name", "inputs", "vjp", "args", "__dict__", "__weakref__")
+    # Meta's fields: few outputs retain their gradient or carry hooks, so the instance dict that holds these
+    # once set is rarely created
+    grad: Any = None
+    retains_grad: bool = False
+    hooks: OrderedDict[int, Callable[[Any], Any]] | None = None
+    post_hooks: OrderedDict[int, Callable[[], None]] | None = None
+
+    def __init__(self, name: str, inputs: tuple[Meta | Node | None, ...], vjp: Callable[..., Sequence[Any]],
                  args: tuple[Any, ...] = ()) -> None:
         self.name = name
         self.inputs = inputs
         self.vjp: Callable[..., Sequence[Any]] | None = vjp
         self.args = args
+
+    @property
+    def node(self) -> Node:
+        """As a meta: the node that produced the output, itself (a property: a slot would be a reference cycle)."""
+        return self
 
     def release(self) -> None:
         """Free saved values after backward (retain_graph=False)."""

@@ -13,7 +13,7 @@ from typing import Any
 from ember.autograd import GRAD_MODE
 from ember.errors import AutodiffError
 
-from .graph import ADArray, Meta, Node, Recipe, Saved, keep
+from .graph import ADArray, Node, Recipe, Saved, keep
 
 
 class Recorder:
@@ -52,7 +52,7 @@ class Recorder:
         out = ADArray(value, base=view_of)
         metas = tuple([h.meta if type(h) is ADArray else None for h in inputs])
         if GRAD_MODE.enabled and metas.count(None) != len(metas):
-            out.meta = Meta(Node(name, metas, vjp))
+            out.meta = Node(name, metas, vjp)  # the node is the output's meta (see Node)
             if self.balanced and recompute is not None:
                 recipe = out.recipe = Recipe(recompute, out)
                 ref = weakref.ref(recipe)

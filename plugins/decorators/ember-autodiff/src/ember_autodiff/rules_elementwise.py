@@ -298,7 +298,7 @@ class ElementwiseRules(Recorder):
         # recorded without self.record, the vjp's arguments on the node, no closure (see binary): this runs for
         # every activation
         out = ADArray(value)
-        out.meta = Meta(Node(op, (h.meta,), _unary_vjp, (inner, rule, x, keep(out))))
+        out.meta = Node(op, (h.meta,), _unary_vjp, (inner, rule, x, keep(out)))  # its own meta (see Node)
         return out
 
     def _record_balanced_unary(self, op: str, value: Any, h: ADArray, x: Getter,
@@ -403,8 +403,8 @@ class ElementwiseRules(Recorder):
             return self._record_balanced_binary(op, value, a, b, ga, gb, partial(
                 _binary_vjp, inner, op, sided, rule, pa, pb))
         out = ADArray(value)
-        out.meta = Meta(Node(op, (ma, mb), _binary_vjp, (inner, op, sided, rule, pa, pb,
-                                                         keep(out) if keep_y else _unsaved, sa, sb, need_a, need_b)))
+        out.meta = Node(op, (ma, mb), _binary_vjp, (inner, op, sided, rule, pa, pb,  # its own meta (see Node)
+                                                    keep(out) if keep_y else _unsaved, sa, sb, need_a, need_b))
         return out
 
     def _record_balanced_binary(self, op: str, value: Any, a: Any, b: Any, ga: Getter, gb: Getter,
