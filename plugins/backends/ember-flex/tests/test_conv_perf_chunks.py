@@ -8,20 +8,16 @@ float64 and float16, batch 1 and odd sizes. The results must not depend on BLAS'
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 from typing import Any
 
 import numpy as np
 import pytest
 
+from ember_flex import nn_kernels as K
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "src" / "ember_flex" / "nn_kernels.py"
-_spec = importlib.util.spec_from_file_location("ember_flex_nn_kernels_conv_chunks", _PATH)
-K = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(K)
 
 TCONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 TCONVT = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -68,10 +64,11 @@ def _check(out: np.ndarray, ref: Any, dtype: Any, scale: float = 1.0) -> None:
 @pytest.fixture(params=["one", "uneven", "default"])
 def chunking(request: Any, monkeypatch: Any) -> None:
     """Samples per chunk: one, two (the last chunk of an odd batch shorter), or the kernels' own choice."""
-    if request.param == "one":
-        monkeypatch.setattr(K, "_batch_chunk", lambda n, per_sample_bytes: 1)
-    elif request.param == "uneven":
-        monkeypatch.setattr(K, "_batch_chunk", lambda n, per_sample_bytes: min(n, 2))
+    for name in ("_batch_chunk", "_cache_chunk"):
+        if request.param == "one":
+            monkeypatch.setattr(K, name, lambda n, per_sample_bytes: 1)
+        elif request.param == "uneven":
+            monkeypatch.setattr(K, name, lambda n, per_sample_bytes: min(n, 2))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -103,7 +100,7 @@ def test_conv_gradients_chunked(case: tuple[Any, ...], dtype: Any, chunking: Non
 def test_conv_transpose_chunked(chunk: str, monkeypatch: Any) -> None:
     """conv_transpose's col2im route (stride > 1) runs the chunked input-gradient core."""
     if chunk == "one":
-        monkeypatch.setattr(K, "_batch_chunk", lambda n, per_sample_bytes: 1)
+        monkeypatch.setattr(K, "_cache_chunk", lambda n, per_sample_bytes: 1)
     x, w, b = _rand((5, 12, 5, 6), np.float32, 1), _rand((12, 4, 3, 3), np.float32, 2), _rand((8,), np.float32, 3)
     y = K.conv_transpose(x, w, b, (2, 2), (1, 1), (1, 0), (1, 1), 2)
     _check(y, F.conv_transpose2d(_t(x), _t(w), _t(b), 2, 1, (1, 0), 2, 1), np.float32)
@@ -111,6 +108,7 @@ def test_conv_transpose_chunked(chunk: str, monkeypatch: Any) -> None:
 
 def test_conv_float16_unbatched_chunked(monkeypatch: Any) -> None:
     monkeypatch.setattr(K, "_batch_chunk", lambda n, per_sample_bytes: 1)
+    monkeypatch.setattr(K, "_cache_chunk", lambda n, per_sample_bytes: 1)
     x, w = _rand((3, 40, 7, 7), np.float16, 1), _rand((6, 40, 3, 3), np.float16, 2)
     y = K.conv(x, w, None, (1, 1), ((1, 1), (1, 1)), (1, 1), 1)
     assert y.dtype == np.float16
@@ -164,9 +162,56 @@ def test_gemm_long_reductions() -> None:
 
 
 def test_batch_chunk_sizes() -> None:
-    """At least one sample, at most the batch, about _CHUNK_BYTES of scratch, at most _MAX_CHUNKS chunks."""
+    """At least one sample, at most the batch, about _CHUNK_BYTES of scratch, at most _MAX_CHUNKS chunks (the
+    whole-batch BLAS path); the pooled kernels' chunks have no cap on their number."""
     assert K._batch_chunk(4, K._CHUNK_BYTES * 10) == 1
     assert K._batch_chunk(64, K._CHUNK_BYTES * 10) == -(-64 // K._MAX_CHUNKS)
     assert K._batch_chunk(3, 1) == 3
     assert K._batch_chunk(8, K._CHUNK_BYTES // 4) == 4
     assert K._batch_chunk(0, 100) == 1
+    assert K._cache_chunk(64, K._CHUNK_BYTES * 10) == 1
+    assert K._cache_chunk(256, K._CHUNK_BYTES // 6) == 6
+    assert K._cache_chunk(3, 1) == 3
+    assert K._cache_chunk(0, 100) == 1
+
+
+@pytest.mark.parametrize("case", THREAD_CASES[:2] + THREAD_CASES[4:5],
+                         ids=[f"n{c[0]}-ci{c[1]}-co{c[2]}" for c in THREAD_CASES[:2] + THREAD_CASES[4:5]])
+def test_conv_results_do_not_depend_on_the_pool(case: tuple[Any, ...], monkeypatch: Any) -> None:
+    """The chunks run in ranges on flex's pool (each range's GEMMs on one BLAS thread): the same bits serially and
+    on 2 or 3 pool threads, and BLAS's thread count is restored after."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from ember_flex import threads
+
+    N, Ci, Co, S, dtype = case
+    x, w, b = _rand((N, Ci) + S, dtype, 1), _rand((Co, Ci, 3, 3), dtype, 2), _rand((Co,), dtype, 3)
+    pads = ((1, 1), (1, 1))
+    monkeypatch.setattr(K, "_cache_chunk", lambda n, per_sample_bytes: min(n, 3))  # several chunks per range
+
+    def run() -> list[np.ndarray]:
+        y = K.conv(x, w, b, (1, 1), pads, (1, 1), 1)
+        return [y, K.conv_weight_grad(x, y, w.shape, (1, 1), pads, (1, 1), 1),
+                K.conv_input_grad(y, w, x.shape, (1, 1), pads, (1, 1), 1)]
+
+    pooled = []
+    real_run = threads.run
+    monkeypatch.setattr(threads, "run", lambda tasks, *a, **k: pooled.append(len(tasks)) or real_run(tasks, *a, **k))
+    blas = [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+    before, min_elems = threads.get_num_threads(), threads.min_elems
+    results = []
+    try:
+        for n in (1, 2, 3):
+            threads.set_num_threads(n)
+            if n > 1:
+                threads.min_elems = 1
+            results.append(run())
+    finally:
+        threads.set_num_threads(before)
+        threads.min_elems = min_elems
+    assert pooled and min(pooled) >= 2  # the 2- and 3-thread runs went through the pool
+    assert [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"] == blas
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            np.testing.assert_array_equal(a, c)
+    ref = F.conv2d(_t(x), _t(w), _t(b), 1, 1).numpy()
+    np.testing.assert_allclose(results[0][0], ref, **TOL[dtype])

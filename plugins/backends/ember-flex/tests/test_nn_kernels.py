@@ -1,18 +1,14 @@
 """Compare ember_flex.nn_kernels against torch.nn.functional."""
 
-import importlib.util
-import pathlib
 
 import numpy as np
 import pytest
 
+from ember_flex import nn_kernels as K
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "src" / "ember_flex" / "nn_kernels.py"
-_spec = importlib.util.spec_from_file_location("ember_flex_nn_kernels_under_test", _PATH)
-K = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(K)
 
 TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
 

@@ -16,21 +16,26 @@ BLAS matmul; transposed convolution uses matmul + col2im (a loop over
 the kernel taps that adds strided slices).  The channels-last forward, both
 gradients and col2im work on a chunk of the batch at a time (about
 ``_CHUNK_BYTES`` of scratch, reused across chunks) so the im2col rows and the
-GEMM's output stay in cache; chunks depend on shapes only, and long GEMM
-reductions run as a multiple-of-64 head plus a short tail (``_gemm``: OpenBLAS's
-threaded and serial drivers block other lengths differently), so results are
-the same for any BLAS thread count (measured for float32; float64 GEMMs with
-some edge shapes still differ inside OpenBLAS).
+GEMM's output stay in cache; for large tensors the chunks run in ranges on
+flex's thread pool, each GEMM on one BLAS thread (``_run_chunks``). Chunks depend
+on shapes only, the weight gradient adds the chunks' sums in chunk order, and
+long GEMM reductions run as a multiple-of-64 head plus a short tail (``_gemm``:
+OpenBLAS's threaded and serial drivers block other lengths differently), so
+results are the same for any pool or BLAS thread count (measured for float32;
+float64 GEMMs with some edge shapes still differ inside OpenBLAS).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
+
+from . import threads
+from .attention_kernels import _serial_blas
 
 __all__ = [
     "conv",
@@ -59,10 +64,13 @@ _CL_MIN_REDUCTION = 32
 #: 64->64 3x3 convolution (batch 64, one thread, CPU time, alternating): 1 MB chunks made forward + both gradients
 #: 15-25 % faster than whole-batch scratch, which streams tens of MB through memory
 _CHUNK_BYTES = 2 << 20
-#: at most this many chunks (larger chunks for large batches): every chunk makes its own BLAS calls, and a
-#: multi-threaded BLAS call costs a wake-up and a join of BLAS's threads -- on cores busy with other work,
-#: milliseconds each (two threads on two loaded cores, wall time: 22 chunks of the input gradient's 9 per-tap GEMMs
-#: took 5x the whole-batch kernel; 8 chunks 1.5x; 4 chunks 0.85x)
+#: at most this many chunks (larger chunks for large batches) where a chunk's GEMM may run on BLAS's threads (the
+#: first layer's weight gradient, :func:`_batch_chunk`): a multi-threaded BLAS call costs a wake-up and a join of
+#: BLAS's threads -- on cores busy with other work, milliseconds each (two threads on two loaded cores, wall time:
+#: 22 chunks of the input gradient's 9 per-tap GEMMs took 5x the whole-batch kernel; 8 chunks 1.5x; 4 chunks
+#: 0.85x). The channels-last kernels instead run cache-sized chunks on flex's pool with one BLAS thread each
+#: (:func:`_cache_chunk`, :func:`_run_chunks`): seed CNN's 64->64 3x3 convolution at batch 256, one thread, CPU
+#: time, alternating: forward 0.79x, weight gradient 0.90x, input gradient 0.84x the four-chunk kernels' time
 _MAX_CHUNKS = 4
 #: reductions (GEMM K) up to this length run as one BLAS call; longer ones as a multiple of _K_ALIGN plus a tail
 #: (see _gemm): OpenBLAS's block lengths are multiples of 64 and at least this long, its unrolls at most 32
@@ -258,6 +266,28 @@ def _batch_chunk(n: int, per_sample_bytes: int) -> int:
     return max(1, min(n, max(_CHUNK_BYTES // max(per_sample_bytes, 1), -(-n // _MAX_CHUNKS))))
 
 
+def _cache_chunk(n: int, per_sample_bytes: int) -> int:
+    """Samples per chunk of a pooled convolution kernel: about :data:`_CHUNK_BYTES` of scratch (at least one
+    sample), with no cap on the number of chunks -- their GEMMs run on one BLAS thread each (see
+    :func:`_run_chunks`), so a chunk costs no BLAS wake-up. Depends on shapes only."""
+    return max(1, min(n, _CHUNK_BYTES // max(per_sample_bytes, 1)))
+
+
+def _run_chunks(count: int, size: int, body: Callable[[int, int], None]) -> None:
+    """``body(lo, hi)`` over the chunks ``range(lo, hi)`` of ``range(count)``: for a large tensor (``size``
+    elements) in ranges on flex's pool, each range's GEMMs on one BLAS thread (threaded BLAS under pool threads
+    oversubscribes the cores, and a threaded BLAS call per small chunk costs a wake-up of its threads). Every chunk
+    is computed alike whatever the ranges and thread counts (:func:`_gemm` makes its GEMMs' bits independent of
+    BLAS's thread count), so the results are too."""
+    nt = threads.get_num_threads()
+    parts = min(2 * nt, count) if nt > 1 and size >= threads.min_elems else 1
+    if parts < 2:
+        body(0, count)
+        return
+    with _serial_blas:
+        threads.run([(body, (i * count // parts, (i + 1) * count // parts)) for i in range(parts)])
+
+
 def _im2col_cl(xcl: np.ndarray, groups: int, K, O, stride, dilation, flat: np.ndarray) -> np.ndarray:
     """Channels-last im2col of ``xcl`` (n, *P, C), padded, into the front of the scratch ``flat``:
     (G, n*L, prod(K)*Cg), each row one output position's window ordered (*K, Cg)."""
@@ -368,19 +398,24 @@ def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
         b = None
         xcl = _to_cl_padded(x, pads)  # whole batch: one transposing copy costs less than one per chunk
         out = np.empty((N, G, Cog, L), dtype=wd)
-        nb = _batch_chunk(N, G * L * (R + Cog) * wd.itemsize)
-        cflat = np.empty(G * nb * L * R, dtype=wd)
-        yflat = np.empty(G * nb * L * Cog, dtype=wd)
-        for n0 in range(0, N, nb):
-            n = min(nb, N - n0)
-            cols = _im2col_cl(xcl[n0:n0 + n], G, K, O, stride, dilation, cflat)
-            yb = yflat[:G * n * L * Cog].reshape(G, n * L, Cog)
-            _gemm(cols, wm, yb)
-            src = yb.reshape(G, n, L, Cog).transpose(1, 0, 3, 2)
-            if bb is None:
-                np.copyto(out[n0:n0 + n], src)
-            else:
-                np.add(src, bb, out=out[n0:n0 + n])
+        nb = _cache_chunk(N, G * L * (R + Cog) * wd.itemsize)
+        starts = range(0, N, nb)
+
+        def chunks(lo: int, hi: int) -> None:
+            cflat = np.empty(G * nb * L * R, dtype=wd)
+            yflat = np.empty(G * nb * L * Cog, dtype=wd)
+            for n0 in starts[lo:hi]:
+                n = min(nb, N - n0)
+                cols = _im2col_cl(xcl[n0:n0 + n], G, K, O, stride, dilation, cflat)
+                yb = yflat[:G * n * L * Cog].reshape(G, n * L, Cog)
+                _gemm(cols, wm, yb)
+                src = yb.reshape(G, n, L, Cog).transpose(1, 0, 3, 2)
+                if bb is None:
+                    np.copyto(out[n0:n0 + n], src)
+                else:
+                    np.add(src, bb, out=out[n0:n0 + n])
+
+        _run_chunks(len(starts), out.size, chunks)
         y = out.reshape((N, Cout) + O)
     if b is not None:
         bb = np.asarray(b).astype(wd, copy=False).reshape((1, Cout) + (1,) * nd)
@@ -451,21 +486,25 @@ def conv_weight_grad(x: np.ndarray, grad_y: np.ndarray, w_shape: Sequence[int],
         # channels-last, a chunk of the batch at a time: gw (G, Cog, R) += gy_chunk (G, Cog, n*L) @ cols (G, n*L, R)
         xcl = _to_cl_padded(x, pads)
         gy5 = grad_y.reshape(N, G, Cog, L)
-        gw = np.empty((G, Cog, R), dtype=wd)
-        part = np.empty((G, Cog, R), dtype=wd)
-        nb = _batch_chunk(N, G * L * (R + Cog) * wd.itemsize)
-        cflat = np.empty(G * nb * L * R, dtype=wd)
-        gflat = np.empty(G * nb * L * Cog, dtype=wd)
-        for n0 in range(0, N, nb):
-            n = min(nb, N - n0)
-            cols = _im2col_cl(xcl[n0:n0 + n], G, K, O, stride, dilation, cflat)
-            gt = gflat[:G * Cog * n * L].reshape(G, Cog, n, L)
-            np.copyto(gt, gy5[n0:n0 + n].transpose(1, 2, 0, 3))
-            if n0 == 0:
-                _gemm(gt.reshape(G, Cog, n * L), cols, gw)
-            else:
-                _gemm(gt.reshape(G, Cog, n * L), cols, part)
-                gw += part
+        nb = _cache_chunk(N, G * L * (R + Cog) * wd.itemsize)
+        starts = range(0, N, nb)
+        parts = np.empty((len(starts), G, Cog, R), dtype=wd)  # each chunk's sum, added in chunk order below
+
+        def chunks(lo: int, hi: int) -> None:
+            cflat = np.empty(G * nb * L * R, dtype=wd)
+            gflat = np.empty(G * nb * L * Cog, dtype=wd)
+            for c in range(lo, hi):
+                n0 = starts[c]
+                n = min(nb, N - n0)
+                cols = _im2col_cl(xcl[n0:n0 + n], G, K, O, stride, dilation, cflat)
+                gt = gflat[:G * Cog * n * L].reshape(G, Cog, n, L)
+                np.copyto(gt, gy5[n0:n0 + n].transpose(1, 2, 0, 3))
+                _gemm(gt.reshape(G, Cog, n * L), cols, parts[c])
+
+        _run_chunks(len(starts), grad_y.size, chunks)
+        gw = parts[0]
+        for c in range(1, len(starts)):
+            gw += parts[c]
         gw = gw.reshape((Cout,) + tuple(K) + (Cg,))  # R ordered (*K, Cg)
         gw = np.moveaxis(gw, -1, 1)
     return _finish(gw, out_dtype)
@@ -568,22 +607,27 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
     # a chunk of the batch at a time, so gy's channels-last copy, the GEMM's output and the col2im buffer stay in
     # cache: one GEMM (G, n*Li, Cig) @ (G, Cig, Kp*Cog) per chunk (few BLAS calls: see _MAX_CHUNKS), each tap's
     # columns then scatter-added (col2im) into a strided slice of the buffer
-    nb = _batch_chunk(N, G * (Li * (Cig + Kp * Cog) + Fp * Cog) * wd.itemsize)
-    gflat = np.empty(G * nb * Li * Cig, dtype=wd)
-    cflat = np.empty(G * nb * Li * Kp * Cog, dtype=wd)
-    bflat = np.empty(G * nb * Fp * Cog, dtype=wd)
-    for n0 in range(0, N, nb):
-        n = min(nb, N - n0)
-        xm = gflat[:G * n * Li * Cig].reshape((G, n) + I + (Cig,))
-        np.copyto(xm, gy5[n0:n0 + n].transpose(to_cl))
-        cols = cflat[:G * n * Li * Kp * Cog].reshape(G, n * Li, Kp * Cog)
-        _gemm(xm.reshape(G, n * Li, Cig), wc, cols)
-        colv = cols.reshape((G, n) + I + K + (Cog,))
-        buf = bflat[:G * n * Fp * Cog].reshape((G, n) + F + (Cog,))
-        buf.fill(0)
-        for tap, dst in dsts:
-            buf[dst] += colv[(slice(None),) * (2 + nd) + tap]
-        np.copyto(out[n0:n0 + n], buf[crop].transpose(to_cf))
+    nb = _cache_chunk(N, G * (Li * (Cig + Kp * Cog) + Fp * Cog) * wd.itemsize)
+    starts = range(0, N, nb)
+
+    def chunks(lo: int, hi: int) -> None:
+        gflat = np.empty(G * nb * Li * Cig, dtype=wd)
+        cflat = np.empty(G * nb * Li * Kp * Cog, dtype=wd)
+        bflat = np.empty(G * nb * Fp * Cog, dtype=wd)
+        for n0 in starts[lo:hi]:
+            n = min(nb, N - n0)
+            xm = gflat[:G * n * Li * Cig].reshape((G, n) + I + (Cig,))
+            np.copyto(xm, gy5[n0:n0 + n].transpose(to_cl))
+            cols = cflat[:G * n * Li * Kp * Cog].reshape(G, n * Li, Kp * Cog)
+            _gemm(xm.reshape(G, n * Li, Cig), wc, cols)
+            colv = cols.reshape((G, n) + I + K + (Cog,))
+            buf = bflat[:G * n * Fp * Cog].reshape((G, n) + F + (Cog,))
+            buf.fill(0)
+            for tap, dst in dsts:
+                buf[dst] += colv[(slice(None),) * (2 + nd) + tap]
+            np.copyto(out[n0:n0 + n], buf[crop].transpose(to_cf))
+
+    _run_chunks(len(starts), out.size, chunks)
     return out.reshape((N, Cout) + O)
 
 
