@@ -83,7 +83,7 @@ def test_gelu_vs_torch(calls: dict[str, int], dev: str, dtype: str, approximate:
 
 
 def test_gelu_float32_error_against_float64() -> None:
-    """The float32 exact GELU (A&S 7.1.26 erfc) stays within 1e-6 of float64 GELU everywhere, tails included,
+    """The float32 exact GELU (erf as ``tanh(x h(x**2))``) stays within 1e-6 of float64 GELU everywhere, tails included,
     and its derivative within 2e-6; inf, -inf and NaN give what the erf formula gives: inf, NaN, NaN (torch's
     float64 GELU and ember's composition; torch's float32 GELU gives NaN at inf)."""
     import scipy.special as sp
