@@ -11,7 +11,9 @@ column compares flex at t threads with flex at 1 thread from the same run: what 
 On a loaded machine (other processes on the cores) threads cannot help and the figures say so; compare the
 1-thread and t-thread columns from one run only. Under each op, "pool (pooled / cold)" counts flex's ops that ran
 on the pool and the large ones it ran serially because its pooled ops had stopped paying (``pool_stats`` of
-:mod:`ember_flex.threads`): a t-thread column with many cold ops measured a busy machine, not the pool.
+:mod:`ember_flex.threads`): a t-thread column with many cold ops measured a busy machine, not the pool. The pool
+judges each kind of op on its own (an add, an exp, a sum); "kinds" lists the ones that op measured, with their
+speed-up estimates at the end of the op's sizes (``kind_stats``).
 
 Usage::
 
@@ -85,13 +87,19 @@ def _cases(op: str, n: int, dev: Any) -> dict[str, Callable[[], Any]]:
     return cases
 
 
-def _pool_stats(reset: bool = False) -> dict[str, int] | None:
-    """flex's pool counters (ops pooled, large ops run serially while the pool was cold), None without them."""
+def _pool_stats(reset: bool = False) -> dict[str, Any] | None:
+    """flex's pool counters (ops pooled, large ops run serially while the pool was cold) and, where the pool keeps
+    them, {"kinds": {kind: its speed-up estimate}} for the kinds that ran since the last reset; None without."""
     try:
         from ember_flex import threads as flex_threads
     except ImportError:
         return None
-    return flex_threads.pool_stats(reset) if hasattr(flex_threads, "pool_stats") else None
+    if not hasattr(flex_threads, "pool_stats"):
+        return None
+    r: dict[str, Any] = dict(flex_threads.pool_stats(reset))
+    if hasattr(flex_threads, "kind_stats"):
+        r["kinds"] = {k: v["gain"] for k, v in flex_threads.kind_stats(reset).items() if v["pooled"] or v["serial"]}
+    return r
 
 
 def run(threads: Sequence[int], sizes: Sequence[int], repeats: int,
@@ -157,6 +165,10 @@ def report(res: dict[str, Any], repeats: int, pool: dict[str, Any] | None = None
                   if t != "1" and pool and op in pool.get(t, {})]
         if counts:
             lines.append("  pool (pooled / cold): " + ", ".join(counts))
+        kinds = [f"t={t}: " + ", ".join(f"{k} {g:.2f}" for k, g in pool[t][op]["kinds"].items()) for t in threads
+                 if t != "1" and pool and pool.get(t, {}).get(op, {}).get("kinds")]
+        if kinds:
+            lines.append("  kinds (speed-up estimate): " + "; ".join(kinds))
     return "\n".join(lines)
 
 

@@ -146,6 +146,12 @@ def test_elementwise_and_reductions_are_their_own_kinds(pool):
     T.pool_stats(reset=True)
     assert be.reduce("sum", x, (1,), False).tobytes() == np.add.reduce(x, axis=1).tobytes()
     assert T.pool_stats(reset=True) == {"pooled": 0, "cold": 1}
+    # whole-array reductions: a kind per ufunc and loop too
+    i = rng.integers(-9, 9, 6400)
+    assert be.reduce("sum", x, (0, 1), False).tobytes() == np.add.reduce(x, axis=(0, 1)).tobytes()
+    assert be.reduce("sum", i, (0,), False).tobytes() == np.add.reduce(i).tobytes()
+    assert T.pool_stats(reset=True) == {"pooled": 2, "cold": 0}
+    assert {"reduce.add.pairwise.whole", "reduce.add.simd.whole"} <= set(T.kind_stats()), T.kind_stats()
 
 
 def test_kind_keys():

@@ -752,12 +752,12 @@ def _reduce_whole(ufunc: np.ufunc, h: ndarray, keepdim: bool, parts: int, red: s
     flat = _flat(h)
     if flat is None:
         return None
-    kind = h.dtype.kind
+    dk = h.dtype.kind
     shape = tuple(1 for _ in range(h.ndim)) if keepdim else ()
-    if kind in "iub":  # integer arithmetic wraps: exact in any order
+    if dk in "iub":  # integer arithmetic wraps: exact in any order
         partial = _chunk_reduce(ufunc, flat, parts, kind)
         return np.asarray(ufunc.reduce(partial)).reshape(shape)
-    if kind != "f" or h.dtype.itemsize < 4:
+    if dk != "f" or h.dtype.itemsize < 4:
         return None  # half types accumulate wider inside numpy's loop; ml_dtypes' types have no pairwise loop
     if ufunc is np.add:
         return np.asarray(_pairwise(flat, parts, kind)).reshape(shape)
