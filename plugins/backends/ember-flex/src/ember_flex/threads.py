@@ -206,6 +206,8 @@ def _key(f: Any) -> Hashable:
     """The kind key of a callable: a Python function's (or bound method's) code object, so every closure made by
     one ``def`` is one kind; a ufunc itself; other functions by module and qualified name; any other callable by
     its type. ``functools.partial`` is unwrapped. Never the callable itself where that could keep objects alive."""
+    if type(f) is np.ufunc:  # the backend's elementwise ops: first, cheapest
+        return f
     while isinstance(f, functools.partial):
         f = f.func
     code = getattr(f, "__code__", None)
