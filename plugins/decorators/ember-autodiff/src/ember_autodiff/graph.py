@@ -242,20 +242,21 @@ def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, ac
     post-accumulate hooks run right after its ``grad`` was updated.
     """
     order = _topological(roots)
-    pending: dict[int, Any] = {}
+    # metas and nodes hash by identity: they key the sweep's tables directly (no id() call per lookup)
+    pending: dict[Meta, Any] = {}
     for r, g in zip(roots, grads):
-        pending[id(r)] = g if id(r) not in pending else add(pending[id(r)], g)
-    wanted = {id(m) for m in inputs} if inputs is not None else set()
+        pending[r] = g if r not in pending else add(pending[r], g)
+    wanted: set[Meta] = set(inputs) if inputs is not None else set()
     needed = _leading_to(order, wanted) if inputs is not None else None
-    results: dict[int, Any] = {}
+    results: dict[Meta, Any] = {}
     for meta in order:
-        g = pending.pop(id(meta), None)
-        if g is None or (needed is not None and id(meta) not in needed):
+        g = pending.pop(meta, None)
+        if g is None or (needed is not None and meta not in needed):
             continue
         if meta.hooks:
             g = _run_hooks(meta.hooks, g)
-        if id(meta) in wanted:
-            results[id(meta)] = g if id(meta) not in results else add(results[id(meta)], g)
+        if meta in wanted:
+            results[meta] = g if meta not in results else add(results[meta], g)
         node = meta.node
         if node is None:  # a leaf
             if accumulate:
@@ -278,22 +279,21 @@ def backward(roots: Sequence[Meta], grads: Sequence[Any], retain_graph: bool, ac
         for inp, ig in zip(node.inputs, in_grads):
             if inp is None or ig is None:
                 continue
-            k = id(inp)
-            pending[k] = ig if k not in pending else add(pending[k], ig)
+            pending[inp] = ig if inp not in pending else add(pending[inp], ig)
     if inputs is not None:
-        return [None if id(m) not in results else copy(results[id(m)]) for m in inputs]
+        return [None if m not in results else copy(results[m]) for m in inputs]
     return None
 
 
-def _leading_to(order: list[Meta], wanted: set[int]) -> set[int]:
-    """The ids of the metas in ``order`` (consumers first) from which a meta in ``wanted`` is reachable."""
+def _leading_to(order: list[Meta], wanted: set[Meta]) -> set[Meta]:
+    """The metas in ``order`` (consumers first) from which a meta in ``wanted`` is reachable."""
     needed = set(wanted)
     for meta in reversed(order):  # producers first: a meta is needed when one of its node's inputs is
         node = meta.node
-        if node is not None and id(meta) not in needed:
+        if node is not None and meta not in needed:
             for inp in node.inputs:
-                if inp is not None and id(inp) in needed:
-                    needed.add(id(meta))
+                if inp is not None and inp in needed:
+                    needed.add(meta)
                     break
     return needed
 
@@ -321,7 +321,7 @@ def _run_post_hooks(hooks: OrderedDict[int, Callable[[], None]]) -> None:
 
 def _topological(roots: Sequence[Meta]) -> list[Meta]:
     """Metas reachable from roots, each after every meta that consumes it (iterative DFS, no recursion)."""
-    seen: set[int] = set()
+    seen: set[Meta] = set()
     post: list[Meta] = []
     stack: list[tuple[Meta, bool]] = [(r, False) for r in roots]
     while stack:
@@ -329,14 +329,14 @@ def _topological(roots: Sequence[Meta]) -> list[Meta]:
         if done:
             post.append(meta)
             continue
-        if id(meta) in seen:
+        if meta in seen:
             continue
-        seen.add(id(meta))
+        seen.add(meta)
         stack.append((meta, True))
         node = meta.node
         if node is not None:
             for inp in node.inputs:
-                if inp is not None and id(inp) not in seen:
+                if inp is not None and inp not in seen:
                     stack.append((inp, False))
     post.reverse()
     return post
