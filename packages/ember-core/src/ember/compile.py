@@ -51,6 +51,7 @@ import os
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -189,8 +190,12 @@ class _Break(Exception):
 
 
 class _Trace:
-    """One recording in progress (one thread): records and the value table, keyed by the base handles' ids (every
-    handle is kept alive while the trace lives, so ids stay unique)."""
+    """One recording in progress (one thread): records and the value table, keyed by the base handles' ids.
+
+    Memory: the values the step computes are held *weakly* (a weak reference whose callback drops the id from the
+    table when the value dies, so a later handle reusing the address gets a new value id), so a recording frees
+    every intermediate when eager would and its peak is the eager step's. Handles made before the step (inputs,
+    state, constants: the graph's externals) are held strongly: a replay binds them."""
 
     def __init__(self, device: Device, base: Any, norm: Callable[[Any], Any]) -> None:
         self.device = device
@@ -200,8 +205,13 @@ class _Trace:
         self.calls: dict[int, ExtensionCall] = {}  # record index -> the extension call (kernel, spec, kwargs)
         self.tuple_out: set[int] = set()  # indices of records whose method returned a tuple (or list)
         self.vid_of: dict[int, int] = {}
+        #: per value id: the handle (externals) or a weak reference to it (values computed in the step, the
+        #: state's gradients before it: see :meth:`handle`)
         self.handles: list[Any] = []
+        self.ndims: list[int] = []  # per value id: the rank of its handle (the fusion partition's broadcast check)
         self.produced: set[int] = set()
+        self.weak: set[int] = set()  # value ids held by a weak reference
+        self.ext_dtypes: dict[int, DType] = {}  # dtypes of the weakly held externals
         self.written: set[int] = set()
         self.inputs: set[int] = set()
         self.input_reads = 0
@@ -210,18 +220,47 @@ class _Trace:
         self.allow_read = 0
         self.broken: str | None = None
 
-    def vid(self, h: Any) -> int:
+    def vid(self, h: Any, weak: bool = False) -> int:
+        """The value id of handle ``h``, registered as an external (made before the step) if new; ``weak``: held
+        by a weak reference (state that the step may replace, such as the gradients ``zero_grad()`` drops)."""
         v = self.vid_of.get(id(h))
         if v is None:
-            v = self.vid_of[id(h)] = len(self.handles)
-            self.handles.append(h)
+            v = self._register(h, weak)
+            if weak:  # its dtype, for the schedule, which may find the handle gone
+                self.ext_dtypes[v] = self.base.dtype_of(h)
         return v
 
     def new_value(self, h: Any) -> int:
-        v = self.vid_of[id(h)] = len(self.handles)
-        self.handles.append(h)
+        v = self._register(h, True)
         self.produced.add(v)
         return v
+
+    def _register(self, h: Any, weak: bool) -> int:
+        key = id(h)
+        v = self.vid_of[key] = len(self.handles)
+        self.ndims.append(len(h.shape))
+        if not weak:
+            self.handles.append(h)
+            return v
+        vid_of = self.vid_of
+
+        def dead(_ref: Any, key: int = key, v: int = v) -> None:
+            # the value died: its address may be reused by a new handle, which must not be taken for this value
+            if vid_of.get(key) == v:
+                del vid_of[key]
+
+        try:
+            ref: Any = weakref.ref(h, dead)
+        except TypeError:  # a handle type without weak references: kept alive for the trace's lifetime
+            ref = _Strong(h)
+        self.weak.add(v)
+        self.handles.append(ref)
+        return v
+
+    def handle(self, v: int) -> Any:
+        """The handle of value ``v``; None for a weakly held value that has died since."""
+        h = self.handles[v]
+        return h() if v in self.weak else h
 
     def breaks(self, why: str) -> None:
         if self.broken is None:
@@ -281,7 +320,9 @@ class _Trace:
             return
         vids = tuple(self.new_value(h) for h in outs)
         if call is not None:
-            self.calls[len(self.records)] = call
+            # without its arguments: the record holds them as value ids, and the call must not keep them alive
+            self.calls[len(self.records)] = ExtensionCall(call.op, call.device, call.stack, (), call.kwargs,
+                                                          call.kernel, call.spec, call.dtypes)
         if outs is out:
             self.tuple_out.add(len(self.records))
         base = self.base
@@ -293,6 +334,26 @@ class _Trace:
 _PLUMBING = frozenset({"lift", "lower", "sync", "memory_report", "memory_dry_run", "describe", "fusion_compile",
                        "may_share_memory", "from_numpy", "to_numpy", "dtype_of", "new_random_stream",
                        "run_extension", "extension_kernel", "seed"})
+
+
+class _Strong:
+    """A strong reference called like a weak one (a computed value whose type has no weak references)."""
+
+    __slots__ = ("h",)
+
+    def __init__(self, h: Any) -> None:
+        self.h = h
+
+    def __call__(self) -> Any:
+        return self.h
+
+
+def _weak(h: Any) -> Any:
+    """A weak reference to ``h`` (a :class:`_Strong` one for a type without weak references)."""
+    try:
+        return weakref.ref(h)
+    except TypeError:
+        return _Strong(h)
 
 
 def _plain(a: Any) -> Any:
@@ -790,7 +851,7 @@ class _Schedule:
                  consts: list[tuple[int, Any]], rebind_in: list[tuple[int, int]],
                  rebind_out: list[tuple[int, int | None, DType | None]],
                  outputs: list[tuple[int | None, Any, DType | None]], tree: Any, state_ok: list[tuple[int, Any]],
-                 n_records: int) -> None:
+                 n_records: int, release: list[int] | None = None) -> None:
         self.n_slots = n_slots
         self.steps = steps
         self.sources = [b.source for b in bound]
@@ -802,6 +863,8 @@ class _Schedule:
         self.tree = tree
         self.state_ok = state_ok
         self.n_records = n_records
+        #: state entries (gradients) set to None before the kernels run: replaced by the step, never read by it
+        self.release = release or []
 
     def run(self, in_handles: list[Any], state_handles: list[Any]) -> list[Any]:
         vals: list[Any] = [None] * self.n_slots
@@ -887,17 +950,17 @@ def _fusion_groups(trace: _Trace, keep: set[int], last: dict[int, int]) -> dict[
     records, base = trace.records, trace.base
     if type(base).fusion_compile is Backend.fusion_compile:
         return {}
-    dtypes: dict[int, DType] = {}
+    dtypes: dict[int, DType] = dict(trace.ext_dtypes)
     for r in records:
         dtypes.update(zip(r.outputs, r.dtypes))
 
     def dtype_of(v: int) -> DType:
         d = dtypes.get(v)
-        return d if d is not None else base.dtype_of(trace.handles[v])
+        return d if d is not None else base.dtype_of(trace.handle(v))
 
     def fits(r: OpRecord, shape: tuple[int, ...]) -> bool:
         return r.op in _ELEMENTWISE and len(r.outputs) == 1 and r.shapes[0] == shape and all(
-            len(trace.handles[v].shape) <= len(shape) for v in r.inputs)
+            trace.ndims[v] <= len(shape) for v in r.inputs)
 
     groups: dict[int, tuple[Any, ...]] = {}
     cache: dict[Any, Any] = {}
@@ -1004,10 +1067,11 @@ def _schedule(trace: _Trace, in_slots: dict[int, int], state: _State, pre: list[
     pre_vid: dict[int, int] = {}
     rebind_out: list[tuple[int, int | None, DType | None]] = []
     state_ok: list[tuple[int, Any]] = []
-    for e, ((t, kind), before, after) in enumerate(zip(state.entries, pre, post)):
+    for e, ((t, kind), ref, after) in enumerate(zip(state.entries, pre, post)):
         if pre_vids[e] is not None:
             pre_vid.setdefault(pre_vids[e], e)
-        if after is before:
+        before = None if ref is None else ref()
+        if after is before and (ref is None or before is not None):  # (a handle that died was replaced)
             state_ok.append((e, before))
             continue
         if after is not None and trace.vid_of.get(id(after)) not in trace.produced:
@@ -1068,6 +1132,9 @@ def _schedule(trace: _Trace, in_slots: dict[int, int], state: _State, pre: list[
         st.outs = r.outputs
         st.single = len(r.outputs) == 1 and i not in trace.tuple_out
         st.free = tuple(v for v in set(r.inputs) if last.get(v) == i and v not in keep and v in trace.produced)
+        # a result nothing reads (a gradient autodiff computes for a leaf that drops it): freed at once, not at
+        # the end of the replay
+        st.free += tuple(v for v in r.outputs if v not in last and v not in keep)
         steps.append(st)
     used: set[int] = set()
     for b in bound:
@@ -1089,12 +1156,20 @@ def _schedule(trace: _Trace, in_slots: dict[int, int], state: _State, pre: list[
         if e is not None and e in rebound:
             rebind_in.append((v, e))
         else:
-            consts.append((v, trace.handles[v]))
+            h = trace.handle(v)
+            if h is None:  # a state handle the step read and that died without being replaced (not expected)
+                raise _Break("a state tensor read by the step was freed during it")
+            consts.append((v, h))
     for v, h, _ in out_handles:
         if v is not None and v not in trace.produced and v not in input_vids and all(c != v for c, _ in consts):
             consts.append((v, h))
+    # gradients the step replaces without reading them (``zero_grad()`` first, then ``backward()``): eager frees
+    # the old ones before the forward pass, so the replay drops them before its kernels run, not when it rebinds
+    read_in = {e for _, e in rebind_in}
+    release = [e for e in sorted(rebound) if state.entries[e][1] == "grad" and pre[e] is not None
+               and e not in read_in]
     return _Schedule(n, steps, bound, inputs, consts, rebind_in, rebind_out, out_handles, out_tree,
-                     state_ok, len(records))
+                     state_ok, len(records), release)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1142,12 +1217,12 @@ def _escapes(trace: _Trace, outputs: list[Tensor], state: _State, args: tuple[An
     a reference cycle)."""
     import gc
 
-    produced = [trace.handles[v] for v in trace.produced]
+    produced = [h for h in map(trace.handle, trace.produced) if h is not None]  # a dead value cannot escape
     if not produced:
         return None
     known = {id(t) for t in outputs} | {id(t) for t, _ in state.entries} | {id(a) for a in args}
     skip = {id(trace.handles), id(produced), id(trace.vid_of)} | {id(h) for h in trace.handles}
-    skip |= {id(c.args) for c in trace.calls.values()}
+    skip |= {id(h) for h in produced}
     if _escaping(produced, known, skip) is None:
         return None
     gc.collect()
@@ -1291,13 +1366,17 @@ class CompiledFunction:
                     self._warned.add("limit")
                     log.warning(msg)
                 return self._eager(msg, args, kwargs)
-        return self._record(dev, state, args, kwargs, key, handles)
+        del handles  # the recording must not hold the state's old handles (the gradients zero_grad() drops)
+        return self._record(dev, state, args, kwargs, key)
 
     # -- replay --------------------------------------------------------------------------------------------------
     def _replay(self, g: _Schedule, dev: Device, real: Any, args: tuple[Any, ...], state: _State,
                 handles: list[Any]) -> Any:
         lower = real.lower
         in_handles = [lower(a._h) if isinstance(a, Tensor) else None for a in args]
+        for e in g.release:  # the old gradients eager's zero_grad() frees first: not held through the replay
+            state.entries[e][0].grad = None
+            handles[e] = None
         vals = g.run(in_handles, handles)
         lift = real.lift
         for e, v, d in g.rebind_out:
@@ -1313,16 +1392,14 @@ class CompiledFunction:
         return _rebuild(g.tree, iter(flat))
 
     # -- recording -----------------------------------------------------------------------------------------------
-    def _record(self, dev: Device, state: _State, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any,
-                handles: list[Any] | None = None) -> Any:
+    def _record(self, dev: Device, state: _State, args: tuple[Any, ...], kwargs: dict[str, Any], key: Any) -> Any:
         with _install_lock:
             try:
                 rec = _recording_for(dev)
             except _Break as e:
                 self._found_eager(key, str(e))
                 return self._eager(str(e), args, kwargs)
-            if handles is None:
-                handles = state.handles(rec.real)
+            handles = state.handles(rec.real)
             router = rec.router
             if router.users == 0:
                 dev._stack = router
@@ -1336,7 +1413,10 @@ class CompiledFunction:
                 v = trace.vid(real.lower(a._h))
                 trace.inputs.add(v)
                 in_slots.setdefault(v, i)
-        pre_vids = [None if h is None else trace.vid(h) for h in handles]
+        # the state before the step, held weakly: eager frees what the step drops (old gradients) when it drops it
+        pre_vids = [None if h is None else trace.vid(h, weak=True) for h in handles]
+        pre = [None if h is None else _weak(h) for h in handles]
+        del handles
         with self._lock:
             self._stats["recordings"] += 1
             if self._graphs and key not in self._warmups:
@@ -1377,7 +1457,7 @@ class CompiledFunction:
                 outs.append((trace.vid_of.get(id(h)), h, t._dtype))
             if reason is None:
                 try:
-                    graph = _schedule(trace, in_slots, state, handles, pre_vids, post, tree, outs)
+                    graph = _schedule(trace, in_slots, state, pre, pre_vids, post, tree, outs)
                 except _Break as e:
                     reason = str(e)
         if reason is not None:
