@@ -40,18 +40,17 @@ goes cold: chunking is under test there, not speed.
 
 Per kind, not one estimate for all: a bandwidth-bound op (``a + b``, a cast) gains ~1.0-1.3x from a second thread
 on a small VM, a compute-bound kernel (attention blocks, GELU, exp, norm blocks) ~2x. With one running mean the
-many cheap elementwise ops dragged it under :data:`_PAYS` and the attention blocks of a transformer's forward then
-ran serially too (measured: a (2, 8, 512, 64) float32 attention 14-17 ms pooled, 26-28 ms serial). A kind is keyed
-from what the caller passes, without naming it (:func:`run`): a block function's code object (every closure of one
-``def`` is one kind; ``functools.partial`` unwrapped), with the first argument's where that is a function too (a
-wrapper and the kernel it runs), or a ufunc; the backend's elementwise ops are a kind per ufunc or function,
-reductions per ufunc and loop. A new kind starts from the running mean over all kinds (the machine's estimate:
-on a busy machine it goes cold after one op that does not pay). At most :data:`_MAX_KINDS` kinds are kept (the
-least recently measured dropped).
-:func:`active` without a kind, what the backend asks before it chunks, is False only while every measured kind is
-cold (a machine whose other cores are taken); a kind not measured yet follows that. The estimate cannot see two
-threads slowing each other (memory bandwidth): it errs towards pooling, as the pool did before it measured.
-:func:`kind_stats` shows each kind's estimate and counts.
+many cheap elementwise ops dragged it under :data:`_PAYS`, and the attention blocks of a transformer's forward then
+ran serially too (on a quiet 2-core VM: a (2, 8, 512, 64) float32 attention 14-17 ms pooled, 26-28 ms serial). A
+kind is keyed from what the caller passes, without naming it (:func:`run`): a block function's code object (every
+closure of one ``def`` is one kind; ``functools.partial`` unwrapped), with the first argument's where that is a
+function too (a wrapper and the kernel it runs), or a ufunc; the backend's elementwise ops are a kind per ufunc or
+function, reductions per ufunc, loop and split. A new kind starts from the running mean over all kinds (the
+machine's estimate: on a busy machine it goes cold after one op that does not pay); at most :data:`_MAX_KINDS`
+kinds are kept, the least recently measured dropped. :func:`active` without a kind, what the backend asks before
+it chunks, is False only while every measured kind is cold (a machine whose other cores are taken), and a kind not
+measured yet follows it. The estimate cannot see two threads slowing each other (memory bandwidth): it errs towards
+pooling, as the pool did before it measured. :func:`kind_stats` shows each kind's estimate and counts.
 
 Pool: one process-wide pool of ``get_num_threads() - 1`` daemon workers, sized by ``ember.set_num_threads``
 (``1``: no pool, everything serial). An op is cut into about two chunks per thread; the calling thread and the
