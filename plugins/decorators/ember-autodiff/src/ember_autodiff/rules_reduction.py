@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ember import dtypes as dt
+from ember.capture import is_capturing
+from ember.compile import is_recording
 
 from .graph import ADArray
 from .recorder import Recorder
@@ -35,6 +37,14 @@ def _any(be: Any, mask: Any) -> bool:
     if _numel(tuple(mask.shape)) == 0:
         return False
     return bool(be.to_numpy(be.reduce("max", mask, tuple(range(len(mask.shape))), False)))
+
+
+def _branch_free() -> bool:
+    """Whether a rule must not read values to pick its formula: while ``ember.compile`` records a step or
+    ``ember.capture`` builds a graph (a read there is a graph break). The rule then computes every formula and
+    selects with ``where`` on device: the selected values are the very ones the eager branch computes, so eager and
+    replayed gradients stay bit-identical."""
+    return is_recording() or is_capturing()
 
 
 def _reverse_cumsum(be: Any, g: Any, dim: int) -> Any:
@@ -75,7 +85,9 @@ def _prod_of_others(be: Any, x: Any, dims: tuple[int, ...], dtype: Any) -> Any:
 def _cumprod_vjp(be: Any, g: Any, x: Any, y: Any, dim: int, dtype: Any) -> Any:
     """Gradient of cumprod along dim; exact when x holds zeros (PyTorch's cumprod_backward)."""
     isz = be.binary("eq", x, 0.0)
-    if not _any(be, isz):
+    # without zeros the zero-safe formula below reduces to this one bit for bit (before is all true, x is
+    # divided as is), so a recording skips the read and always takes it
+    if not _branch_free() and not _any(be, isz):
         return be.binary("div", _reverse_cumsum(be, be.binary("mul", g, y), dim), x)
     # per slice, with z the first zero: k < z gets the usual formula (x_k != 0 there); k == z gets
     # sum_{j>=z} g_j * prod_{i<=j, i!=z} x_i, i.e. the reverse cumsum of g * cumprod(x with x_z := 1);
@@ -103,10 +115,10 @@ class ReductionRules(Recorder):
         if not self.tracking(h):
             return self.wrap(value)
         shape = tuple(h.shape)
-        kshape = _keep_shape(shape, dims)
 
         def keep(v: Any) -> Any:  # reduced dims back as size 1, so that v broadcasts against the input
-            return v if keepdim else inner.reshape(v, kshape)
+            # the kept shape is worked out here, at backward: recording a reduction (every loss) skips it
+            return v if keepdim else inner.reshape(v, _keep_shape(shape, dims))
 
         if op == "sum":
             xs = self._saved_for_recompute(h)
@@ -118,14 +130,29 @@ class ReductionRules(Recorder):
 
         if op == "prod":
             def vjp(g: Any) -> tuple[Any]:
+                # PyTorch's prod_backward: g * y / x when the input holds no zero; else g times the product of
+                # the others (exact with zeros) for every element; prod() of everything with two zeros or more
+                # gives exactly zero (the product of the others always holds a zero; an inf or NaN beside it must
+                # not make it NaN)
                 xv = x()
                 gk = keep(g)
                 isz = inner.binary("eq", xv, 0.0)
-                if _numel(shape) == 0 or not _any(inner, isz):
+                everything = len(dims) == len(shape) and _numel(shape) > 1
+                if _numel(shape) == 0:
                     return (inner.binary("div", inner.binary("mul", gk, keep(y())), xv),)
-                if len(dims) == len(shape) and _numel(shape) > 1:
-                    # prod() of everything: with two zeros or more, PyTorch's gradient is exactly zero (the
-                    # product of the others always holds a zero; an inf or NaN beside it must not make it NaN)
+                if _branch_free():  # no read: both formulas, picked on device
+                    # the zeros divided by 1 (no division by zero): where no zero exists that is x itself, and
+                    # where one does this formula is not the one picked
+                    fast = inner.binary("div", inner.binary("mul", gk, keep(y())), inner.where(isz, 1.0, xv))
+                    safe = inner.binary("mul", gk, _prod_of_others(inner, xv, dims, dtype))
+                    out = inner.where(inner.reduce("max", isz, tuple(range(len(shape))), False), safe, fast)
+                    if everything:
+                        zeros = inner.reduce("sum", inner.cast(isz, dt.int64), dims, False)
+                        out = inner.where(inner.binary("gt", zeros, 1), 0.0, out)
+                    return (out,)
+                if not _any(inner, isz):
+                    return (inner.binary("div", inner.binary("mul", gk, keep(y())), xv),)
+                if everything:
                     zeros = inner.reduce("sum", inner.cast(isz, dt.int64), dims, False)
                     if int(inner.to_numpy(zeros)) > 1:
                         return (inner.full(shape, 0, dtype),)
