@@ -107,9 +107,10 @@ def _call(name: str, *extra: Any, **kw: Any) -> Callable[..., Any]:
     return lambda *t: fn(*t, *extra, **kw)
 
 
-#: ops whose gradient rule reads values to branch (zeros of prod): a graph break of the gradient step, eager
-#: results (maximum/minimum's tie check, and what is built on them, records its tie pass under ember.compile)
-_GRAD_READS = frozenset({"prod"})
+#: ops whose gradient rule reads values to branch: a graph break of the gradient step, eager results. None today:
+#: prod's and cumprod's zero handling selects on device while recording, and maximum/minimum's tie check (and what
+#: is built on them) records its tie pass under ember.compile
+_GRAD_READS: frozenset[str] = frozenset()
 _AD_READS = "ember.autograd.backward reads"
 
 
@@ -233,6 +234,8 @@ def _nn_cases() -> list[Case]:
         C("sum_dim", lambda x: ember.sum(x, dim=(0, 2), keepdim=True), _inputs(f(3, 4, 5)), grad=True),
         C("mean", lambda x: x.mean(dim=1), _inputs(f(4, 5)), grad=True),
         C("prod", lambda x: x.prod(dim=0), _inputs(f(4, 5)), grad=True),
+        C("prod_all", lambda x: x.prod(), _inputs(f(2, 3, lo=0.5, hi=1.5)), grad=True),
+        C("cumprod", lambda x: ember.cumprod(x, dim=1), _inputs(f(4, 5)), grad=True),
         C("var", lambda x: ember.var(x, dim=1, correction=0), _inputs(f(4, 5)), grad=True),
         C("std", lambda x: x.std(), _inputs(f(4, 5)), grad=True),
         C("max_dim", lambda x: ember.max(x, dim=1), _inputs(f(4, 5)), grad=True),
@@ -607,6 +610,72 @@ def test_data_dependent_results_are_never_replayed(device: Any, name: str) -> No
         got = compiled(ember.tensor(base), ember.tensor(other))
         _same(got, fn(ember.tensor(base), ember.tensor(other)), _exact(device), f"{name} with {other.tolist()}")
     assert compiled.stats()["replays"] == 0, compiled.stats()
+
+
+#: inputs of the prod-gradient replay, in call order: the first records, with a different zero pattern than each
+#: replay (none, one zero, two in one reduction group, two in different groups, a zero beside an inf)
+_ZERO_PATTERNS = (
+    [[1.5, -2.0, 3.0], [0.5, 4.0, -1.0]],
+    [[1.5, 0.0, 3.0], [0.5, 4.0, -1.0]],
+    [[0.0, 0.0, 3.0], [0.5, 4.0, -1.0]],
+    [[0.0, 2.0, 3.0], [0.5, 0.0, -1.0]],
+    [[0.0, float("inf"), 3.0], [0.5, 2.0, -1.0]],
+    [[1.25, -2.0, 0.5], [0.5, 4.0, -1.0]],
+)
+
+
+def _others_product(x: np.ndarray, dim: int | None) -> np.ndarray:
+    """PyTorch's prod gradient (with respect to x) for a cotangent of ones, from its definition: for each element,
+    the product of the others in its reduction group (float64); prod() of everything with two zeros or more gives
+    exactly zero."""
+    x64 = x.astype(np.float64)
+    if dim is None:
+        if np.count_nonzero(x64 == 0) > 1:
+            return np.zeros_like(x64)
+        flat = x64.reshape(-1)
+        return np.array([np.prod(np.delete(flat, i)) for i in range(flat.size)]).reshape(x.shape)
+    moved = np.moveaxis(x64, dim, -1)
+    out = np.empty_like(moved)
+    for idx in np.ndindex(moved.shape[:-1]):
+        row = moved[idx]
+        out[idx] = [np.prod(np.delete(row, i)) for i in range(row.size)]
+    return np.moveaxis(out, -1, dim)
+
+
+@pytest.mark.parametrize("dim", [None, 0, 1], ids=["all", "dim0", "dim1"])
+def test_prod_gradient_with_zeros_replays_without_a_break(gdev: Any, dim: int | None) -> None:
+    """prod's gradient handles zeros without reading a value: recorded on an input without zeros, replays of
+    inputs with one zero, two zeros (in one group or apart) and a zero beside an inf give the eager gradient (bit
+    for bit on host backends) and PyTorch's (the product of the others), with no graph break."""
+    exact = _exact(gdev)
+    with _default(gdev):
+        ws = [ember.nn.Parameter(ember.ones(2, 3)) for _ in range(2)]  # [0]: compiled, [1]: eager
+
+        def make(w: Any) -> Callable[[Any], Any]:
+            def step(x: Any) -> Any:
+                y = (w * x).prod() if dim is None else (w * x).prod(dim=dim)
+                loss = y.sum()
+                loss.backward()
+                return loss
+            return step
+
+        compiled = ember.compile(make(ws[0]))
+        eager = make(ws[1])
+        for k, rows in enumerate(_ZERO_PATTERNS):
+            x = np.array(rows, np.float32)
+            for w in ws:
+                w.grad = None
+            what = f"prod(dim={dim}) gradient, call {k} ({x.tolist()})"
+            _same(compiled(ember.tensor(x)), eager(ember.tensor(x)), exact, what + " loss")
+            _same(ws[0].grad, ws[1].grad, exact, what)
+            want = x.astype(np.float64) * _others_product(x, dim)  # d(w*x)/dw = x: w is ones
+            finite = np.isfinite(want)
+            got = ws[0].grad.numpy().astype(np.float64)
+            np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, err_msg=what)
+            assert np.array_equal(np.isfinite(got), finite), what
+    s = compiled.stats()
+    if _cannot_replay(gdev) is None:
+        assert s["graph_breaks"] == 0 and s["replays"] == len(_ZERO_PATTERNS) - 1, s
 
 
 def test_guard_miss_records_again(device: Any) -> None:
