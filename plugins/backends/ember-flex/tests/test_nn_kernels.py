@@ -261,8 +261,8 @@ def test_max_pool_2x2_pairwise_path(monkeypatch, shape, fill, dtype):
     values and first-tap indices as torch's over ties, +-inf and NaN (which falls back to the tap loop), on
     strided input too."""
     calls = []
-    real = K._max_pool_2x2
-    monkeypatch.setattr(K, "_max_pool_2x2", lambda *a: calls.append(1) or real(*a))
+    real = K._pool_2x2_into
+    monkeypatch.setattr(K, "_pool_2x2_into", lambda *a: calls.append(1) or real(*a))
     g = np.random.default_rng(11)
     x = g.integers(0, 3, shape).astype(dtype)
     if fill == "inf":
@@ -277,6 +277,32 @@ def test_max_pool_2x2_pairwise_path(monkeypatch, shape, fill, dtype):
         np.testing.assert_array_equal(idx, ridx.numpy())
     uses = shape[-2] % 2 == 0 and shape[-1] % 2 == 0 and shape[-1] // 2 >= K._POOL2X2_MIN_ROW
     assert bool(calls) == uses
+
+
+@pytest.mark.parametrize("shape,k", [((5, 3, 12, 14), (2, 2)), ((4, 3, 11, 9), (2, 2)), ((3, 4, 6, 4, 8), (2, 2, 2))])
+@pytest.mark.parametrize("nan", [False, True])
+def test_max_pool_tiled_blocks_on_the_pool(monkeypatch, shape, k, nan):
+    """The tiled kernels run on blocks of planes, on flex's pool for large inputs: blocks of a few planes on 1 and
+    3 threads give torch's values and indices; NaN in one block sends the whole call to the tap loop."""
+    from ember_flex import threads
+
+    x = np.random.default_rng(4).integers(0, 4, shape).astype(np.float32)
+    if nan:
+        x.reshape(-1)[x.size // 2 + 3] = np.nan
+    ref, ridx = TMAXP[len(k)](T(x), k, k, 0, 1, False, True)
+    monkeypatch.setattr(K, "_POOL_BLOCK", 2 * int(np.prod(shape[2:])))  # two planes per block
+    before, min_elems = threads.get_num_threads(), threads.min_elems
+    try:
+        for n in (1, 3):
+            threads.set_num_threads(n)
+            if n > 1:
+                threads.min_elems = 1
+            y, idx = K.max_pool(x, k, k, tuple(0 for _ in k), tuple(1 for _ in k), False, True)
+            check(y, ref, equal_nan=True)
+            np.testing.assert_array_equal(idx, ridx.numpy())
+    finally:
+        threads.set_num_threads(before)
+        threads.min_elems = min_elems
 
 
 def test_max_pool_empty_batch():

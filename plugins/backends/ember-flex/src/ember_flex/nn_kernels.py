@@ -693,24 +693,68 @@ def _min_value(dt):
     raise TypeError(f"unsupported dtype {dt}")
 
 
+#: input elements per block of the tiled max pooling (512 KiB of float32): a block's temporaries (pair maxima,
+#: comparison masks, tap numbers) stay in cache, and large inputs' blocks run on flex's pool
+_POOL_BLOCK = 1 << 17
+#: shortest output rows for which :func:`_pool_2x2_into` pays: its passes run numpy's inner loop once per row, over
+#: twice the output's elements (measured, one thread: 0.76x the tap loop's time at 26x26 input, 0.90x at 12x12, 1.14x
+#: at 8x8; a cropped odd-sized input, 1.03-1.19x, keeps the tap loop)
+_POOL2X2_MIN_ROW = 6
+
+
 def _max_pool_tiled(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], lead: int
                     ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Max pooling with indices for non-overlapping, unpadded windows (stride == kernel, the usual 2x2 pool):
-    the max over strided tap views, then the index of the first tap equal to it (as the tap loop: first maximum
-    wins), on output-sized arrays only. Returns None when the result holds NaN (torch keeps the last NaN there)."""
-    if tuple(K) == (2, 2) and x.shape[-2:] == (2 * O[0], 2 * O[1]) and O[1] >= _POOL2X2_MIN_ROW:
-        return _max_pool_2x2(x, O)
-    nd = len(K)
+    """Max pooling with indices for non-overlapping, unpadded windows (stride == kernel, the usual 2x2 pool), on
+    blocks of whole planes (about :data:`_POOL_BLOCK` input elements each; on flex's pool for large inputs): each
+    block's maxima and first-tap indices written straight into the outputs (:func:`_pool_2x2_into` for 2x2 windows
+    of even-sized planes, :func:`_pool_taps_into` otherwise). Elementwise per plane, so any split gives the same
+    result. Returns None when the result holds NaN (torch keeps the last NaN there; the caller's tap loop does)."""
     S = x.shape[lead:]
+    B = x.shape[:lead]
+    planes = x.reshape((-1,) + S)
+    n = planes.shape[0]
+    v = np.empty((n,) + tuple(O), x.dtype)
+    idx = np.empty((n,) + tuple(O), np.int64)
+    pair = tuple(K) == (2, 2) and S == (2 * O[0], 2 * O[1]) and O[1] >= _POOL2X2_MIN_ROW
+    kernel = _pool_2x2_into if pair else _pool_taps_into
+    per = max(1, _POOL_BLOCK // max(math.prod(S), 1))
+    starts = range(0, n, per)
+    nan: list[bool] = []
+
+    def blocks(lo: int, hi: int) -> None:
+        for p0 in starts[lo:hi]:
+            p1 = min(n, p0 + per)
+            if not kernel(planes[p0:p1], K, O, v[p0:p1], idx[p0:p1]):
+                nan.append(True)
+                return
+
+    nt = threads.get_num_threads()
+    parts = min(2 * nt, len(starts)) if nt > 1 and x.size >= threads.min_elems else 1
+    if parts < 2:
+        blocks(0, len(starts))
+    else:
+        threads.run([(blocks, (i * len(starts) // parts, (i + 1) * len(starts) // parts)) for i in range(parts)])
+    if nan:
+        return None
+    return v.reshape(B + tuple(O)), idx.reshape(B + tuple(O))
+
+
+def _pool_taps_into(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], v: np.ndarray,
+                    idx: np.ndarray) -> bool:
+    """Tiled max pooling of planes x (n, *S) into v and idx (n, *O): the max over strided tap views, then the index
+    of the first tap equal to it (as the tap loop: first maximum wins), on output-sized arrays only. False (v and
+    idx unfinished) when a maximum is NaN."""
+    nd = len(K)
+    S = x.shape[1:]
     pstr = [math.prod(S[i + 1:]) for i in range(nd)]
     taps = list(itertools.product(*(range(k) for k in K)))
     views = [x[(Ellipsis,) + tuple(slice(t[i], t[i] + (O[i] - 1) * K[i] + 1, K[i]) for i in range(nd))]
              for t in taps]
-    v = views[0].copy()
+    np.copyto(v, views[0])
     for w in views[1:]:
         np.maximum(v, w, out=v)
-    if np.isnan(v).any():
-        return None
+    if v.size and np.isnan(v.max()):  # max propagates NaN: one reduction instead of an isnan array
+        return False
     offs = np.array([sum(t[i] * pstr[i] for i in range(nd)) for t in taps], dtype=np.int64)
     # walk the taps backwards so the earliest tap equal to the max wins: tid = k where tap k equals the max, as
     # branch-free arithmetic on small tap numbers (a masked assignment branches on every random comparison)
@@ -723,36 +767,31 @@ def _max_pool_tiled(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], lead:
         np.subtract(tid, tdt(k), out=step)  # wraps modulo 256 for uint8; tid - step * eq is exact all the same
         step *= eq
         tid -= step
-    idx = np.take(offs, tid)
+    np.take(offs, tid, out=idx, mode="clip")  # in range; "raise" would buffer the output
     base = np.zeros(O, dtype=np.int64)
     for i in range(nd):
         shp = [1] * nd
         shp[i] = O[i]
         base = base + (np.arange(O[i], dtype=np.int64) * (K[i] * pstr[i])).reshape(shp)
     idx += base
-    return v, idx
+    return True
 
 
-#: shortest output rows for which :func:`_max_pool_2x2` pays: its passes run numpy's inner loop once per row, over
-#: twice the output's elements (measured, one thread: 0.76x the tap loop's time at 26x26 input, 0.90x at 12x12, 1.14x
-#: at 8x8; a cropped odd-sized input, 1.03-1.19x, keeps the tap loop)
-_POOL2X2_MIN_ROW = 6
-
-
-def _max_pool_2x2(x: np.ndarray, O: tuple[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
-    """:func:`_max_pool_tiled` for 2x2 windows (the usual pool) in two pairwise passes: the max of each row's
-    column pair, then the max of the two rows' results, with strict ``>`` so ties keep the first column, then the
-    first row -- the first tap in row-major order, as torch's window loop. Measured (batch 256, 64 channels, 26x26,
-    one thread, CPU time): ~25 % faster than the four tap views' max and per-tap equality tests. None on NaN."""
+def _pool_2x2_into(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], v: np.ndarray, idx: np.ndarray) -> bool:
+    """:func:`_pool_taps_into` for 2x2 windows of even-sized planes x (n, 2*O0, 2*O1) in two pairwise passes: the
+    max of each row's column pair, then the max of the two rows' results, with strict ``>`` so ties keep the first
+    column, then the first row -- the first tap in row-major order, as torch's window loop. Measured (batch 256, 64
+    channels, 26x26, one thread, CPU time): ~25 % faster than the four tap views' max and per-tap equality tests.
+    False on NaN."""
     W = x.shape[-1]
     o0, o1 = O
     left, right = x[..., 0::2], x[..., 1::2]
     cmax = np.maximum(left, right)
     cbit = np.greater(right, left)  # the second column won its row
     top, bottom = cmax[..., 0::2, :], cmax[..., 1::2, :]
-    v = np.maximum(top, bottom)
+    np.maximum(top, bottom, out=v)
     if v.size and np.isnan(v.max()):  # max propagates NaN: one reduction instead of an isnan array
-        return None
+        return False
     rbit = np.greater(bottom, top)  # the second row won
     c0, c1 = cbit[..., 0::2, :], cbit[..., 1::2, :]
     col = np.bitwise_xor(c0, c1)  # the winning row's column bit: c0 ^ ((c0 ^ c1) & rbit), branch-free
@@ -760,9 +799,9 @@ def _max_pool_2x2(x: np.ndarray, O: tuple[int, int]) -> tuple[np.ndarray, np.nda
     col ^= c0
     tap = np.left_shift(rbit, 1, dtype=np.uint8)
     tap |= col
-    idx = np.take(np.array([0, 1, W, W + 1], dtype=np.int64), tap)
+    np.take(np.array([0, 1, W, W + 1], dtype=np.int64), tap, out=idx, mode="clip")  # "raise" would buffer out
     idx += np.arange(o0, dtype=np.int64)[:, None] * (2 * W) + np.arange(o1, dtype=np.int64) * 2
-    return v, idx
+    return True
 
 
 def max_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOrTuple = 0,
