@@ -93,12 +93,16 @@ CASES = [(c, kind, causal) for c, s in SHAPES.items()
 @pytest.mark.parametrize("case,mask_kind,causal", CASES)
 def test_blocks_against_torch_and_one_block(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch, softmax: str,
                                             dtype: str, case: str, mask_kind: str | None, causal: bool) -> None:
-    """"auto": these scores are bounded, so the max-free softmax runs; "stable": the max-subtracting one."""
+    """"auto": these scores are bounded, so the max-free softmax runs; "stable": the max-subtracting one. The
+    output-only forward gives the forward's output bit for bit."""
     if softmax == "stable":
         monkeypatch.setattr(K, "_EXP_LIMIT", {4: -1.0, 8: -1.0})
     q, k, v, m = _data(SHAPES[case], dtype, mask_kind)
     out, attn = _kernel(q, k, v, m, is_causal=causal)
     np.testing.assert_allclose(out, _torch(q, k, v, m, is_causal=causal), **TOL[dtype])
+    # the output-only forward (inference): the same blocks and arithmetic, its scores in a scratch buffer
+    only = K.sdpa_out(None, q, k, v, m, None, scale=1.0 / np.sqrt(q.shape[-1]), is_causal=causal)
+    assert only.dtype == out.dtype and np.array_equal(only, out)
     one_out, one_attn = _one_block(q, k, v, m, is_causal=causal)
     np.testing.assert_allclose(out, one_out, **TOL[dtype])
     np.testing.assert_allclose(attn, one_attn, **TOL[dtype])
@@ -311,25 +315,6 @@ def test_compile_replay_is_bit_identical_to_eager(tiny_blocks: None) -> None:
 
 
 # -- the output-only forward (inference) -------------------------------------------------------------------------
-@pytest.mark.parametrize("softmax", ["auto", "stable"])
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("case,mask_kind,causal", CASES)
-def test_out_only_is_the_forward_output_bit_for_bit(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch,
-                                                     softmax: str, dtype: str, case: str, mask_kind: str | None,
-                                                     causal: bool) -> None:
-    """sdpa_out in many blocks on the pool: exactly sdpa's ``out`` (same blocks, same arithmetic; the scores in a
-    scratch buffer instead of a slice of the weights), and torch's numbers."""
-    if softmax == "stable":
-        monkeypatch.setattr(K, "_EXP_LIMIT", {4: -1.0, 8: -1.0})
-    q, k, v, m = _data(SHAPES[case], dtype, mask_kind, seed=20)
-    scale = 1.0 / np.sqrt(q.shape[-1])
-    got = K.sdpa_out(None, q, k, v, m, None, scale=scale, is_causal=causal)
-    out, _ = _kernel(q, k, v, m, is_causal=causal)
-    assert got.dtype == out.dtype and got.shape == out.shape
-    assert np.array_equal(got, out)
-    np.testing.assert_allclose(got, _torch(q, k, v, m, is_causal=causal), **TOL[dtype])
-
-
 @pytest.mark.parametrize("causal", [False, True])
 def test_out_only_dropout_gqa_half_and_thread_count(tiny_blocks: None, causal: bool) -> None:
     """Dropout factors and GQA repeats in blocks, float16 in float32 work: sdpa's ``out`` bit for bit, on 1, 2 and 4
