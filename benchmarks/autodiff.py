@@ -7,7 +7,8 @@ Measures, in one run and side by side with PyTorch (CPU):
    ``Device.flex().autodiff()``, torch without and with ``requires_grad``. Timed alternately inside every repeat;
    results are kept alive and realized (ember's device synced) every 64 calls inside the timed loop; per-op time
    is the median over repeats (min/max and IQR as spread). The overhead is the difference autodiff minus plain,
-   for each framework.
+   for each framework. Also the forward and backward of a small chain, ``(a * b + a).sum().backward()`` with both
+   operands requiring grad, ember on flex+autodiff against torch.
 2. **Seed-CNN training step** (docs/models.md: forward, cross-entropy, backward, Adam lr 1e-3) on
    flex+autodiff (with and without balanced checkpointing) and on PyTorch, same architecture, same initial weights,
    same batch; median of the steps after warm-up, alternating frameworks; each timed step ends with its device
@@ -73,7 +74,8 @@ def _device(mode: str) -> Device:
 # 1. per-op overhead
 # ----------------------------------------------------------------------------------------------------------
 def bench_per_op(repeats: int, number: int) -> dict[str, dict[str, dict[str, float]]]:
-    """Per-op seconds of a*b and a+b for every case; {op: {case: stats}}."""
+    """Per-op seconds of a*b and a+b for every case, and of the small chain's forward+backward (key ``CHAIN``);
+    {op: {case: stats}}."""
     rng = np.random.default_rng(0)
     a_np = rng.standard_normal(N_ELEMENTS, dtype=np.float32)
     b_np = rng.standard_normal(N_ELEMENTS, dtype=np.float32)
@@ -104,7 +106,38 @@ def bench_per_op(repeats: int, number: int) -> dict[str, dict[str, dict[str, flo
         # realized (ember's devices synced) every PER_OP_HOLD calls inside the timed loop
         samples = _common.sample_cases(cases, repeats, number, max(number // 10, 10), hold=PER_OP_HOLD)
         result[op] = {name: stats(s) for name, s in samples.items()}
+    result[CHAIN] = _bench_chain(a_np, b_np, repeats, max(number // 10, 10))
     return result
+
+
+#: the key of bench_per_op's small-chain figure: forward and backward of y = (a * b + a).sum()
+CHAIN = "chain"
+
+
+def _chain_step(a: Any, b: Any) -> Any:
+    """Record y = (a * b + a).sum() and run its backward (the same code for ember and torch tensors); returns
+    a's accumulated gradient, so the timing loop realizes what the step computed."""
+    (a * b + a).sum().backward()
+    return a.grad
+
+
+def _bench_chain(a_np: np.ndarray, b_np: np.ndarray, repeats: int, number: int) -> dict[str, dict[str, float]]:
+    """Seconds per forward+backward of a three-op chain on 1,000 float32, a and b requiring grad: the recording,
+    the backward sweep, the vjps and the leaves' gradient accumulation, ember on flex+autodiff against torch."""
+    ad = Device.flex().autodiff()
+    a, b = ember.tensor(a_np, device=ad, requires_grad=True), ember.tensor(b_np, device=ad, requires_grad=True)
+    _chain_step(a, b)
+    # check what we time computes the right gradients before timing it
+    if not (np.allclose(a.grad.numpy(), b_np + 1) and np.allclose(b.grad.numpy(), a_np)):
+        raise SystemExit("autodiff bench: ember's gradients of (a * b + a).sum() are wrong")
+    cases: dict[str, Callable[[], Any]] = {"ember flex+autodiff": partial(_chain_step, a, b)}
+    torch = _torch()
+    if torch is not None:
+        at = torch.from_numpy(a_np.copy()).requires_grad_()
+        bt = torch.from_numpy(b_np.copy()).requires_grad_()
+        cases["torch requires_grad"] = partial(_chain_step, at, bt)
+    samples = _common.sample_cases(cases, repeats, number, max(number // 10, 10))
+    return {name: stats(s) for name, s in samples.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -272,6 +305,15 @@ def report(per_op: dict[str, Any], steps: list[dict[str, Any]], memory: dict[str
                 line += f" (ratio {ov['ratio_overhead_ember_torch']:.2f}x)"
             line += f"; ember/torch with autodiff: {ov['ratio_autodiff_ember_torch']:.2f}x"
         lines.append(line)
+    chain = per_op[CHAIN]
+    lines += ["", "Forward + backward of y = (a * b + a).sum(), a and b require grad (microseconds; median of "
+                  f"{repeats} alternating repeats x {max(number // 10, 10)} calls)",
+              f"    {'case':<22}{'median':>9}{'min':>9}{'max':>9}{'IQR':>9}"]
+    for name, s in chain.items():
+        lines.append(f"    {name:<22}{_us(s['median'])} {_us(s['min'])} {_us(s['max'])} {_us(s['iqr'])}")
+    if "torch requires_grad" in chain:
+        ratio = chain["ember flex+autodiff"]["median"] / chain["torch requires_grad"]["median"]
+        lines.append(f"    ember/torch: {ratio:.2f}x")
     for st in steps:
         lines += ["", f"Seed-CNN training step, batch {st['batch']}, Adam lr 1e-3 (milliseconds; median of "
                       f"{st['repeats']} alternating steps after {st['warmup']} warm-up)",
@@ -348,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "repeats": repeats,
             "number": number,
             "per_op_seconds": per_op,
-            "per_op_overhead_seconds": {op: _overheads(v) for op, v in per_op.items()},
+            "per_op_overhead_seconds": {op: _overheads(v) for op, v in per_op.items() if op != CHAIN},
             "train_step": steps,
             "memory": memory,
             "environment": environment(),
