@@ -518,6 +518,8 @@ class FlexBackend(Backend):
             src = src[tuple(slice(0, n) for n in index.shape)]
         else:
             src = np.full(index.shape, src, dtype=h.dtype)
+        if reduce is None and self._scatter_rows(out, dim, index, src):
+            return out
         key = self._grid(index, dim)
         if reduce is None:
             out[key] = src
@@ -526,6 +528,22 @@ class FlexBackend(Backend):
         else:
             np.multiply.at(out, key, src)
         return out
+
+    @staticmethod
+    def _scatter_rows(out: ndarray, dim: int, index: ndarray, src: ndarray) -> bool:
+        """Replace-scatter along the last axis, index covering out's leading dims (max-pool's backward scatters its
+        gradient so, 2.8M values at the seed CNN's batch 256), through one flat index: half the time of the
+        open-grid fancy index. Written in the same (C) order, so duplicates keep the same value. False (nothing
+        written) where it does not apply, negative indices included (the grid wraps them)."""
+        if dim != out.ndim - 1 or index.shape[:-1] != out.shape[:-1] or index.size == 0 or not out.flags.c_contiguous:
+            return False
+        if index.min() < 0:
+            return False
+        k = index.shape[-1]
+        rows = index.size // k
+        flat = index.reshape(rows, k) + (np.arange(rows, dtype=np.int64) * out.shape[-1])[:, None]
+        out.reshape(-1)[flat.reshape(-1)] = src.reshape(-1)
+        return True
 
     @staticmethod
     def _grid(index: ndarray, dim: int) -> tuple[ndarray, ...]:
