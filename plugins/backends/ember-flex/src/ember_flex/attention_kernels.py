@@ -1,4 +1,5 @@
-"""numpy kernels for core's attention ops (``nn.scaled_dot_product_attention`` and its backward).
+"""numpy kernels for core's attention ops (``nn.scaled_dot_product_attention``, its output-only form and its
+backward).
 
 Forward, in blocks of a few heads or of one head's rows (about :data:`BLOCK` scores each, so a block stays in a
 core's L2 cache): the scale folded into q (L*E multiplies instead of L*S), one GEMM for the block's scores written
@@ -9,7 +10,10 @@ skips subtracting each row's max where ``|q_i| |k_j|`` bounds the block's scores
 and the subtraction are two of its five passes), and takes the stable form elsewhere; each row is then multiplied by
 the reciprocal of its sum, as torch's CPU softmax. Large attentions run their blocks on flex's thread pool, with
 numpy's BLAS on one thread meanwhile. The blocks depend on the shapes only, so results do not depend on the thread
-count. The probabilities are the op's second output: the backward reads them.
+count. The probabilities are the op's second output: the backward reads them. For inference (core's ``sdpa_out``:
+no gradient can flow) :func:`sdpa_out` runs the very same blocks, but each block's scores live in a scratch buffer
+of the block's size, dropped after it: the (..., L, S) probabilities are never allocated, and ``out`` has the same
+bits as the forward's.
 
 Backward, in one pass over blocks of whole heads (on the pool as the forward's; each block's dS is a temporary that
 stays in cache): dv = (attn * drop)^T @ dout, dP = dout @ v^T * drop, and in place in dP's buffer
