@@ -305,6 +305,74 @@ def test_max_pool_tiled_blocks_on_the_pool(monkeypatch, shape, k, nan):
         threads.min_elems = min_elems
 
 
+def _scatter_reference(g, idx, x_shape, nd, overlap):
+    """The composition max_pool_backward replaces: scatter into zeros along each flattened input plane."""
+    nb = len(x_shape) - nd
+    n, plane = int(np.prod(x_shape[:nb])), int(np.prod(x_shape[nb:]))
+    out = np.zeros((n, plane), g.dtype)
+    rows = np.arange(n)[:, None]
+    if overlap:
+        np.add.at(out, (rows, idx.reshape(n, -1)), g.reshape(n, -1))
+    else:
+        out[rows, idx.reshape(n, -1)] = g.reshape(n, -1)
+    return out.reshape(x_shape)
+
+
+MPB_CASES = [
+    # nd, input shape, kernel, stride, padding, dilation (the windows overlap where stride < dilated kernel)
+    (2, (3, 4, 12, 14), (2, 2), (2, 2), (0, 0), (1, 1)),
+    (2, (2, 3, 11, 9), (2, 2), (2, 2), (0, 0), (1, 1)),
+    (2, (2, 3, 9, 10), (3, 3), (2, 2), (1, 1), (1, 1)),
+    (1, (3, 5, 13), (3,), (1,), (1,), (2,)),
+    (3, (2, 2, 6, 7, 5), (2, 3, 2), (2, 2, 1), (1, 1, 0), (1, 1, 2)),
+    (2, (5, 12, 14), (2, 2), (2, 2), (0, 0), (1, 1)),  # unbatched (C, H, W)
+]
+
+
+@pytest.mark.parametrize("case", MPB_CASES, ids=[f"{c[0]}d-{'x'.join(map(str, c[1]))}" for c in MPB_CASES])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("blocks", ["default", "small"])
+def test_max_pool_backward(monkeypatch, case, dtype, blocks):
+    """Torch's max-pool input gradient, and bit for bit the scatter composition it replaces, over ties (small
+    integers), overlapping windows, padding, 1-3 pooled dims; in blocks of one plane on the pool too."""
+    from ember_flex import threads
+
+    nd, shape, k, s, p, d = case
+    x = np.random.default_rng(6).integers(0, 4, shape).astype(dtype)
+    _, idx = K.max_pool(x, k, s, p, d, False, True)
+    g = rand(idx.shape, dtype, 7)
+    overlap = any(si < di * (ki - 1) + 1 for si, di, ki in zip(s, d, k))
+    xt = T(x).requires_grad_()
+    TMAXP[nd](xt, k, s, p, d).backward(T(g))
+    before, min_elems = threads.get_num_threads(), threads.min_elems
+    try:
+        if blocks == "small":
+            monkeypatch.setattr(K, "_POOL_BLOCK", 1)
+            threads.set_num_threads(3)
+            threads.min_elems = 1
+        dx = K.max_pool_backward(g, idx, x.shape, nd, overlap)
+    finally:
+        threads.set_num_threads(before)
+        threads.min_elems = min_elems
+    assert dx.shape == x.shape and dx.dtype == np.dtype(dtype) and dx.flags.c_contiguous
+    np.testing.assert_array_equal(dx, _scatter_reference(g, idx, x.shape, nd, overlap))
+    check(dx, xt.grad, dtype)
+
+
+def test_max_pool_backward_adaptive_and_errors():
+    """Adaptive max pooling's indices (windows overlap where sizes do not divide); mismatched shapes are refused."""
+    x = rand((2, 3, 7, 10), np.float32, 8)
+    _, idx = K.adaptive_max_pool(x, (3, 4), True)
+    g = rand(idx.shape, np.float32, 9)
+    xt = T(x).requires_grad_()
+    F.adaptive_max_pool2d(xt, (3, 4)).backward(T(g))
+    check(K.max_pool_backward(g, idx, x.shape, 2, True), xt.grad)
+    with pytest.raises(ValueError, match="max_pool_backward"):
+        K.max_pool_backward(g, idx[:1], x.shape, 2)
+    with pytest.raises(ValueError, match="max_pool_backward"):
+        K.max_pool_backward(g, idx, (3, 3, 7, 10), 2)
+
+
 def test_max_pool_empty_batch():
     x = np.zeros((0, 3, 8, 8), np.float32)
     y, idx = K.max_pool(x, (2, 2), (2, 2), (0, 0), (1, 1), False, True)

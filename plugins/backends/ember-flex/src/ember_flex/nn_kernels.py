@@ -43,6 +43,7 @@ __all__ = [
     "conv_weight_grad",
     "conv_input_grad",
     "max_pool",
+    "max_pool_backward",
     "avg_pool",
     "adaptive_avg_pool",
     "adaptive_max_pool",
@@ -893,6 +894,54 @@ def max_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOr
         np.copyto(cur, v, where=m)
         np.copyto(idx, base + off, where=m)
     return _finish(cur, out_dtype), idx
+
+
+def max_pool_backward(grad: np.ndarray, indices: np.ndarray, x_shape: Sequence[int], nd: int,
+                      overlap: bool = False) -> np.ndarray:
+    """Gradient of max pooling w.r.t. its input: each output's gradient written at its window's argmax.
+
+    grad, indices: (*B, *O), indices (from :func:`max_pool` / :func:`adaptive_max_pool`) flat into each input
+    plane of the last ``nd`` dims of ``x_shape`` (*B, *S). Where windows overlap (``overlap``), gradients landing on
+    one input add up, in row-major output order; otherwise each input receives at most one. Works on blocks of
+    whole planes (about :data:`_POOL_BLOCK` input elements: the block is zeroed and written while in cache), on
+    flex's pool for large inputs; every plane is computed alike whatever the blocks. The same values as scattering
+    into a zero tensor (``scatter`` along the flattened plane, ``add`` where windows overlap), bit for bit."""
+    grad = np.asarray(grad)
+    idx = np.asarray(indices)
+    x_shape = tuple(int(d) for d in x_shape)
+    nb = len(x_shape) - nd
+    if nd < 1 or nb < 0 or grad.shape != idx.shape or grad.shape[:nb] != x_shape[:nb] or grad.ndim != len(x_shape):
+        raise ValueError(f"max_pool_backward: grad {grad.shape} and indices {idx.shape} must share the batch dims "
+                         f"of the input shape {x_shape} ({nd} pooled dims)")
+    n = math.prod(x_shape[:nb])
+    plane = math.prod(x_shape[nb:])
+    outs = math.prod(grad.shape[nb:])
+    g2 = grad.reshape(n, outs)
+    i2 = idx.reshape(n, outs)
+    dx = np.empty((n, plane), grad.dtype)
+    per = max(1, _POOL_BLOCK // max(plane, 1))
+    starts = range(0, n, per)
+
+    def blocks(lo: int, hi: int) -> None:
+        for b0 in starts[lo:hi]:
+            b1 = min(n, b0 + per)
+            d = dx[b0:b1]
+            d.fill(0)
+            flat = i2[b0:b1] + (np.arange(b1 - b0, dtype=np.int64) * plane)[:, None]
+            if overlap:
+                np.add.at(d.reshape(-1), flat.reshape(-1), g2[b0:b1].reshape(-1))
+            else:
+                d.reshape(-1)[flat.reshape(-1)] = g2[b0:b1].reshape(-1)
+
+    if n and plane:
+        nt = threads.get_num_threads()
+        parts = min(2 * nt, len(starts)) if nt > 1 and n * plane >= threads.min_elems else 1
+        if parts < 2:
+            blocks(0, len(starts))
+        else:
+            threads.run([(blocks, (i * len(starts) // parts, (i + 1) * len(starts) // parts))
+                         for i in range(parts)])
+    return dx.reshape(x_shape)
 
 
 def avg_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOrTuple = 0,
