@@ -368,3 +368,16 @@ def test_out_only_empty_shapes() -> None:
     out = K.sdpa_out(None, np.ones((2, 3, 4), np.float32), np.ones((2, 0, 4), np.float32),
                      np.ones((2, 0, 5), np.float32), None, None, scale=1.0)
     assert out.shape == (2, 3, 5) and np.all(out == 0)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_causal_triangle(monkeypatch: pytest.MonkeyPatch, cached: bool) -> None:
+    """The keys each row hides under is_causal: right of the diagonal, for L == S, L < S and L > S; shapes up to
+    _TRI_CACHED positions share one read-only array, larger ones are built per call (same values)."""
+    if not cached:
+        monkeypatch.setattr(K, "_TRI_CACHED", 0)
+    for L, S in ((1, 1), (5, 8), (8, 5), (33, 33)):
+        tri = K._causal_hidden(L, S)
+        assert np.array_equal(tri, np.triu(np.ones((L, S), np.bool_), 1))
+        assert (K._causal_hidden(L, S) is tri) == cached
+        assert tri.flags.writeable != cached
