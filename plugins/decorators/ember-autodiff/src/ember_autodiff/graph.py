@@ -69,7 +69,10 @@ class ADArray:
         self.value = value
         # a slot, not a property over value: every eager ``a + b`` compares its operands' shapes (the value is
         # never rebound, so the shape cannot go stale)
-        self.shape: tuple[int, ...] = value.shape
+        try:
+            self.shape: tuple[int, ...] = value.shape
+        except AttributeError:  # a boundary's plain result (no array): reading .shape raises, as it always did
+            pass
         self.meta = meta
         self.base = base  # the array this one is a view of (shares its version counter)
         self._version: Version | None = base.version if base is not None else None  # created on first use
