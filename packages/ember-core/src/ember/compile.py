@@ -891,6 +891,7 @@ class _Schedule:
                 res = st.fn([vals[s] for s in in_slots], sc, st.shape, [None] * len(st.outs))
                 for s, h in zip(st.outs, res):
                     vals[s] = h
+                res = None  # (a local holding the results would keep them alive past their last use)
                 for s in st.free:
                     vals[s] = None
                 continue
@@ -915,6 +916,7 @@ class _Schedule:
             elif outs:
                 for s, h in zip(outs, out):
                     vals[s] = h
+            out = args = None  # only the slots hold values: each is freed after its last use
             for s in st.free:
                 vals[s] = None
 
