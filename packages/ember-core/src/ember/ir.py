@@ -226,6 +226,7 @@ def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequ
     is_handle: list[bool] = []
     in_place = _in_place_outputs(kernel, inputs, outs)
     last_use = _last_uses(kernel)
+    deaths = _deaths(kernel)
 
     def dead_temporary(x: int, i: int, other: int) -> bool:
         """Whether instruction i may overwrite x's value in place: a temporary computed here (not an input, not
@@ -290,6 +291,8 @@ def interpret(kernel: Kernel, backend: Any, inputs: Sequence[Any], scalars: Sequ
             raise ValueError(f"interpret: unknown kernel op {op!r}")
         vals.append(v)
         is_handle.append(h)
+        for x in deaths[i]:  # values read for the last time here: freed now, as the op-by-op eager run frees them
+            vals[x] = None
     results = []
     for j, i in enumerate(kernel.outputs):
         v = handle(i)
@@ -322,6 +325,20 @@ def _last_uses(kernel: Kernel) -> tuple[int, ...]:
     for i in kernel.outputs:
         last[i] = len(body)
     return tuple(last)
+
+
+@functools.lru_cache(maxsize=4096)
+def _deaths(kernel: Kernel) -> tuple[tuple[int, ...], ...]:
+    """Per instruction, the values it reads for the last time, and itself when nothing reads it (not an output):
+    what :func:`interpret` drops after running it."""
+    last = _last_uses(kernel)
+    out: list[list[int]] = [[] for _ in kernel.body]
+    for x, k in enumerate(last):
+        if k == -1:
+            out[x].append(x)
+        elif k < len(kernel.body):
+            out[k].append(x)
+    return tuple(tuple(d) for d in out)
 
 
 def _broadcasts_into(small: Shape, big: Shape) -> bool:
