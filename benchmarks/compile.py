@@ -13,6 +13,14 @@ on ``flex+autodiff`` and ``opencl+autodiff`` (when an OpenCL device is present),
    into the backend's kernels (by function) and ember.compile's own Python (binding slots, building arguments,
    rebinding state), against the same split of the eager step (dispatch, autodiff and fusion bookkeeping).
 
+3. **memory**: peak memory of ``MEMORY_STEPS`` training steps, eager against compiled (its recording calls
+   included), the seed-CNN at batch 64 and transformer-small (AdamW) at batch 8 (``--quick``: the CNN at batch
+   16), each run in a fresh interpreter, eager and compiled alternating, ``MEMORY_ROUNDS`` rounds (medians, with
+   min..max): the peak RSS growth over the steps (VmHWM) and, in separate runs, tracemalloc's peak of the traced
+   allocations (numpy's array buffers included), the memory still held after the steps and, for the compiled
+   step, after ``reset()`` (RSS there is what the allocator kept, not what ember holds). Target: compiled <= eager.
+   ``--quick`` runs it only when named (``--sections memory``).
+
 Usage::
 
     ember bench compile [--quick] [--json PATH] [--sections SECTION ...]
@@ -21,9 +29,14 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import cProfile
+import gc
+import json
 import pstats
+import subprocess
 import sys
+import tracemalloc
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,19 +47,21 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # `ember bench compile` loads this file by path: make its siblings importable
     sys.path.insert(0, str(HERE))
 
-from _common import bench_parser, describe_environment, environment, write_json  # noqa: E402
+from _common import bench_parser, describe_environment, environment, status_bytes, write_json  # noqa: E402
 from micro import TORCH, figure, format_table, measure  # noqa: E402
 from opencl import opencl_device  # noqa: E402
-from suite import _optimizers, batch_numpy, ember_model, torch_train_step  # noqa: E402
+from suite import _optimizers, batch_numpy, ember_model, ember_train_step, torch_train_step  # noqa: E402
 
 import ember  # noqa: E402
 import ember.nn.functional as F  # noqa: E402
 from ember import Device  # noqa: E402
 
-SECTIONS = ("train", "profile")
+SECTIONS = ("train", "profile", "memory")
 TARGET = 1.5  # replay speedup (eager time / replayed time)
 CHECK_STEPS = 4
 PROFILE_STEPS = 5
+MEMORY_STEPS = 5  # a warm-up (optimizer state created), a recording, three replays
+MEMORY_ROUNDS = 2
 #: where a profile's kernel time is (backend plugins, numpy, the OpenCL runtime; "~" marks C builtins)
 _KERNEL_FILES = ("ember_flex", "ember_opencl", "numpy", "pyopencl")
 
@@ -170,11 +185,115 @@ def format_profile(profile: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------------------
+# memory: eager vs compiled, each in a fresh interpreter
+# ------------------------------------------------------------------------------------------------------------
+def memory_probe(model: str, batch: int, mode: str, metric: str) -> dict[str, Any]:
+    """In this (fresh) process: MEMORY_STEPS training steps of ``model`` on flex+autodiff, eager or compiled;
+    ``metric`` "rss": peak RSS growth (VmHWM over the RSS before the first step) and the RSS growth held after;
+    "traced": tracemalloc's peak above the traced memory before the first step, and what is held after (garbage
+    collected). Compiled: also what is held after ``reset()``."""
+    step = ember_train_step(model, batch, compiled=mode == "compiled")
+    gc.collect()
+    if metric == "rss":
+        try:  # reset the high-water mark to the current RSS (the model's creation does not count)
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+                f.write("5")
+        except OSError:
+            pass
+        before = status_bytes("VmRSS")
+
+        def held() -> int:
+            return status_bytes("VmRSS") - before
+    else:
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+
+        def held() -> int:
+            return tracemalloc.get_traced_memory()[0] - before
+    for _ in range(MEMORY_STEPS):
+        step()
+    peak = status_bytes("VmHWM") - before if metric == "rss" else tracemalloc.get_traced_memory()[1] - before
+    gc.collect()
+    out: dict[str, Any] = {"peak": peak, "held": held()}
+    if step.compiled is not None:
+        st = step.compiled.stats()
+        out["stats"] = {k: st[k] for k in ("replays", "recordings", "graph_breaks", "reason")}
+        step.compiled.reset()
+        gc.collect()
+        out["held_after_reset"] = held()
+    return out
+
+
+def _probe(model: str, batch: int, mode: str, metric: str) -> dict[str, Any] | None:
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--memory-probe", model, str(batch), mode,
+                           metric], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"compile bench: memory probe {model}/{mode}/{metric} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _spread(values: list[int]) -> dict[str, float]:
+    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values))}
+
+
+def bench_memory(cases: Sequence[tuple[str, int]], rounds: int, command: str) -> list[dict[str, Any]]:
+    """Per model: eager and compiled probes alternating, ``rounds`` of each metric; medians with min..max."""
+    out = []
+    for model, batch in cases:
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for _ in range(rounds):
+            for metric in ("rss", "traced"):
+                for mode in ("eager", "compiled"):
+                    r = _probe(model, batch, mode, metric)
+                    if r is not None:
+                        runs.setdefault((mode, metric), []).append(r)
+        fig: dict[str, Any] = {"section": "memory", "model": model, "batch": batch, "steps": MEMORY_STEPS,
+                               "rounds": rounds, "unit": "bytes", "command": command}
+        for (mode, metric), rs in runs.items():
+            fig[f"{mode}_{metric}"] = {k: _spread([r[k] for r in rs]) for k in rs[0] if k != "stats"}
+            if mode == "compiled":
+                fig["stats"] = rs[-1]["stats"]
+        for metric in ("rss", "traced"):
+            e, c = fig.get(f"eager_{metric}"), fig.get(f"compiled_{metric}")
+            fig[f"ratio_{metric}"] = None if not e or not c or e["peak"]["median"] <= 0 else \
+                c["peak"]["median"] / e["peak"]["median"]
+        out.append(fig)
+    return out
+
+
+def format_memory(figs: list[dict[str, Any]]) -> str:
+    def mib(d: dict[str, Any] | None, key: str) -> str:
+        if not d or key not in d:
+            return "n/a"
+        v = d[key]
+        return f"{v['median'] / 2**20:.1f} ({v['min'] / 2**20:.1f}..{v['max'] / 2**20:.1f})"
+
+    lines = [f"memory over {MEMORY_STEPS} training steps on flex+autodiff, fresh process per run, eager and compiled "
+             "alternating; MiB, median (min..max); compiled includes its recording calls"]
+    for f in figs:
+        lines.append(f"  {f['model']} batch {f['batch']}  [{f['command']}]")
+        for metric, label in (("rss", "RSS growth"), ("traced", "tracemalloc")):
+            e, c = f.get(f"eager_{metric}"), f.get(f"compiled_{metric}")
+            ratio = f.get(f"ratio_{metric}")
+            lines.append(f"    {label:<12} peak: eager {mib(e, 'peak')}, compiled {mib(c, 'peak')}, compiled/eager "
+                         f"{'n/a' if ratio is None else f'{ratio:.2f}x'}; held after: eager {mib(e, 'held')}, "
+                         f"compiled {mib(c, 'held')}, after reset() {mib(c, 'held_after_reset')}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = bench_parser("ember compile: the seed-CNN training step eager vs captured and replayed "
                           "(ember.compile) on flex and OpenCL, with PyTorch", "batch 16 only, fewer repeats",
                           SECTIONS)
+    parser.add_argument("--memory-probe", nargs=4, metavar=("MODEL", "BATCH", "MODE", "METRIC"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.memory_probe:
+        model, batch, mode, metric = args.memory_probe
+        print(json.dumps(memory_probe(model, int(batch), mode, metric)))
+        return 0
     env = environment()
     sections = [s for s in SECTIONS if s in (args.sections or SECTIONS)]
     ocl, desc = opencl_device()
@@ -188,13 +307,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("times: median of >= 5 alternating repeats after warm-up; spread = min..max and IQR; the 'ember' column "
           "is the replayed step; speedup = eager time / replayed time\n")
     result: dict[str, Any] = {"benchmark": "compile", "quick": args.quick, "sections": sections,
-                              "backends": [n for n, _ in backends], "figures": [], "profile": None}
+                              "backends": [n for n, _ in backends], "figures": [], "profile": None,
+                              "memory": None}
     if "train" in sections:
         result["figures"] = bench_train(backends, (16,) if args.quick else (16, 64), 5 if args.quick else 7)
         print(format_table(result["figures"]))
     if "profile" in sections:
         result["profile"] = bench_profile(backends, 16)
         print("\n" + format_profile(result["profile"]))
+    if "memory" in sections and args.quick and not args.sections:
+        print("\nmemory: skipped by --quick (a fresh interpreter per probe; run --sections memory)")
+    elif "memory" in sections:
+        cases = [("cnn", 16)] if args.quick else [("cnn", 64), ("transformer-small", 8)]
+        command = "ember bench compile --sections memory" + (" --quick" if args.quick else "")
+        result["memory"] = bench_memory(cases, 1 if args.quick else MEMORY_ROUNDS, command)
+        print("\n" + format_memory(result["memory"]))
     bad = [f["name"] for f in result["figures"] if f["backend"] == "flex" and not f["identical"]]
     for name in bad:
         print(f"\ncompile bench: eager and replayed losses differ on flex: {name}", file=sys.stderr)

@@ -40,3 +40,17 @@ def test_compile_benchmark_quick(tmp_path: Path) -> None:
         assert p["total_ms"] > 0 and 0 < p["kernels_ms"] <= p["total_ms"], label
     assert 0 <= prof["eager"]["compile_python_ms"] < prof["replay"]["compile_python_ms"]  # eager: bindings only
     assert "replayed vs eager" in proc.stdout and "where the time goes" in proc.stdout
+
+
+def test_compile_benchmark_memory_probe() -> None:
+    """The memory section's probe (one fresh interpreter: a few compiled steps of the seed-CNN at batch 2) reports
+    its peak and held figures and replayed without a break."""
+    if not SCRIPT.is_file():
+        pytest.skip("benchmarks/ is not in this checkout")
+    env = {k: v for k, v in os.environ.items() if k not in ("EMBER_DEVICE", "EMBER_REPLAY", "EMBER_FUSION")}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--memory-probe", "cnn", "2", "compiled", "rss"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["peak"] >= 0 and "held" in r and "held_after_reset" in r
+    assert r["stats"]["replays"] >= 1 and r["stats"]["graph_breaks"] == 0, r
