@@ -16,7 +16,7 @@ BLAS matmul; transposed convolution uses matmul + col2im (a loop over
 the kernel taps that adds strided slices).  The channels-last forward, both
 gradients and col2im work on a chunk of the batch at a time (about
 ``_CHUNK_BYTES`` of scratch, reused across chunks) so the im2col rows and the
-GEMM's output stay in cache; for large tensors the chunks run in ranges on
+GEMM's output stay in cache; several chunks run in ranges on
 flex's thread pool, each GEMM on one BLAS thread (``_run_chunks``). Chunks depend
 on shapes only, the weight gradient adds the chunks' sums in chunk order, and
 long GEMM reductions run as a multiple-of-64 head plus a short tail (``_gemm``:
@@ -274,14 +274,15 @@ def _cache_chunk(n: int, per_sample_bytes: int) -> int:
     return max(1, min(n, _CHUNK_BYTES // max(per_sample_bytes, 1)))
 
 
-def _run_chunks(count: int, size: int, body: Callable[[int, int], None]) -> None:
-    """``body(lo, hi)`` over the chunks ``range(lo, hi)`` of ``range(count)``: for a large tensor (``size``
-    elements) in ranges on flex's pool, each range's GEMMs on one BLAS thread (threaded BLAS under pool threads
-    oversubscribes the cores, and a threaded BLAS call per small chunk costs a wake-up of its threads). Every chunk
-    is computed alike whatever the ranges and thread counts (:func:`_gemm` makes its GEMMs' bits independent of
-    BLAS's thread count), so the results are too."""
+def _run_chunks(count: int, body: Callable[[int, int], None]) -> None:
+    """``body(lo, hi)`` over the chunks ``range(lo, hi)`` of ``range(count)``: with several chunks, in ranges on
+    flex's pool, each range's GEMMs on one BLAS thread (threaded BLAS under pool threads oversubscribes the cores,
+    and a threaded BLAS call per small chunk costs a wake-up of its threads: on loaded cores, milliseconds each).
+    A chunk holds about :data:`_CHUNK_BYTES` of im2col rows -- millions of multiply-adds -- so no size threshold:
+    the pool's dispatch is small against any range. Every chunk is computed alike whatever the ranges and thread
+    counts (:func:`_gemm` makes its GEMMs' bits independent of BLAS's thread count), so the results are too."""
     nt = threads.get_num_threads()
-    parts = min(2 * nt, count) if nt > 1 and size >= threads.min_elems else 1
+    parts = min(2 * nt, count) if nt > 1 else 1
     if parts < 2:
         body(0, count)
         return
@@ -417,7 +418,7 @@ def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                 else:
                     np.add(src, bb, out=out[n0:n0 + n])
 
-        _run_chunks(len(starts), out.size, chunks)
+        _run_chunks(len(starts), chunks)
         y = out.reshape((N, Cout) + O)
     if b is not None:
         bb = np.asarray(b).astype(wd, copy=False).reshape((1, Cout) + (1,) * nd)
@@ -502,7 +503,7 @@ def conv_weight_grad(x: np.ndarray, grad_y: np.ndarray, w_shape: Sequence[int],
                 np.copyto(gt, gy5[n0:n0 + n].transpose(1, 2, 0, 3))
                 _gemm(gt.reshape(G, Cog, n * L), cols, parts[c])
 
-        _run_chunks(len(starts), grad_y.size, chunks)
+        _run_chunks(len(starts), chunks)
         gw = parts[0]
         for c in range(1, len(starts)):
             gw += parts[c]
@@ -628,7 +629,7 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
                 buf[dst] += colv[(slice(None),) * (2 + nd) + tap]
             np.copyto(out[n0:n0 + n], buf[crop].transpose(to_cf))
 
-    _run_chunks(len(starts), out.size, chunks)
+    _run_chunks(len(starts), chunks)
     return out.reshape((N, Cout) + O)
 
 
