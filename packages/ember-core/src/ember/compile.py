@@ -39,6 +39,12 @@ Python scalars: a scalar the step passes to a kernel is fixed in the graph, exce
 pass their learning rate, bias corrections and step counts this way, so a learning-rate scheduler and Adam's
 step count replay the same graph, bit for bit as eager.
 
+Memory: no worse than eager. A recording holds the values the step computes weakly (each is freed when eager
+frees it) and the state's old handles too (the gradients ``zero_grad()`` drops); a replay frees each value after
+its last use, drops the gradients the step replaces without reading them before its kernels run (as
+``zero_grad()`` first would), and keeps no value in a local past its last use. A graph holds its kernels'
+arguments and the constants the step uploads, not its values; :meth:`CompiledFunction.reset` drops the graphs.
+
 ``EMBER_REPLAY=0`` in the environment (read on every call) makes compiled functions run eagerly: the switch for
 debugging a difference between eager and replayed results.
 """
@@ -1285,7 +1291,8 @@ class CompiledFunction:
             return {**self._stats, "graphs": len(self._graphs), "reason": self._last_reason}
 
     def reset(self) -> None:
-        """Forget every graph and guard decision (the next call records again)."""
+        """Forget every graph and guard decision (the next call records again); frees what the graphs held (their
+        schedules, fused kernels and uploaded constants)."""
         with self._lock:
             self._graphs.clear()
             self._eager_keys.clear()
