@@ -23,6 +23,12 @@ long GEMM reductions run as a multiple-of-64 head plus a short tail (``_gemm``:
 OpenBLAS's threaded and serial drivers block other lengths differently), so
 results are the same for any pool or BLAS thread count (measured for float32;
 float64 GEMMs with some edge shapes still differ inside OpenBLAS).
+
+Max pooling with indices over non-overlapping windows works on blocks of whole
+planes (``_POOL_BLOCK``) whose temporaries stay in cache, 2x2 windows in two
+pairwise passes; ``max_pool_backward`` writes the gradient at the forward's
+indices block by block. Both run large inputs' blocks on flex's pool, and both
+are elementwise per plane, so any split gives the same bits.
 """
 
 from __future__ import annotations
