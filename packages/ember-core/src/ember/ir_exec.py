@@ -37,7 +37,7 @@ NOT_RECORDED: frozenset[str] = _NOT_RECORDED
 RECORDED_METHODS: tuple[str, ...] = tuple(sorted(CONTRACT_METHODS - NOT_RECORDED))
 #: backend methods outside the contract that autodiff uses when the backend has them (the contract's "optional
 #: backward kernels"); a recorder offers them where the receiving device has them, so gradients keep its bits
-OPTIONAL_KERNELS: tuple[str, ...] = ("conv_input_grad", "conv_weight_grad")
+OPTIONAL_KERNELS: tuple[str, ...] = ("conv_input_grad", "conv_weight_grad", "max_pool_backward")
 
 
 def optional_kernels(stack: Any) -> tuple[str, ...]:
@@ -46,8 +46,9 @@ def optional_kernels(stack: Any) -> tuple[str, ...]:
 
 
 def optional_kernel_shape(args: Sequence[Any]) -> Shape:
-    """The result shape of an optional kernel call: ``conv_input_grad(grad_y, w, x_shape, ...)`` gives ``x_shape``,
-    ``conv_weight_grad(x, grad_y, w_shape, ...)`` gives ``w_shape`` (both in the dtype of their first argument)."""
+    """The result shape of an optional kernel call: ``conv_input_grad(grad_y, w, x_shape, ...)`` and
+    ``max_pool_backward(grad, indices, x_shape, ...)`` give ``x_shape``, ``conv_weight_grad(x, grad_y, w_shape, ...)``
+    gives ``w_shape`` (all in the dtype of their first argument)."""
     return tuple(int(n) for n in args[2])
 
 _SCALARS = (bool, int, float)

@@ -238,6 +238,30 @@ def test_flex_kernels_are_used(monkeypatch: pytest.MonkeyPatch, rng: np.random.G
     assert sorted(calls) == ["conv_input_grad", "conv_weight_grad"]
 
 
+@pytest.mark.parametrize("kernel", ["max_pool_backward", None])
+def test_max_pool_gradient_through_the_kernel_or_the_scatter(monkeypatch: pytest.MonkeyPatch,
+                                                             rng: np.random.Generator, kernel: str | None) -> None:
+    """flex's optional max_pool_backward kernel is used when present; hidden, the scatter composition gives the same
+    gradient; both equal torch's (overlapping windows included: gradients landing on one input add up)."""
+    inner = PLAIN.stack.inner
+    calls: list[str] = []
+    if kernel is None:
+        monkeypatch.setattr(type(inner), "max_pool_backward", property(lambda self: None))
+    else:
+        orig = inner.max_pool_backward
+        monkeypatch.setattr(inner, "max_pool_backward", lambda *a: calls.append("kernel") or orig(*a))
+    x_np = _r(rng, 2, 3, 7, 7)
+    for ks, st in ((2, 2), (3, 1)):  # disjoint and overlapping windows
+        x = ember.tensor(x_np, dtype=ember.float64, device=PLAIN, requires_grad=True)
+        y = F.max_pool2d(x, ks, st)
+        g_np = _r(rng, *y.shape)
+        y.backward(ember.tensor(g_np, dtype=ember.float64, device=PLAIN))
+        tx = torch.tensor(x_np, requires_grad=True)
+        torch.nn.functional.max_pool2d(tx, ks, st).backward(torch.tensor(g_np))
+        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert calls == (["kernel", "kernel"] if kernel else [])
+
+
 def test_unbatched_handles_at_the_contract_level(kdev: Device, rng: np.random.Generator) -> None:
     """The contract allows unbatched (C, *S) inputs to conv / conv_transpose (core batches them itself)."""
     s = kdev.stack

@@ -657,6 +657,12 @@ class FlexBackend(Backend):
         """Gradient of ``conv`` w.r.t. its input of shape x_shape (col2im: one GEMM per kernel tap)."""
         return nn_kernels.conv_input_grad(grad_y, w, x_shape, stride, padding, dilation, groups)
 
+    def max_pool_backward(self, grad: ndarray, indices: ndarray, x_shape: tuple[int, ...], nd: int,
+                          overlap: bool) -> ndarray:
+        """Gradient of max pooling w.r.t. its input of shape x_shape: grad written (added where windows overlap) at
+        the forward's flat per-plane indices, per block of planes in cache; the values of a scatter into zeros."""
+        return nn_kernels.max_pool_backward(grad, indices, x_shape, nd, overlap)
+
     def conv_weight_grad(self, x: ndarray, grad_y: ndarray, w_shape: tuple[int, ...], stride: tuple[int, ...],
                          padding: tuple[tuple[int, int], ...], dilation: tuple[int, ...], groups: int) -> ndarray:
         """Gradient of ``conv`` w.r.t. its weight of shape w_shape (im2col + one GEMM per group)."""

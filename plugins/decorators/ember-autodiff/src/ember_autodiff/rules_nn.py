@@ -5,7 +5,8 @@ vjps are built from the inner backend's own fast ops (matmul, einsum, conv, conv
 input and weight gradients use the inner backend's optional ``conv_input_grad`` / ``conv_weight_grad`` kernels
 when it has them (see docs/contract.md, "Optional backward kernels") and a composition of ``conv_transpose`` /
 ``conv`` otherwise. Pools are memory-bound (recomputed under balanced checkpointing); max pooling scatters the
-gradient through the forward's indices, average pooling spreads it over the windows. adaptive_avg_pool and
+gradient through the forward's indices (the backend's optional ``max_pool_backward`` kernel where it has one),
+average pooling spreads it over the windows. adaptive_avg_pool and
 interpolate keep the automatic rule (Backend's default composition, differentiated through its primitives).
 """
 
@@ -182,7 +183,11 @@ def _bias_grad(be: Any, g: Any) -> Any:
 # pooling gradients
 # ----------------------------------------------------------------------------------------------------------
 def unpool(be: Any, g: Any, idx: Any, x_shape: tuple[int, ...], nd: int, overlap: bool) -> Any:
-    """Scatter g back to the input through flat per-plane indices; overlapping windows accumulate."""
+    """Scatter g back to the input through flat per-plane indices; overlapping windows accumulate. The backend's
+    ``max_pool_backward`` kernel where it has one (the contract's optional backward kernels), with the same values."""
+    kernel = getattr(be, "max_pool_backward", None)
+    if kernel is not None:
+        return kernel(g, idx, tuple(x_shape), nd, overlap)
     lead = x_shape[: len(x_shape) - nd]
     B = math.prod(lead)
     P = math.prod(g.shape[len(lead):])
