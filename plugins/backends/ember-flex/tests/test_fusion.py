@@ -534,3 +534,23 @@ def test_benchmark_helper_runs():
     r = fusion.benchmark_gelu(n=10_000, repeats=2)
     assert set(r) == {"op_by_op", "fused_numexpr", "fused_numpy", "fused_auto"}
     assert all(v > 0 for v in r.values())
+
+
+def test_numexpr_path_drops_each_intermediate_after_its_last_read(be):
+    """The numexpr path frees values as eager op by op does: each step-made value that is not an output is dropped
+    exactly once, after the last step reading it, and the results are unchanged."""
+    k = gelu_kernel(f32)
+    fk = be.fusion_compile(k)
+    steps, drops = fk._plan.steps, fk._drops
+    made = [i for _, i, _ in steps]
+    dropped = [j for d in drops for j in d]
+    assert sorted(dropped) == sorted(j for j in made if j not in k.outputs)
+    for s, (kind_, i, payload) in enumerate(steps):
+        reads = fusion._operands(k.body[i]) if kind_ == "np" else payload[1]
+        for j in reads:
+            if j in made:
+                where = next(t for t, d in enumerate(drops) if j in d)
+                assert where >= s, (j, where, s)
+    x = np.random.default_rng(12).standard_normal(5000).astype(np.float32)
+    assert_same(fk.run_path("numexpr", [x], GELU_SC, x.shape)[0],
+                interpret(k, be, [x], GELU_SC, x.shape)[0], exact=False)

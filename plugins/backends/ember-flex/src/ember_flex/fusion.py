@@ -309,6 +309,23 @@ def _operands(ins: Instr) -> tuple[int, ...]:
     return tuple(ins.args)  # where
 
 
+def _step_drops(kernel: Kernel, plan: _NumexprPlan) -> list[tuple[int, ...]]:
+    """Per step of ``plan``, the step-made values (not outputs) it reads for the last time, or that nothing reads
+    (dropped after their own step). Loads and scalars are the caller's and stay."""
+    made = {i: k for k, (_, i, _) in enumerate(plan.steps)}
+    last = dict(made)
+    for k, (kind_, i, payload) in enumerate(plan.steps):
+        for j in (_operands(kernel.body[i]) if kind_ == "np" else payload[1]):
+            if j in made:
+                last[j] = max(last[j], k)
+    outputs = set(kernel.outputs)
+    drops: list[list[int]] = [[] for _ in plan.steps]
+    for j, k in last.items():
+        if j not in outputs:
+            drops[k].append(j)
+    return [tuple(d) for d in drops]
+
+
 class FusedKernel:
     """flex's :data:`ember.ir.CompiledKernel`: ``run(inputs, scalars, shape, outs) -> outputs``.
 
@@ -333,6 +350,9 @@ class FusedKernel:
         # scalars numexpr reads as 0-d arrays of the instruction's kind (checked per call, see _scalar_ok)
         self._scalar_kinds = [(ins.args[0], plan.kind[i]) for i, ins in enumerate(kernel.body)
                               if ins.op == "scalar" and plan.kind[i] is not None]
+        # per step of the numexpr path, the values it reads for the last time: dropped after it, as eager op by op
+        # frees each result after its last use (a fused replay must peak no higher than eager)
+        self._drops = _step_drops(kernel, plan)
 
     def path_for(self, n: int, in_place: bool = False) -> str | None:
         """The path chosen for arrays of ``n`` elements (written into given ``outs`` when ``in_place``), or None
@@ -417,18 +437,21 @@ class FusedKernel:
             for j, i in enumerate(kernel.outputs):
                 if outs[j] is not None and i not in out_at:
                     out_at[i] = outs[j]
-        for kind_, i, payload in plan.steps:
+        for (kind_, i, payload), dead in zip(plan.steps, self._drops):
             if kind_ == "np":
                 vals[i] = self._numpy_step(body[i], i, vals, raw)
-                continue
-            prog, leaf_ids = payload
-            args = [vals[j] for j in leaf_ids]
-            dest = out_at.get(i)
-            if dest is not None and _direct_out_ok(dest, inputs, shape, _NP_OF_KIND[plan.kind[i]]):
-                prog(*args, out=dest, ex_uses_vml=False)
-                vals[i] = dest
             else:
-                vals[i] = prog(*args, ex_uses_vml=False)
+                prog, leaf_ids = payload
+                args = [vals[j] for j in leaf_ids]
+                dest = out_at.get(i)
+                if dest is not None and _direct_out_ok(dest, inputs, shape, _NP_OF_KIND[plan.kind[i]]):
+                    prog(*args, out=dest, ex_uses_vml=False)
+                    vals[i] = dest
+                else:
+                    vals[i] = prog(*args, ex_uses_vml=False)
+                del args
+            for j in dead:
+                vals[j] = None
         results: list[Any] = []
         for j, i in enumerate(kernel.outputs):
             v, ins = vals[i], body[i]
