@@ -178,8 +178,9 @@ def test_batch_chunk_sizes() -> None:
 @pytest.mark.parametrize("case", THREAD_CASES[:2] + THREAD_CASES[4:5],
                          ids=[f"n{c[0]}-ci{c[1]}-co{c[2]}" for c in THREAD_CASES[:2] + THREAD_CASES[4:5]])
 def test_conv_results_do_not_depend_on_the_pool(case: tuple[Any, ...], monkeypatch: Any) -> None:
-    """The chunks run in ranges on flex's pool (each range's GEMMs on one BLAS thread): the same bits serially and
-    on 2 or 3 pool threads, and BLAS's thread count is restored after."""
+    """The chunks run in ranges on flex's pool (each range's GEMMs on one BLAS thread): the same bits serially, on
+    2 or 3 pool threads and when the ranges' scratch would be too large to pool, and BLAS's thread count is restored
+    after."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     from ember_flex import threads
 
@@ -205,10 +206,15 @@ def test_conv_results_do_not_depend_on_the_pool(case: tuple[Any, ...], monkeypat
             if n > 1:
                 threads.min_elems = 1
             results.append(run())
+        assert pooled and min(pooled) >= 2  # the 2- and 3-thread runs went through the pool
+        # ranges' scratch beyond _POOL_SCRATCH (a large image's sample): one range, BLAS's own threads, same bits
+        monkeypatch.setattr(K, "_POOL_SCRATCH", 1)
+        ran = len(pooled)
+        results.append(run())
+        assert len(pooled) == ran
     finally:
         threads.set_num_threads(before)
         threads.min_elems = min_elems
-    assert pooled and min(pooled) >= 2  # the 2- and 3-thread runs went through the pool
     assert [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"] == blas
     for other in results[1:]:
         for a, c in zip(results[0], other):

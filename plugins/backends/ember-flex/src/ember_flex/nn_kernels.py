@@ -273,6 +273,10 @@ def _batch_chunk(n: int, per_sample_bytes: int) -> int:
     return max(1, min(n, max(_CHUNK_BYTES // max(per_sample_bytes, 1), -(-n // _MAX_CHUNKS))))
 
 
+#: scratch (bytes) the pooled convolution ranges running at once may hold together (see _run_chunks)
+_POOL_SCRATCH = 32 << 20
+
+
 def _cache_chunk(n: int, per_sample_bytes: int) -> int:
     """Samples per chunk of a pooled convolution kernel: about :data:`_CHUNK_BYTES` of scratch (at least one
     sample), with no cap on the number of chunks -- their GEMMs run on one BLAS thread each (see
@@ -280,15 +284,17 @@ def _cache_chunk(n: int, per_sample_bytes: int) -> int:
     return max(1, min(n, _CHUNK_BYTES // max(per_sample_bytes, 1)))
 
 
-def _run_chunks(count: int, body: Callable[[int, int], None]) -> None:
+def _run_chunks(count: int, body: Callable[[int, int], None], scratch: int) -> None:
     """``body(lo, hi)`` over the chunks ``range(lo, hi)`` of ``range(count)``: with several chunks, in ranges on
     flex's pool, each range's GEMMs on one BLAS thread (threaded BLAS under pool threads oversubscribes the cores,
     and a threaded BLAS call per small chunk costs a wake-up of its threads: on loaded cores, milliseconds each).
     A chunk holds about :data:`_CHUNK_BYTES` of im2col rows -- millions of multiply-adds -- so no size threshold:
     the pool's dispatch is small against any range. Every chunk is computed alike whatever the ranges and thread
-    counts (:func:`_gemm` makes its GEMMs' bits independent of BLAS's thread count), so the results are too."""
+    counts (:func:`_gemm` makes its GEMMs' bits independent of BLAS's thread count), so the results are too.
+    ``scratch``: bytes of scratch one range allocates; ranges run at once hold at most :data:`_POOL_SCRATCH` of it
+    (a sample larger than a chunk, e.g. a large image, gets fewer ranges: one runs with BLAS's threads)."""
     nt = threads.get_num_threads()
-    parts = min(2 * nt, count) if nt > 1 else 1
+    parts = min(2 * nt, count, max(1, _POOL_SCRATCH // max(scratch, 1))) if nt > 1 else 1
     if parts < 2:
         body(0, count)
         return
@@ -424,7 +430,7 @@ def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                 else:
                     np.add(src, bb, out=out[n0:n0 + n])
 
-        _run_chunks(len(starts), chunks)
+        _run_chunks(len(starts), chunks, G * nb * L * (R + Cog) * wd.itemsize)
         y = out.reshape((N, Cout) + O)
     if b is not None:
         bb = np.asarray(b).astype(wd, copy=False).reshape((1, Cout) + (1,) * nd)
@@ -509,7 +515,7 @@ def conv_weight_grad(x: np.ndarray, grad_y: np.ndarray, w_shape: Sequence[int],
                 np.copyto(gt, gy5[n0:n0 + n].transpose(1, 2, 0, 3))
                 _gemm(gt.reshape(G, Cog, n * L), cols, parts[c])
 
-        _run_chunks(len(starts), chunks)
+        _run_chunks(len(starts), chunks, G * nb * L * (R + Cog) * wd.itemsize)
         gw = parts[0]
         for c in range(1, len(starts)):
             gw += parts[c]
@@ -635,7 +641,7 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
                 buf[dst] += colv[(slice(None),) * (2 + nd) + tap]
             np.copyto(out[n0:n0 + n], buf[crop].transpose(to_cf))
 
-    _run_chunks(len(starts), chunks)
+    _run_chunks(len(starts), chunks, G * nb * (Li * (Cig + Kp * Cog) + Fp * Cog) * wd.itemsize)
     return out.reshape((N, Cout) + O)
 
 
