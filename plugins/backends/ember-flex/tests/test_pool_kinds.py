@@ -121,6 +121,30 @@ def test_new_kind_starts_from_the_machines_estimate(pool):
     assert T.active("d") and T._pool.kinds["d"].gain > T._PAYS
 
 
+def test_lucky_probe_keeps_the_long_pause_until_the_kind_pays_in_a_row(pool):
+    """After failing probes have grown the pause, a probe that pays makes the kind warm, but if it goes cold again
+    soon the pause is as long as before (no 10 ms cycling on a busy machine); _TRUSTED paying ops in a row bring
+    the pause back to 10 ms."""
+    now = pool
+    _cool("k")
+    st = T._pool.kinds["k"]
+    for _ in range(4):  # failing probes: 20, 40, 80, 160 ms
+        now[0] = st.cold_until
+        T._pool._measured("k", 4, 4, 1.0, 1.1)
+    assert st.backoff == pytest.approx(16 * T._BACKOFF_MIN)
+    now[0] = st.cold_until
+    T._pool._measured("k", 4, 3, 1.0, 1.2)  # a lucky probe: 1.11x
+    assert T.active("k")
+    _cool("k")
+    assert st.cold_until - now[0] == pytest.approx(16 * T._BACKOFF_MIN)  # the long pause again
+    now[0] = st.cold_until
+    T._pool._measured("k", 4, 2, 1.0, 1.0)  # a probe that pays 2x, then paying ops in a row
+    _pays("k", T._TRUSTED)
+    assert st.backoff == T._BACKOFF_MIN
+    _cool("k")
+    assert st.cold_until - now[0] == pytest.approx(T._BACKOFF_MIN)
+
+
 def test_elementwise_and_reductions_are_their_own_kinds(pool):
     """The backend's add going cold leaves exp, in-place add and sums on the pool; the cold add is numpy's serial
     call (same bits), decided before any chunking."""

@@ -33,7 +33,8 @@ preempted makes the caller wait for it, and pooled ops run slower than serial on
 float32 sum 0.54 ms pooled against 0.42 ms serial, minima, with 6 processes on 2 cores). Each pooled op therefore
 times the caller's own chunks (their CPU seconds per chunk times all chunks: the serial cost) against the op's
 wall time; when a running mean of that speed-up falls below :data:`_PAYS`, ops of that kind run serially for 10 ms
-(doubling to 1 s while the probe after each pause does not pay): the backend's reductions, casts and elementwise
+(doubling to 1 s while the probe after each pause does not pay; back to 10 ms once the kind has paid
+:data:`_TRUSTED` pooled ops in a row after a probe): the backend's reductions, casts and elementwise
 ops their plain serial calls, a kernel's blocks one after another on the caller. Only timing depends on this:
 every chunking gives the serial bits. With the thresholds lowered (tests, EMBER_FLEX_THREADS_MIN) the pool never
 goes cold: chunking is under test there, not speed.
@@ -123,6 +124,8 @@ _MEASURE_FROM_CHUNK = 1 << 16
 #: kinds of op with an estimate of their own (see :func:`run`): a model's few dozen kernels and ufuncs fit; beyond,
 #: the least recently measured kind is dropped (and measured afresh when it comes back)
 _MAX_KINDS = 64
+#: a kind back from a pause is trusted again (its next pause the shortest) after this many paying pooled ops in a row
+_TRUSTED = 8
 
 
 def _cpu_clock() -> Callable[[], float] | None:
@@ -189,13 +192,14 @@ class _Batch:
 class _Speed:
     """One kind of op's estimate: the running mean of its pooled ops' measured speed-up, and its cold pause."""
 
-    __slots__ = ("gain", "cold_until", "backoff", "used", "pooled", "cold")
+    __slots__ = ("gain", "cold_until", "backoff", "streak", "used", "pooled", "cold")
 
     def __init__(self, gain: float) -> None:
         self.gain = gain  # starts from the machine's estimate (all kinds'): a busy machine's new kinds go cold fast
         #: while _clock() < cold_until, ops of this kind run serially: the last pooled ones did not pay
         self.cold_until = 0.0
         self.backoff = _BACKOFF_MIN
+        self.streak = 0  # pooled ops that paid since the kind last came back from a pause
         self.used = 0  # the pool's tick at its last measurement: the least recently measured kind is dropped first
         self.pooled = 0  # ops of this kind run on the workers, and run serially while cold (see kind_stats)
         self.cold = 0
@@ -314,7 +318,9 @@ class _Pool:
         now = _clock()
         if st.cold_until:  # a probe after a cold spell: one pooled op decides
             if ratio >= _PAYS:
-                st.cold_until, st.backoff, st.gain = 0.0, _BACKOFF_MIN, ratio
+                # warm again, but the pause stays as long until the kind has paid _TRUSTED times in a row: on a
+                # busy machine a lucky probe would otherwise restart pauses of 10 ms, and many kinds' probes add up
+                st.cold_until, st.gain, st.streak = 0.0, ratio, 0
                 self.all_cold_until = 0.0
             else:
                 st.backoff = min(2 * st.backoff, _BACKOFF_MAX)
@@ -323,6 +329,10 @@ class _Pool:
         st.gain += (ratio - st.gain) * 0.25
         if st.gain < _PAYS:
             self._cools(st, now + st.backoff)
+        else:
+            st.streak += 1
+            if st.streak >= _TRUSTED:
+                st.backoff = _BACKOFF_MIN
 
     def _cools(self, st: _Speed, until: float) -> None:
         """``st``'s kind goes cold until ``until``; when every kind is cold, so is active() without a kind."""
