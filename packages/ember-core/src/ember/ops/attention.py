@@ -38,11 +38,18 @@ from ..extension import TensorSpec, backend_extension
 from ..shapes import broadcast_shapes
 from ..tensor import Tensor
 from . import nn as _nn
+from .elementwise import tracks_grad
 from .pointwise import where
 
-__all__ = ["repeated_shape", "sdpa", "sdpa_backward", "sdpa_out", "sdpa_shapes"]
+__all__ = ["gradient_can_flow", "repeated_shape", "sdpa", "sdpa_backward", "sdpa_out", "sdpa_shapes"]
 
 _OP = "scaled_dot_product_attention"
+
+
+def gradient_can_flow(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None) -> bool:
+    """Whether autodiff would record this attention: a differentiable stack, grad mode on and an operand that
+    requires grad. Where it would not, :func:`sdpa_out` computes the output alone (no (..., L, S) weights)."""
+    return tracks_grad(query._device.stack, query._h, key._h, value._h, None if attn_mask is None else attn_mask._h)
 
 
 def repeated_shape(shape: tuple[int, ...], r: int) -> tuple[int, ...]:

@@ -9,7 +9,6 @@ import math
 from ... import dtypes as dt
 from ...amp.autocast_mode import STATE as _AMP
 from ...amp.autocast_mode import run as _amp_run
-from ...autograd import GRAD_MODE as _GRAD_MODE
 from ...errors import DTypeError, ShapeError, ValueRangeError
 from ...ops import attention as _attention
 from ...ops import nn as _nn
@@ -87,21 +86,13 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         # the same draw from the device's stream as the composition's: keep where rand < 1 - p, scaled by 1/(1-p)
         drop = _nn.dropout_factors(query, batch + (L, S), dropout_p, d)
     # one extension op (a backend's fused kernel where it has one; ember.ops.attention's composition otherwise)
-    if not _tracked(query, key, value, attn_mask):
+    if not _attention.gradient_can_flow(query, key, value, attn_mask):
         # no gradient can flow: the output alone, without the (..., L, S) weights the backward would read
         return _attention.sdpa_out(query, key, value, attn_mask, drop, scale=sc, is_causal=is_causal, repeat_k=rk,
                                    repeat_v=rv)
     mask_grad = attn_mask is not None and attn_mask._dtype is not dt.bool_ and attn_mask.requires_grad
     return _attention.sdpa(query, key, value, attn_mask, drop, scale=sc, is_causal=is_causal, repeat_k=rk,
                            repeat_v=rv, mask_grad=mask_grad)[0]
-
-
-def _tracked(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None) -> bool:
-    """Whether autodiff records this attention: a differentiable stack, grad mode on, an operand requiring grad."""
-    if not query._device.stack.differentiable or not _GRAD_MODE.enabled:
-        return False
-    return query.requires_grad or key.requires_grad or value.requires_grad or \
-        (attn_mask is not None and attn_mask.requires_grad)
 
 
 __all__ = ["scaled_dot_product_attention"]

@@ -570,8 +570,7 @@ def layer_norm(b: Builder, rec: OpRecord, ins: list[str], args: Sequence[Any], k
 
 @extension_rule("nn.scaled_dot_product_attention", "nn.scaled_dot_product_attention_out")
 def sdpa(b: Builder, rec: OpRecord, ins: list[str], args: Sequence[Any], kwargs: dict[str, Any]) -> list[str]:
-    """MatMul, Softmax, Where/Add for masks (the weights are the second output). The ``_out`` op (inference, no
-    weights) has one output: only ``out`` is mapped (the record's outputs are zipped with the names returned)."""
+    """MatMul, Softmax, Where/Add for masks (the weights are the second output; the `_out` op has none)."""
     q, k, v, mask, dropout_mask = args[:5]
     if dropout_mask is not None:
         raise ExportError("ember_onnx.export: attention dropout in the graph (export in eval mode)")
