@@ -182,9 +182,22 @@ def status_bytes(field: str) -> int:
     raise KeyError(field)
 
 
+def _release_free_heap() -> None:
+    """Return the C allocator's free memory to the system where it can (glibc's ``malloc_trim``); a no-op
+    elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def peak_rss_growth(step: Callable[[], Any]) -> dict[str, int]:
     """Peak RSS growth of this process over one call of step (run it in a fresh process, after a warm-up)."""
     gc.collect()
+    _release_free_heap()  # memory freed before the step (a model's initial weights replaced by loaded ones, say)
+    # would otherwise stay with the allocator, and the step would reuse it instead of growing
     # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child started by a big parent
     # would report the parent's peak. Resetting the high-water mark (clear_refs "5") drops the warm-up's peak.
     try:
