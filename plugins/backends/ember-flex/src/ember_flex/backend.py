@@ -24,7 +24,7 @@ from ember.backend import Backend
 from ember.dtypes import DType
 from ember.errors import OutOfMemoryError
 
-from . import nn_kernels
+from . import host_memory, nn_kernels
 from . import threads as _par
 
 ndarray = np.ndarray
@@ -309,6 +309,7 @@ class FlexBackend(Backend):
 
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)
+        host_memory.keep_freed_memory()  # once per process: the next step reuses this step's freed pages
         self._rng = np.random.Generator(np.random.PCG64(0))
         self._unary = _UNARY
         self._binary = _BINARY
@@ -329,7 +330,8 @@ class FlexBackend(Backend):
         return compile_kernel(kernel, self)
 
     def memory_report(self) -> dict[str, Any]:
-        return {"allocator": "numpy (host malloc)", "in_use": None, "reserved": None, "peak": None}
+        return {"allocator": f"numpy (host malloc, {host_memory.describe()})", "in_use": None, "reserved": None,
+                "peak": None}
 
     # -- data --------------------------------------------------------------------------------------------------
     def from_numpy(self, array: ndarray) -> ndarray:
