@@ -24,6 +24,7 @@ import json
 import secrets
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -85,20 +86,32 @@ def _from_jsonable(v: Any) -> Any:
     return v
 
 
+def _numpy_uniform(rng: np.random.Generator, shape: Shape, dtype: np.dtype[Any]) -> np.ndarray:
+    """HostRandomStream's default uniform sampler: numpy's own ``Generator.random``."""
+    return rng.random(shape, dtype=dtype)
+
+
 class HostRandomStream:
     """The default random stream: a numpy bit generator on the host, samples uploaded with ``backend.from_numpy``
     (a host backend adopts the arrays, so nothing is copied). Float32/float64 are drawn natively; narrower floats
     are drawn in float32 and rounded; integers are drawn as the target integer dtype (int64 for bool and floats),
-    the way the flex backend draws its own stream."""
+    the way the flex backend draws its own stream.
 
-    def __init__(self, backend: Any, bit_generator: np.random.BitGenerator) -> None:
+    ``uniform(rng, shape, dtype)``, when given, draws the uniform samples instead of ``rng.random(shape,
+    dtype=dtype)`` (dtype float32 or float64), and must return exactly that call's numbers and leave ``rng`` in
+    that call's state: a backend that draws its own stream faster (flex chunks large draws on its thread pool)
+    passes the same function here, so a generator keeps repeating the device stream's draws."""
+
+    def __init__(self, backend: Any, bit_generator: np.random.BitGenerator,
+                 uniform: Callable[[np.random.Generator, Shape, np.dtype[Any]], np.ndarray] | None = None) -> None:
         self.backend = backend
         self.rng = np.random.Generator(bit_generator)
+        self._uniform = uniform if uniform is not None else _numpy_uniform
 
     def rand(self, shape: Shape, dtype: DType) -> Handle:
         if dtype in (dt.float32, dt.float64):
-            return self.backend.from_numpy(self.rng.random(shape, dtype=dtype.numpy))
-        return self.backend.from_numpy(self.rng.random(shape, dtype=np.float32).astype(dtype.numpy))
+            return self.backend.from_numpy(self._uniform(self.rng, shape, np.dtype(dtype.numpy)))
+        return self.backend.from_numpy(self._uniform(self.rng, shape, np.dtype(np.float32)).astype(dtype.numpy))
 
     def randn(self, shape: Shape, dtype: DType) -> Handle:
         if dtype in (dt.float32, dt.float64):

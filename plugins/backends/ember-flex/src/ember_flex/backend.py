@@ -24,7 +24,7 @@ from ember.backend import Backend
 from ember.dtypes import DType
 from ember.errors import OutOfMemoryError
 
-from . import host_memory, nn_kernels
+from . import host_memory, nn_kernels, random_kernels
 from . import threads as _par
 
 ndarray = np.ndarray
@@ -630,9 +630,10 @@ class FlexBackend(Backend):
 
     @_alloc_guard
     def rand(self, shape: tuple[int, ...], dtype: DType) -> ndarray:
+        # numpy's Generator.random bit for bit; large draws chunked on the pool (random_kernels)
         if dtype in (dt.float32, dt.float64):
-            return self._rng.random(shape, dtype=dtype.numpy)
-        return self._rng.random(shape, dtype=np.float32).astype(dtype.numpy)
+            return random_kernels.uniform(self._rng, shape, dtype.numpy)
+        return random_kernels.uniform(self._rng, shape, np.float32).astype(dtype.numpy)
 
     @_alloc_guard
     def randn(self, shape: tuple[int, ...], dtype: DType) -> ndarray:
@@ -651,7 +652,7 @@ class FlexBackend(Backend):
         adopted, not copied), so a generator seeded with n repeats ``Device.flex().seed(n)``'s draws."""
         from ember.generator import HostRandomStream
 
-        return HostRandomStream(self, np.random.PCG64(seed))
+        return HostRandomStream(self, np.random.PCG64(seed), uniform=random_kernels.uniform)
 
     # -- optional backward kernels: the autodiff decorator uses them for conv gradients when present -------------
     def conv_input_grad(self, grad_y: ndarray, w: ndarray, x_shape: tuple[int, ...], stride: tuple[int, ...],
