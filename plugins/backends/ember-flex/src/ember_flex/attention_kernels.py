@@ -2,18 +2,20 @@
 backward).
 
 Forward, in blocks of a few heads or of one head's rows (about :data:`BLOCK` scores each, so a block stays in a
-core's L2 cache): the scale folded into q (L*E multiplies instead of L*S), one GEMM for the block's scores written
-into its slice of the probabilities' buffer, the mask or causal triangle applied in place (causal row blocks compute
-only the keys up to their last row), the softmax in place (rows that are entirely masked give zeros, torch's "safe"
-softmax), and one GEMM with v (of the probabilities times the dropout factors, when dropout is on). The softmax
-skips subtracting each row's max where ``|q_i| |k_j|`` bounds the block's scores well inside exp's range (the max
-and the subtraction are two of its five passes), and takes the stable form elsewhere; each row is then multiplied by
-the reciprocal of its sum, as torch's CPU softmax. Large attentions run their blocks on flex's thread pool, with
-numpy's BLAS on one thread meanwhile. The blocks depend on the shapes only, so results do not depend on the thread
-count. The probabilities are the op's second output: the backward reads them. For inference (core's ``sdpa_out``:
-no gradient can flow) :func:`sdpa_out` runs the very same blocks, but each block's scores live in a scratch buffer
-of the block's size, dropped after it: the (..., L, S) probabilities are never allocated, and ``out`` has the same
-bits as the forward's.
+core's L2 cache): the scale folded into the block's rows of q (L*E multiplies instead of L*S), one GEMM for the
+block's scores written into its slice of the probabilities' buffer, the mask or causal triangle applied in place
+(causal row blocks compute only the keys up to their last row), exp in place (rows that are entirely masked give
+zeros, torch's "safe" softmax), the row sums, and one GEMM with v (of the exponentials times the dropout factors,
+when dropout is on) whose (L, E) result is multiplied by each row's reciprocal sum: the normalisation costs L*E
+multiplies instead of L*S, and the (L, S) block is walked by exp and the sums only. The softmax skips subtracting
+each row's max where ``|q_i| |k_j|`` bounds the block's scores well inside exp's range (the max and the subtraction
+are two more passes), and takes the stable form elsewhere; the kept probabilities (:func:`sdpa`) are each row times
+its reciprocal sum, as torch's CPU softmax, normalised after the GEMM. Large attentions run their blocks on flex's
+thread pool, with numpy's BLAS on one thread meanwhile. The blocks depend on the shapes only, so results do not
+depend on the thread count. The probabilities are the op's second output: the backward reads them. For inference
+(core's ``sdpa_out``: no gradient can flow) :func:`sdpa_out` runs the very same blocks, but each block's scores live
+in a scratch buffer of the block's size, dropped after it: the (..., L, S) probabilities are never allocated, and
+``out`` has the same bits as the forward's.
 
 Backward, in one pass over blocks of whole heads (on the pool as the forward's; each block's dS is a temporary that
 stays in cache): dv = (attn * drop)^T @ dout, dP = dout @ v^T * drop, and in place in dP's buffer
@@ -236,8 +238,10 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | Non
     L, S, E, ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     shape = batch + (L, S)
-    # operands as (broadcast) views of the attention's batch dims; the scale folded into q (L*E multiplies)
-    q = q * work.type(scale)
+    # operands as (broadcast) views of the attention's batch dims; the scale is folded into each block's rows of q
+    # (L*E multiplies, in a block-sized buffer in cache: a scaled copy of the whole q was a fresh allocation whose
+    # page faults cost as much as its multiplies)
+    f_scale = work.type(scale)
     qs = _bcast(q, batch + (L, E))
     kt = np.swapaxes(_bcast(k, batch + (S, E)), -1, -2)
     vb = _bcast(v, batch + (S, ev))
@@ -254,7 +258,7 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | Non
         out[...] = 0
         return _cast(dt, (out,))[0], None if attn is None else _cast(dt, (attn,))[0]
     # squared row norms of the scaled q and of k (bounds on each block's scores), and a float mask's reach
-    qn2 = _bcast(np.einsum("...e,...e->...", q, q), batch + (L,))
+    qn2 = _bcast(np.einsum("...e,...e->...", q, q), batch + (L,))  # of q unscaled: times |scale| in the bound
     kn2 = _bcast(np.einsum("...e,...e->...", k, k), batch + (S,))
     span = _reach(mask, size) if add is not None else 0.0
     limit = _EXP_LIMIT[work.itemsize]
@@ -263,7 +267,7 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | Non
     def block(b: tuple[Any, ...], r0: int, r1: int) -> None:
         rows = b + (Ellipsis, slice(r0, r1), slice(None))
         c = min(S, r1) if is_causal else S  # keys beyond the block's last row are masked for all its rows
-        qb = qs[rows]
+        qb = np.multiply(qs[rows], f_scale)
         # the block's scores: its slice of the probabilities, or a scratch buffer of the block's size (in cache)
         s = np.empty(qb.shape[:-1] + (c,), work) if attn is None else \
             attn[b + (Ellipsis, slice(r0, r1), slice(0, c))]
@@ -278,35 +282,38 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | Non
         # |q_i . k_j| <= |q_i| |k_j|: where the block's scores are bounded well inside exp's range, softmax needs no
         # max subtracted (the max and the subtraction are 2 of its 5 passes); otherwise the stable form
         bound = math.sqrt(float(qn2[b + (Ellipsis, slice(r0, r1))].max()) *
-                          float(kn2[b + (Ellipsis, slice(0, c))].max())) + span
+                          float(kn2[b + (Ellipsis, slice(0, c))].max())) * abs(scale) + span
         if bound <= limit:  # NaN (NaN or inf operands) takes the stable form
             with np.errstate(under="ignore"):
                 np.exp(s, out=s)
-            total = s.sum(-1, keepdims=True)
-            empty = total == 0  # every position masked: unmasked ones give at least exp(-limit) > 0
-            masked_rows = bool(empty.any())
         else:
-            # stable softmax in place: rows whose max is -inf (all masked) subtract 0 and divide by 1, giving zeros
+            # stable softmax in place: rows whose max is -inf (all masked) subtract 0 (their sum, 0, becomes 1
+            # below: zeros)
             m = s.max(-1, keepdims=True)
-            empty = m == -np.inf
-            masked_rows = bool(empty.any())
-            if masked_rows:
-                m[empty] = 0
+            m[m == -np.inf] = 0
             s -= m
             with np.errstate(under="ignore"):
                 np.exp(s, out=s)
-            total = s.sum(-1, keepdims=True)
-        if masked_rows:
-            total[empty] = 1
-        s *= np.reciprocal(total, out=total)  # as torch's CPU softmax: one reciprocal per row, then multiplies
-        if drop is not None:  # in place in the scratch buffer; the kept probabilities stay undropped
+        # the row sums by einsum (its loop: ~2.5x numpy's reduce over rows of a few hundred); a row whose every
+        # position is masked sums to 0 (unmasked ones give at least exp(-limit) > 0, or 1 at the row's max)
+        total = np.einsum("...j->...", s)[..., None]
+        total[total == 0] = 1
+        r = np.reciprocal(total, out=total)  # as torch's CPU softmax: one reciprocal per row, then multiplies
+        if drop is not None:  # the kept probabilities stay undropped: the dropped ones in a scratch buffer
             p = s * drop[b + (Ellipsis, slice(r0, r1), slice(0, c))] if attn is not None else \
                 np.multiply(s, drop[b + (Ellipsis, slice(r0, r1), slice(0, c))], out=s)
         else:
             p = s
-        np.matmul(p, vb[b + (Ellipsis, slice(0, c), slice(None))], out=out[rows])
-        if attn is not None and c < S:
-            attn[b + (Ellipsis, slice(r0, r1), slice(c, None))] = 0
+        # the normalisation moves past the GEMM with v: (exp(s) @ v) * r, L*E multiplies instead of L*S (8x
+        # fewer at S = 512, E = 64); the kept probabilities (sdpa) are normalised after it, so ``out`` has the
+        # same bits with or without them
+        o = out[rows]
+        np.matmul(p, vb[b + (Ellipsis, slice(0, c), slice(None))], out=o)
+        o *= r
+        if attn is not None:
+            s *= r
+            if c < S:
+                attn[b + (Ellipsis, slice(r0, r1), slice(c, None))] = 0
 
     _run_blocks(block, blocks, size)
     if attn is None:
