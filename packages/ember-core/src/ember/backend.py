@@ -22,7 +22,7 @@ Conventions every method follows:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -61,6 +61,18 @@ class Backend:
     #: True for stacks that record gradients (the autodiff decorator). Core's gradient API (``backward``,
     #: ``.grad``, ``requires_grad_`` ...) forwards to such a stack and raises AutodiffError elsewhere.
     differentiable: bool = False
+
+    #: Optional shortcut of eager binary operators (``a + b`` on two tensors of one dtype): op name -> ``kernel(a,
+    #: b)``, called by core's Tensor operators instead of :meth:`binary`, without a shape check first. A kernel
+    #: must return exactly what ``binary(op, a, b)`` returns for two handles of this backend of one dtype whose
+    #: shapes broadcast, the first with more than one element (so never 0-d) and each with fewer than
+    #: :attr:`binary_kernel_elems`; and it must raise (any exception) where the shapes do not broadcast: core then
+    #: runs its checked path (``binary``), which raises the typed error. Ops missing from the mapping go through
+    #: ``binary``. None (the default, and every decorator's): core calls ``binary``. Handles of a backend that sets
+    #: it expose ``.size`` (their element count).
+    binary_kernels: Mapping[str, Callable[[Handle, Handle], Handle]] | None = None
+    #: the element count below which :attr:`binary_kernels` may be called (both operands)
+    binary_kernel_elems: int = 0
 
     def __init__(self, index: int = 0) -> None:
         self.index = index

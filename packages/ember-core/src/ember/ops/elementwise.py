@@ -192,18 +192,22 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
 
 def binary_operator(op: str) -> Any:
     """``Tensor.__add__`` and the other forward binary dunders: ``binary(op, self, other)`` with the commonest case
-    (another tensor of the same device, dtype and shape, or a Python float with a floating tensor) decided in the
-    dunder itself, without the rule lookup and one call frame (this is the path of every eager ``a + b``). The
-    cases are learned from :func:`binary`'s own rules: a dtype takes the short path once ``binary`` has computed
-    ``op`` on it in its own dtype without an integer check; every other call, and every error, goes through
-    :func:`binary`."""
+    (another tensor of the same device and dtype, or a Python float with a floating tensor) decided in the dunder
+    itself, without the rule lookup and one call frame (this is the path of every eager ``a + b``). The cases are
+    learned from :func:`binary`'s own rules: a dtype takes the short path once ``binary`` has computed ``op`` on
+    it in its own dtype without an integer check; every other call, and every error, goes through :func:`binary`.
+
+    On that path, a stack with :attr:`~ember.backend.Backend.binary_kernels` (flex) gets small operands straight
+    into its kernel, which checks the shapes itself (raising where they do not broadcast: the op then reruns
+    through :func:`binary`, which raises the typed error); any other stack gets ``binary`` once the shapes are
+    equal (different shapes go through :func:`binary`, which validates the broadcast)."""
     same: dict[DType, Any] = {}  # dtype -> result dtype, or _SLOW
     flt: dict[DType, Any] = {}
 
     def fwd(self: Tensor, other: Any) -> Tensor:
         if isinstance(other, Tensor):
-            dev, d, ha, hb = self._device, self._dtype, self._h, other._h
-            if other._device is dev and other._dtype is d and ha.shape == hb.shape:
+            dev, d = self._device, self._dtype
+            if other._device is dev and other._dtype is d:
                 rd = same.get(d)
                 if rd is None:
                     out = binary(op, self, other)  # raises for dtypes op refuses: nothing learned then
@@ -211,8 +215,20 @@ def binary_operator(op: str) -> Any:
                     same[d] = r[1] if r[0] is d and not (d.category == 1 and op in _INT_CHECKED) else _SLOW
                     return out
                 if rd is not _SLOW:
+                    stack = dev._stack or dev.stack  # read every call: ember.compile and capture swap it
+                    ha, hb = self._h, other._h
+                    kernels = stack.binary_kernels
+                    if kernels is not None and 1 < ha.size < stack.binary_kernel_elems > hb.size:
+                        try:
+                            h = kernels[op](ha, hb)
+                        except Exception:  # shapes that do not broadcast (or an op without kernel): checked path
+                            return binary(op, self, other)
+                    elif ha.shape == hb.shape:
+                        h = stack.binary(op, ha, hb)
+                    else:
+                        return binary(op, self, other)
                     t = _new(Tensor)
-                    t._h = (dev._stack or dev.stack).binary(op, ha, hb)
+                    t._h = h
                     t._dtype = rd
                     t._device = dev
                     return t

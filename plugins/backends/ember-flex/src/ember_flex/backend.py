@@ -295,6 +295,11 @@ def _register_complex_kernels() -> None:
 _register_complex_kernels()
 
 
+#: eager binary ops on operands below this many elements skip binary() (Backend.binary_kernels): a few us of
+#: work, where the call frame and core's shape check are a fifth of the op
+_KERNEL_ELEMS = 1 << 14
+
+
 class FlexBackend(Backend):
     """numpy on the host CPU."""
 
@@ -313,6 +318,12 @@ class FlexBackend(Backend):
         self._rng = np.random.Generator(np.random.PCG64(0))
         self._unary = _UNARY
         self._binary = _BINARY
+        if type(self).binary is FlexBackend.binary:  # a subclass with its own binary keeps core calling it
+            # eager a + b calls these ufuncs directly (Backend.binary_kernels: no frame, no shape check in core):
+            # operands this small never go to the pool, and binary() adds nothing else for two arrays with
+            # elements (numpy returns arrays, a bad broadcast raises ValueError)
+            self.binary_kernels = _BINARY
+            self.binary_kernel_elems = min(_par.MIN_ELEMS, _KERNEL_ELEMS)
 
     def describe(self) -> str:
         import platform
