@@ -118,11 +118,13 @@ def test_the_numbers_do_not_depend_on_the_thread_count(small, threads):
 
 
 def test_chunks_run_on_the_pool(small):
+    """Plain tuples and ember.Size (what core's ops pass) both take the chunked path."""
     T.pool_stats(reset=True)
     a, b = _pair(5)
     _same(R.uniform(b, (1000,), np.float32), a.random(1000, dtype=np.float32))
-    _same(R.uniform(b, (1000,), np.float64), a.random(1000, dtype=np.float64))
-    assert T.pool_stats()["pooled"] == 2
+    _same(R.uniform(b, ember.Size([10, 100]), np.float64), a.random((10, 100), dtype=np.float64))
+    _same(R.uniform(b, ember.Size([3, 333]), np.float32), a.random((3, 333), dtype=np.float32))
+    assert T.pool_stats()["pooled"] == 3
 
 
 def test_ember_set_num_threads_one_and_two_give_the_same_draws():

@@ -102,7 +102,8 @@ def uniform(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> nda
     generators or dtypes, and every error: a negative size, say, is numpy's ValueError)."""
     npdt = np.dtype(dtype)
     bg = rng.bit_generator
-    n = math.prod(shape) if type(shape) is tuple and all(type(s) is int and s >= 0 for s in shape) else -1
+    # a tuple of non-negative ints (ember.Size included); anything else is numpy's to take or reject
+    n = math.prod(shape) if isinstance(shape, tuple) and all(type(s) is int and s >= 0 for s in shape) else -1
     if type(bg) is not np.random.PCG64 or not (
             n >= MIN_ELEMS if npdt == np.float32
             else npdt == np.float64 and n >= _par.min_elems and _par.active(_fill_f64)):
