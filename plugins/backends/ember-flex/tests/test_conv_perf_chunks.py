@@ -221,3 +221,41 @@ def test_conv_results_do_not_depend_on_the_pool(case: tuple[Any, ...], monkeypat
             np.testing.assert_array_equal(a, c)
     ref = F.conv2d(_t(x), _t(w), _t(b), 1, 1).numpy()
     np.testing.assert_allclose(results[0][0], ref, **TOL[dtype])
+
+
+# nd, N, Cin, Cout, spatial, k, stride, pads, dilation, groups: input gradients with 16+ input channels per group
+TAP_CASES = [
+    (2, 3, 32, 8, (9, 8), (3, 3), (2, 1), ((1, 2), (0, 1)), (1, 2), 1),     # stride, dilation, asymmetric pads
+    (2, 4, 64, 12, (7, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 2),    # groups: 32 channels per group
+    (2, 2, 16, 4, (6, 6), (2, 2), (1, 1), ((-1, 0), (0, -1)), (1, 1), 1),   # cropping pads
+    (1, 3, 24, 5, (11,), (4,), (3,), ((2, 1),), (1,), 1),                  # 1-d
+    (3, 2, 16, 3, (4, 5, 4), (2, 2, 2), (1, 1, 2), ((0, 1), (1, 0), (1, 1)), (1, 1, 1), 1),  # 3-d
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", TAP_CASES, ids=[f"{c[0]}d-ci{c[2]}-g{c[9]}" for c in TAP_CASES])
+def test_conv_input_grad_per_tap_and_one_gemm(case: tuple[Any, ...], dtype: Any, monkeypatch: Any) -> None:
+    """The input gradient's two routes -- one GEMM per kernel tap (16+ channels per group) and one GEMM for all
+    taps -- both match torch, in several chunks and in one."""
+    nd, N, Ci, Co, S, k, s, pads, d, g = case
+    x, w = _rand((N, Ci) + S, dtype, 1), _rand((Co, Ci // g) + k, dtype, 2)
+    xt = _t(x).requires_grad_()
+    y = TCONV[nd](_torch_pad(xt, pads), _t(w), None, s, 0, d, g)
+    gy = _rand(tuple(y.shape), dtype, 3)
+    y.backward(_t(gy))
+    for min_cog in (1, 1 << 30):  # per tap, one GEMM
+        monkeypatch.setattr(K, "_TAP_GEMM_MIN_COG", min_cog)
+        for per_chunk in (1, N):
+            monkeypatch.setattr(K, "_cache_chunk", lambda n, per_sample_bytes, c=per_chunk: min(n, c))
+            _check(K.conv_input_grad(gy, w, x.shape, s, pads, d, g), xt.grad, dtype)
+
+
+@pytest.mark.parametrize("min_cog", [1, 1 << 30], ids=["per-tap", "one-gemm"])
+def test_conv_transpose_strided_per_tap(min_cog: int, monkeypatch: Any) -> None:
+    """conv_transpose with stride > 1 and 16+ output channels per group runs the input-gradient core's per-tap
+    route (or, forced, its one-GEMM route): both match torch, bias included."""
+    monkeypatch.setattr(K, "_TAP_GEMM_MIN_COG", min_cog)
+    x, w, b = _rand((3, 8, 5, 4), np.float32, 1), _rand((8, 16, 3, 2), np.float32, 2), _rand((32,), np.float32, 3)
+    y = K.conv_transpose(x, w, b, (2, 3), (1, 0), (1, 2), (1, 2), 2)
+    _check(y, F.conv_transpose2d(_t(x), _t(w), _t(b), (2, 3), (1, 0), (1, 2), 2, (1, 2)), np.float32)
