@@ -97,6 +97,37 @@ class ADArray:
         return f"ADArray(shape={tuple(self.shape)}, requires_grad={self.meta is not None})"
 
 
+_new = object.__new__
+
+
+def new_array(value: Any) -> ADArray:
+    """``ADArray(value)`` (no meta, no base) without the class call: every eager op's output is one, and a plain
+    function with slot stores costs less than ``type.__call__`` running ``__init__`` (the hottest path of the
+    recording, with :func:`new_node`)."""
+    out = _new(ADArray)
+    out.value = value
+    try:
+        out.shape = value.shape
+    except AttributeError:  # a boundary's plain result (no array), as in ADArray.__init__
+        pass
+    out.meta = None
+    out.base = None
+    out._version = None
+    out.recipe = None
+    return out
+
+
+def new_node(name: str, inputs: tuple[Meta | Node | None, ...], vjp: Callable[..., Sequence[Any]],
+             args: tuple[Any, ...]) -> Node:
+    """``Node(name, inputs, vjp, args)`` without the class call (see :func:`new_array`)."""
+    node = _new(Node)
+    node.name = name
+    node.inputs = inputs
+    node.vjp = vjp
+    node.args = args
+    return node
+
+
 class Node:
     """One recorded op: ``vjp(*args, g) -> tuple`` of gradients (inner handles or None), one per input.
 

@@ -13,7 +13,7 @@ from typing import Any
 from ember.autograd import GRAD_MODE
 from ember.errors import AutodiffError
 
-from .graph import ADArray, Node, Recipe, Saved, keep
+from .graph import ADArray, Node, Recipe, Saved, keep, new_array
 
 
 class Recorder:
@@ -66,7 +66,7 @@ class Recorder:
 
     def wrap(self, value: Any, view_of: ADArray | None = None) -> ADArray:
         """An untracked output (integer results, or nothing requires grad)."""
-        return ADArray(value, base=view_of)
+        return new_array(value) if view_of is None else ADArray(value, base=view_of)
 
     def wrap_many(self, values: Sequence[Any]) -> tuple[ADArray, ...]:
         return tuple(ADArray(v) for v in values)

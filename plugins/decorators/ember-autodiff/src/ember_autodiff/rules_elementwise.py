@@ -17,8 +17,10 @@ from ember.compile import is_recording
 from ember.errors import AutodiffError
 
 from .complex_grads import conj, is_complex, real_part
-from .graph import ADArray, Meta, Node, keep
+from .graph import ADArray, Meta, Node, Version, keep, kept, new_array, new_node
 from .recorder import Recorder
+
+_new = object.__new__
 
 _LN2 = math.log(2.0)
 _LN10 = math.log(10.0)
@@ -288,7 +290,7 @@ class ElementwiseRules(Recorder):
         inner = self.inner
         value = inner.unary(op, h.value)
         if h.meta is None or not GRAD_MODE.enabled or (op not in UNARY_VJP and op not in ZERO_GRAD_UNARY):
-            return ADArray(value)  # self.tracking(h) and self.wrap inlined
+            return new_array(value)  # self.tracking(h) and self.wrap inlined
         if op in ZERO_GRAD_UNARY:
             return self.record(op, value, (h,), lambda g: (_zeros_like(inner, g),))
         x = self.save(h)
@@ -297,8 +299,8 @@ class ElementwiseRules(Recorder):
             return self._record_balanced_unary(op, value, h, x, rule)
         # recorded without self.record, the vjp's arguments on the node, no closure (see binary): this runs for
         # every activation
-        out = ADArray(value)
-        out.meta = Node(op, (h.meta,), _unary_vjp, (inner, rule, x, keep(out)))  # its own meta (see Node)
+        out = new_array(value)
+        out.meta = new_node(op, (h.meta,), _unary_vjp, (inner, rule, x, keep(out)))  # its own meta (see Node)
         return out
 
     def _record_balanced_unary(self, op: str, value: Any, h: ADArray, x: Getter,
@@ -360,52 +362,86 @@ class ElementwiseRules(Recorder):
                            recompute=lambda: inner.clamp(x(), bound(val(lo), glo), bound(val(hi), ghi)))
 
     def binary(self, op: str, a: Any, b: Any) -> ADArray:
-        # the hottest path of the decorator (every eager a + b): self.tracking, self.record, self.save and
-        # conjugated are inlined here, the op's rules come from one table lookup, and the node holds its vjp's
-        # arguments as a tuple (no partial, no closure cells)
+        # the hottest path of the decorator (every eager a + b): self.tracking, self.record, self.save, keep,
+        # conjugated and the ADArray/Node constructors are inlined here, the op's rules come from one table
+        # lookup, and the node holds its vjp's arguments as a tuple (no partial, no closure cells)
         inner = self.inner
         ta, tb = type(a) is ADArray, type(b) is ADArray
-        value = inner.binary(op, a.value if ta else a, b.value if tb else b)
+        va = a.value if ta else a
+        vb = b.value if tb else b
+        kernels = inner.binary_kernels  # flex: the ufunc itself for small operands (Backend.binary_kernels)
+        if kernels is not None and ta and tb and 1 < va.size < inner.binary_kernel_elems > vb.size:
+            try:
+                value = kernels[op](va, vb)
+            except Exception:  # core validated the shapes: an op without kernel, or the backend's typed error
+                value = inner.binary(op, va, vb)
+        else:
+            value = inner.binary(op, va, vb)
+        out = _new(ADArray)  # new_array inlined
+        out.value = value
+        out.shape = value.shape
+        out.base = out._version = out.recipe = out.meta = None
         ma = a.meta if ta else None
         mb = b.meta if tb else None
         if (ma is None and mb is None) or not GRAD_MODE.enabled:
-            return ADArray(value)
+            return out
         spec = _BINARY_SPECS.get(op)
         if spec is None:  # not differentiable (comparisons, bitwise ops): an untracked result
-            return ADArray(value)
+            return out
         rule, sided, keeps, scalar_safe = spec
         sa = a.shape if ta else None  # unbroadcast makes them tuples, when it runs
         sb = b.shape if tb else None
         need_a, need_b = ma is not None, mb is not None
-        balanced = self.balanced
-        if balanced or keeps is None:  # every rule may read everything; balanced recipes rebuild the output
-            keep_a = keep_b = keep_y = True
+        if self.balanced:  # every rule may read everything; balanced recipes rebuild the output
+            save = self.save
+            ga, gb = save(a), save(b)
+            pa, pb = self._scalar_operands(a, b, ga, gb, sa, sb, scalar_safe)
+            return self._record_balanced_binary(op, value, a, b, ga, gb, partial(
+                _binary_vjp, inner, op, sided, rule, pa, pb))
+        keep_a, keep_b, keep_y = (True, True, True) if keeps is None else keeps[need_a + 2 * need_b]
+        # keep() inlined: a getter of the value as it is now, version-checked at backward
+        if keep_a:
+            if ta:
+                counter = a._version
+                if counter is None:
+                    counter = a._version = Version()
+                ga = partial(kept, va, counter, counter.n)
+            else:
+                ga = self.save(a)
         else:
-            keep_a, keep_b, keep_y = keeps[need_a + 2 * need_b]
-        save = self.save
-        if balanced:
-            ga = save(a)
-            gb = save(b)
+            ga = _unsaved
+        if keep_b:
+            if tb:
+                counter = b._version
+                if counter is None:
+                    counter = b._version = Version()
+                gb = partial(kept, vb, counter, counter.n)
+            else:
+                gb = self.save(b)
         else:
-            ga = (keep(a) if ta else save(a)) if keep_a else _unsaved
-            gb = (keep(b) if tb else save(b)) if keep_b else _unsaved
+            gb = _unsaved
+        pa, pb = ga, gb
+        if (sa is None or sb is None) and not scalar_safe:
+            pa, pb = self._scalar_operands(a, b, ga, gb, sa, sb, scalar_safe)
+        out.meta = node = _new(Node)  # new_node inlined; the node is the output's own meta (see Node)
+        node.name = op
+        node.inputs = (ma, mb)
+        node.vjp = _binary_vjp
+        node.args = (inner, op, sided, rule, pa, pb, keep(out) if keep_y else _unsaved, sa, sb, need_a, need_b)
+        return out
 
-        # rules other than these combine the two operands with each other (or apply unary ops to them): a
-        # Python-scalar operand becomes a 0-d handle there, since backends never see two scalars
+    def _scalar_operands(self, a: Any, b: Any, ga: Getter, gb: Getter, sa: Any, sb: Any,
+                         scalar_safe: bool) -> tuple[Getter, Getter]:
+        """The operand getters binary's rule reads: rules other than the scalar-safe ones combine the two operands
+        with each other (or apply unary ops to them), so a Python-scalar operand becomes a 0-d handle there, since
+        backends never see two scalars."""
         pa, pb = ga, gb
         if (sa is None or sb is None) and not scalar_safe:
             if sa is None:
-                pa = _scalar_getter(inner, a, gb)
+                pa = _scalar_getter(self.inner, a, gb)
             if sb is None:
-                pb = _scalar_getter(inner, b, ga)
-
-        if balanced:
-            return self._record_balanced_binary(op, value, a, b, ga, gb, partial(
-                _binary_vjp, inner, op, sided, rule, pa, pb))
-        out = ADArray(value)
-        out.meta = Node(op, (ma, mb), _binary_vjp, (inner, op, sided, rule, pa, pb,  # its own meta (see Node)
-                                                    keep(out) if keep_y else _unsaved, sa, sb, need_a, need_b))
-        return out
+                pb = _scalar_getter(self.inner, b, ga)
+        return pa, pb
 
     def _record_balanced_binary(self, op: str, value: Any, a: Any, b: Any, ga: Getter, gb: Getter,
                                 vjp_of: Callable[..., tuple[Any, Any]]) -> ADArray:
