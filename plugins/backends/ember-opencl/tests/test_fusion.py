@@ -102,6 +102,16 @@ def same(a: np.ndarray, b: np.ndarray, what: str = "") -> None:
         np.testing.assert_array_equal(a, b, err_msg=what)
 
 
+def near(a: np.ndarray, b: np.ndarray, atol: np.ndarray | float, what: str = "") -> None:
+    """Equal up to ``atol`` per element (NaN where the other is NaN), same shape and dtype: kernels whose vector
+    form calls transcendental builtins that round differently from the scalar ones in the last bit."""
+    assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=what)
+    ok = ~np.isnan(a)
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    assert (diff[ok] <= np.broadcast_to(atol, a.shape)[ok]).all(), (what, float(diff[ok].max()))
+
+
 def run_both(be, kernel: Kernel, inputs, scalars, shape, outs=None, cpu: bool | None = None):
     """(fused results, interpreted results) as host arrays; the fused kernel must compile."""
     fn = fusion.compile_kernel(be, kernel, cpu=cpu)
@@ -137,7 +147,9 @@ def test_gelu_chain(be, cpu, n: int) -> None:
     x[0] = np.nan
     k = gelu_kernel()
     (got,), (ref,) = run_both(be, k, [be.from_numpy(x)], GELU_SCALARS, (n,), cpu=cpu)
-    same(got, ref)
+    # CPU drivers run this body with vectors: their exp may round differently from the scalar exp of the
+    # interpreted tanh (both within 1 ulp), an error of a few ulp of 1 in (1 + tanh), scaled by 0.5 * |x|
+    near(got, ref, np.abs(x) * 4e-7)
     np.testing.assert_allclose(got, gelu_np(x), rtol=1e-5, atol=1e-6, equal_nan=True)
     assert np.isnan(got[0])
 
