@@ -4,18 +4,19 @@ backward).
 Forward, in blocks of a few heads or of one head's rows (about :data:`BLOCK` scores each, so a block stays in a
 core's L2 cache): the scale folded into the block's rows of q (L*E multiplies instead of L*S), one GEMM for the
 block's scores written into its slice of the probabilities' buffer, the mask or causal triangle applied in place
-(causal row blocks compute only the keys up to their last row), exp in place (rows that are entirely masked give
-zeros, torch's "safe" softmax), the row sums, and one GEMM with v (of the exponentials times the dropout factors,
-when dropout is on) whose (L, E) result is multiplied by each row's reciprocal sum: the normalisation costs L*E
-multiplies instead of L*S, and the (L, S) block is walked by exp and the sums only. The softmax skips subtracting
-each row's max where ``|q_i| |k_j|`` bounds the block's scores well inside exp's range (the max and the subtraction
-are two more passes), and takes the stable form elsewhere; the kept probabilities (:func:`sdpa`) are each row times
-its reciprocal sum, as torch's CPU softmax, normalised after the GEMM. Large attentions run their blocks on flex's
-thread pool, with numpy's BLAS on one thread meanwhile. The blocks depend on the shapes only, so results do not
-depend on the thread count. The probabilities are the op's second output: the backward reads them. For inference
-(core's ``sdpa_out``: no gradient can flow) :func:`sdpa_out` runs the very same blocks, but each block's scores live
-in a scratch buffer of the block's size, dropped after it: the (..., L, S) probabilities are never allocated, and
-``out`` has the same bits as the forward's.
+(causal row blocks compute only the keys up to their last row), exp in place (without a mask: exp2 of scores that
+came out in base 2, log2(e) folded into q's scale; rows that are entirely masked give zeros, torch's "safe"
+softmax), the row sums, and one GEMM with v (of the exponentials times the dropout factors, when dropout is on)
+whose (L, E) result is multiplied by each row's reciprocal sum: the normalisation costs L*E multiplies instead of
+L*S, and the (L, S) block is walked by exp and the sums only. The softmax skips subtracting each row's max where
+``|q_i| |k_j|`` bounds the block's scores well inside exp's range (the max and the subtraction are two more passes),
+and takes the stable form elsewhere; the kept probabilities (:func:`sdpa`) are each row times its reciprocal sum, as
+torch's CPU softmax, normalised after the GEMM. Large attentions run their blocks on flex's thread pool, with
+numpy's BLAS on one thread meanwhile. The blocks depend on the shapes only, so results do not depend on the thread
+count. The probabilities are the op's second output: the backward reads them. For inference (core's ``sdpa_out``: no
+gradient can flow) :func:`sdpa_out` runs the very same blocks, but each block's scores live in a scratch buffer of
+the block's size, dropped after it: the (..., L, S) probabilities are never allocated, and ``out`` has the same bits
+as the forward's.
 
 Backward, in one pass over blocks of whole heads (on the pool as the forward's; each block's dS is a temporary that
 stays in cache): dv = (attn * drop)^T @ dout, dP = dout @ v^T * drop, and in place in dP's buffer
@@ -127,6 +128,7 @@ _serial_blas = _SerialBlas()
 #: the largest score bound that softmax takes without subtracting each row's max: exp(bound) * S stays far below
 #: the dtype's largest value and exp(-bound) far above its smallest normal (no overflow, no subnormals)
 _EXP_LIMIT = {4: 60.0, 8: 600.0}
+_LOG2E = 1.0 / math.log(2.0)
 
 
 def _reach(mask: np.ndarray, scores: int) -> float:
@@ -241,7 +243,13 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | Non
     # operands as (broadcast) views of the attention's batch dims; the scale is folded into each block's rows of q
     # (L*E multiplies, in a block-sized buffer in cache: a scaled copy of the whole q was a fresh allocation whose
     # page faults cost as much as its multiplies)
-    f_scale = work.type(scale)
+    # without a mask (causal or not) the scores come out in base 2 (log2(e) folded into q's scale, free) for exp2,
+    # which numpy runs ~1.8x faster than exp here (0.28 against 0.51 ns a float32 element). A mask keeps natural
+    # units and exp: a float mask is added to the scores as torch adds it (the same rounding: a -1e4 added in base
+    # 2 moved rows of such masks by 1e-3 from torch's), and a bool mask gives the bits of its 0/-inf float twin
+    base2 = mask is None
+    f_scale = work.type(scale * _LOG2E if base2 else scale)
+    expf = np.exp2 if base2 else np.exp
     qs = _bcast(q, batch + (L, E))
     kt = np.swapaxes(_bcast(k, batch + (S, E)), -1, -2)
     vb = _bcast(v, batch + (S, ev))
@@ -285,7 +293,7 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | Non
                           float(kn2[b + (Ellipsis, slice(0, c))].max())) * abs(scale) + span
         if bound <= limit:  # NaN (NaN or inf operands) takes the stable form
             with np.errstate(under="ignore"):
-                np.exp(s, out=s)
+                expf(s, out=s)
         else:
             # stable softmax in place: rows whose max is -inf (all masked) subtract 0 (their sum, 0, becomes 1
             # below: zeros)
@@ -293,7 +301,7 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | Non
             m[m == -np.inf] = 0
             s -= m
             with np.errstate(under="ignore"):
-                np.exp(s, out=s)
+                expf(s, out=s)
         # the row sums by einsum (its loop: ~2.5x numpy's reduce over rows of a few hundred); a row whose every
         # position is masked sums to 0 (unmasked ones give at least exp(-limit) > 0, or 1 at the row's max)
         total = np.einsum("...j->...", s)[..., None]
