@@ -259,3 +259,56 @@ def test_conv_transpose_strided_per_tap(min_cog: int, monkeypatch: Any) -> None:
     x, w, b = _rand((3, 8, 5, 4), np.float32, 1), _rand((8, 16, 3, 2), np.float32, 2), _rand((32,), np.float32, 3)
     y = K.conv_transpose(x, w, b, (2, 3), (1, 0), (1, 2), (1, 2), 2)
     _check(y, F.conv_transpose2d(_t(x), _t(w), _t(b), (2, 3), (1, 0), (1, 2), 2, (1, 2)), np.float32)
+
+
+# nd, N, Cin, Cout, spatial: 1x1 convolutions (stride 1, no padding, one group) run as plain per-sample GEMMs
+POINTWISE_CASES = [(2, 5, 48, 16, (6, 7)), (1, 3, 40, 9, (11,)), (3, 2, 32, 5, (3, 4, 2)), (2, 4, 300, 6, (3, 3)),
+                   (2, 3, 8, 12, (5, 5))]  # few input channels: forward and weight gradient keep their GEMM
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", POINTWISE_CASES, ids=[f"{c[0]}d-n{c[1]}-ci{c[2]}" for c in POINTWISE_CASES])
+def test_conv_pointwise(case: tuple[Any, ...], dtype: Any, chunking: None) -> None:
+    """1x1 forward (with and without bias), weight and input gradients match torch, in chunks of one sample, two,
+    or the kernels' own; unbatched input too."""
+    nd, N, Ci, Co, S = case
+    k = (1,) * nd
+    x, w, b = _rand((N, Ci) + S, dtype, 1), _rand((Co, Ci) + k, dtype, 2), _rand((Co,), dtype, 3)
+    xt, wt = _t(x).requires_grad_(), _t(w).requires_grad_()
+    y = TCONV[nd](xt, wt, _t(b))
+    gy = _rand(tuple(y.shape), dtype, 4)
+    y.backward(_t(gy))
+    _check(K.conv(x, w, b), y, dtype)
+    _check(K.conv(x, w, None), TCONV[nd](_t(x), _t(w)), dtype)
+    _check(K.conv_weight_grad(x, gy, w.shape), wt.grad, dtype, scale=10.0)
+    _check(K.conv_input_grad(gy, w, x.shape), xt.grad, dtype)
+    np.testing.assert_array_equal(K.conv(x[1], w, b), K.conv(x, w, b)[1])
+    np.testing.assert_array_equal(K.conv_input_grad(gy[1], w, x.shape[1:]), K.conv_input_grad(gy, w, x.shape)[1])
+
+
+def test_conv_pointwise_bits_do_not_depend_on_threads(monkeypatch: Any) -> None:
+    """The 1x1 kernels give the same bits on 1, 2 and 3 BLAS threads and on 1 and 3 pool threads (the weight
+    gradient's reduction over 37 * 49 positions is no multiple of 64)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from ember_flex import threads
+
+    x, w, b = _rand((37, 64, 7, 7), np.float32, 1), _rand((48, 64, 1, 1), np.float32, 2), _rand((48,), np.float32, 3)
+    monkeypatch.setattr(K, "_cache_chunk", lambda n, per_sample_bytes: min(n, 5))  # several chunks per range
+
+    def run() -> list[np.ndarray]:
+        y = K.conv(x, w, b)
+        return [y, K.conv_weight_grad(x, y, w.shape), K.conv_input_grad(y, w, x.shape)]
+
+    results = []
+    before = threads.get_num_threads()
+    try:
+        for n in (1, 3):
+            threads.set_num_threads(n)
+            for blas in (1, 2, 3):
+                with threadpoolctl.threadpool_limits(blas, user_api="blas"):
+                    results.append(run())
+    finally:
+        threads.set_num_threads(before)
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            np.testing.assert_array_equal(a, c)

@@ -12,8 +12,12 @@ computed in float32 and cast back), and every function returns a fresh
 C-contiguous array whose dtype equals the input dtype.
 
 Convolutions use an im2col (``as_strided`` view + one copy) followed by a
-BLAS matmul; transposed convolution uses matmul + col2im (a loop over
-the kernel taps that adds strided slices).  The channels-last forward, both
+BLAS matmul; transposed convolution and the input gradient use matmul + col2im
+(a loop over the kernel taps that adds strided slices; with 16+ channels per
+group one GEMM per tap, so the adds read contiguous scratch). A 1x1 convolution
+with stride 1, no padding and one group is a plain GEMM per sample on the NCHW
+planes as they are (forward and input gradient write the result in place; the
+weight gradient copies runs of whole planes): no im2col, no transposes.  The channels-last forward, both
 gradients and col2im work on a chunk of the batch at a time (about
 ``_CHUNK_BYTES`` of scratch, reused across chunks) so the im2col rows and the
 GEMM's output stay in cache; several chunks run in ranges on
@@ -302,6 +306,25 @@ def _run_chunks(count: int, body: Callable[[int, int], None], scratch: int) -> N
         threads.run([(body, (i * count // parts, (i + 1) * count // parts)) for i in range(parts)])
 
 
+def _pointwise(K, stride, pads, groups: int) -> bool:
+    """Whether a convolution is a plain GEMM over the channels: 1x1 kernel, stride 1, no padding, one group (the
+    input's (C_in, *S) planes are the GEMM's operand as they are: no im2col, no layout copies)."""
+    return (groups == 1 and all(k == 1 for k in K) and all(s == 1 for s in stride)
+            and all(lo == 0 and hi == 0 for lo, hi in pads))
+
+
+def _samples(N: int, body: Callable[[int, int], None], per_sample_bytes: int) -> None:
+    """``body(lo, hi)`` over ranges of the batch's samples on flex's pool (see :func:`_run_chunks`): a pointwise
+    convolution's per-sample GEMMs, one BLAS thread each where the ranges run on the pool."""
+    nb = _cache_chunk(N, per_sample_bytes)
+    starts = range(0, N, nb)
+
+    def ranges(lo: int, hi: int) -> None:
+        body(starts[lo], min(N, starts[hi - 1] + nb))
+
+    _run_chunks(len(starts), ranges, 0)
+
+
 def _im2col_cl(xcl: np.ndarray, groups: int, K, O, stride, dilation, flat: np.ndarray) -> np.ndarray:
     """Channels-last im2col of ``xcl`` (n, *P, C), padded, into the front of the scratch ``flat``:
     (G, n*L, prod(K)*Cg), each row one output position's window ordered (*K, Cg)."""
@@ -382,6 +405,22 @@ def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
 
     if N == 0 or L == 0 or R == 0:
         y = np.zeros((N, Cout) + O, dtype=wd)
+    elif _pointwise(K, stride, pads, G) and R >= _CL_MIN_REDUCTION:
+        # 1x1: y_n (Cout, L) = W (Cout, Cin) @ x_n (Cin, L), written in place, per sample (below
+        # _CL_MIN_REDUCTION input channels the channels-first branch's one batched GEMM was faster)
+        x3 = np.ascontiguousarray(x).reshape(N, C, L)
+        w2 = np.ascontiguousarray(w.reshape(Cout, C))
+        out = np.empty((N, Cout, L), dtype=wd)
+        bb = None if b is None else np.asarray(b).astype(wd, copy=False).reshape(Cout, 1)
+        b = None
+
+        def samples(lo: int, hi: int) -> None:
+            _gemm(w2, x3[lo:hi], out[lo:hi])
+            if bb is not None:
+                out[lo:hi] += bb
+
+        _samples(N, samples, L * (C + Cout) * wd.itemsize)
+        y = out.reshape((N, Cout) + O)
     elif R < _CL_MIN_REDUCTION:
         # channels-first: cols (N, G, Cg*K[+1], L); y = W_g @ cols -> (N, G, Cog, L)
         # The bias is folded into the GEMM as an extra row of ones.
@@ -479,7 +518,32 @@ def conv_weight_grad(x: np.ndarray, grad_y: np.ndarray, w_shape: Sequence[int],
         if need > x.shape[2 + i] + pads[i][0] + pads[i][1]:
             raise ValueError("grad_y spatial size inconsistent with input/params")
 
-    if R < _CL_MIN_REDUCTION:
+    if _pointwise(K, stride, pads, G) and R >= _CL_MIN_REDUCTION:
+        # 1x1: gw (Cout, Cin) += gy_chunk (Cout, n*L) @ x_chunk (Cin, n*L)^T, the chunks' (Cout, n, L) and
+        # (Cin, n, L) copies runs of L elements; each chunk's sum kept, added in chunk order (as below)
+        x3, gy3 = x.reshape(N, C, L), grad_y.reshape(N, Cout, L)
+        nb = _cache_chunk(N, L * (C + Cout) * wd.itemsize)
+        starts = range(0, N, nb)
+        parts = np.empty((len(starts), Cout, C), dtype=wd)
+
+        def chunks(lo: int, hi: int) -> None:
+            xflat = np.empty(nb * L * C, dtype=wd)
+            gflat = np.empty(nb * L * Cout, dtype=wd)
+            for c in range(lo, hi):
+                n0 = starts[c]
+                n = min(nb, N - n0)
+                xt = xflat[:C * n * L].reshape(C, n, L)
+                np.copyto(xt, x3[n0:n0 + n].transpose(1, 0, 2))
+                gt = gflat[:Cout * n * L].reshape(Cout, n, L)
+                np.copyto(gt, gy3[n0:n0 + n].transpose(1, 0, 2))
+                _gemm(gt.reshape(Cout, n * L), xt.reshape(C, n * L).T, parts[c])
+
+        _run_chunks(len(starts), chunks, nb * L * (C + Cout) * wd.itemsize)
+        gw = parts[0]
+        for c in range(1, len(starts)):
+            gw += parts[c]
+        gw = gw.reshape(w_shape)
+    elif R < _CL_MIN_REDUCTION:
         # short reduction (few input channels, the first layer): per sample gy_n (Cog, L) @ cols_n^T (L, R) with
         # the channels-first windows, batched over (n, G) -- no transposed copy of grad_y -- then summed over n
         xp = _pad_zero(x, pads, 2)
@@ -695,6 +759,18 @@ def conv_input_grad(grad_y: np.ndarray, w: np.ndarray, x_shape: Sequence[int],
     w = w.astype(wd, copy=False)
     Cout, Cg = w.shape[:2]
     Cog = Cout // G
+    N, L = x_shape[0], math.prod(x_shape[2:])
+    if (_pointwise(w.shape[2:], stride, pads, G) and tuple(gy.shape[2:]) == x_shape[2:]
+            and N and L and Cout and Cg):
+        # 1x1: gx_n (Cin, L) = W^T (Cin, Cout) @ gy_n (Cout, L), written in place, per sample
+        gy3 = np.ascontiguousarray(gy).reshape(N, Cout, L)
+        wt = np.ascontiguousarray(w.reshape(Cout, Cg).T)
+        out = np.empty((N, Cg, L), dtype=wd)
+        _samples(N, lambda lo, hi: _gemm(wt, gy3[lo:hi], out[lo:hi]), L * (Cg + Cout) * wd.itemsize)
+        y = out.reshape(x_shape)
+        if unb:
+            y = y[0]
+        return _finish(y, out_dtype)
     # conv weight (Cout, Cg, *K) viewed as a transposed-conv weight (G*Cog, Cg, *K)
     y = _conv_input_grad_core(gy, w, x_shape[0], G, Cog, Cg, gy.shape[2:], w.shape[2:],
                               x_shape[2:], stride, pads, dilation, wd)
