@@ -108,6 +108,19 @@ def test_uniform_leaves_other_generators_and_dtypes_to_numpy(small):
         R.uniform(np.random.Generator(np.random.PCG64(0)), (10,), np.float16)
 
 
+def test_self_check_agrees_and_a_disagreeing_numpy_keeps_its_own_calls(small, monkeypatch):
+    assert R.agrees_with_numpy.__wrapped__() is True
+
+    def broken(*args):
+        raise AssertionError("the chunked path ran although numpy disagreed")
+
+    monkeypatch.setattr(R, "agrees_with_numpy", lambda: False)
+    monkeypatch.setattr(R, "_draw", broken)
+    a, b = _pair(8)
+    for n, dtype in [(1000, np.float32), (999, np.float64)]:
+        _same(R.uniform(b, (n,), dtype), a.random(n, dtype=dtype))
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
 def test_the_numbers_do_not_depend_on_the_thread_count(small, threads):
     T.set_num_threads(threads)

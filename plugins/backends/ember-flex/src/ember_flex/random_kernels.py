@@ -28,6 +28,7 @@ holds it: threads drawing from one stream at once each get whole, distinct runs 
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Any
@@ -99,15 +100,22 @@ def _chunks(fill: Any, base: dict[str, Any], dst: ndarray, per: int) -> list[tup
 def uniform(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> ndarray:
     """``rng.random(shape, dtype=dtype)``, bit for bit, leaving ``rng`` in the same state: chunked on flex's pool
     for large float32/float64 draws from a PCG64 stream; numpy's own call otherwise (small draws, other bit
-    generators or dtypes, and every error: a negative size, say, is numpy's ValueError)."""
+    generators or dtypes, a numpy whose draws this module does not reproduce (:func:`agrees_with_numpy`), and
+    every error: a negative size, say, is numpy's ValueError)."""
     npdt = np.dtype(dtype)
     bg = rng.bit_generator
     # a tuple of non-negative ints (ember.Size included); anything else is numpy's to take or reject
     n = math.prod(shape) if isinstance(shape, tuple) and all(type(s) is int and s >= 0 for s in shape) else -1
     if type(bg) is not np.random.PCG64 or not (
             n >= MIN_ELEMS if npdt == np.float32
-            else npdt == np.float64 and n >= _par.min_elems and _par.active(_fill_f64)):
+            else npdt == np.float64 and n >= _par.min_elems and _par.active(_fill_f64)) or not agrees_with_numpy():
         return rng.random(shape, dtype=npdt)
+    return _draw(bg, shape, npdt, n)
+
+
+def _draw(bg: np.random.PCG64, shape: tuple[int, ...], npdt: np.dtype[Any], n: int) -> ndarray:
+    """The chunked draw of ``n`` (``prod(shape)``) float32/float64 samples from ``bg``, advancing it as numpy's
+    ``Generator.random`` does."""
     out = np.empty(shape, npdt)
     flat = out.reshape(-1)
     with bg.lock:  # numpy's draws hold it too: nobody moves the stream between reading and advancing it
@@ -138,3 +146,21 @@ def uniform(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> nda
             flat[-1] = ((v & _LOW32) >> 8) * 2.0**-24
         bg.state = {**bg.state, "has_uint32": m % 2, "uinteger": v >> 32}
     return out
+
+
+@functools.cache
+def agrees_with_numpy() -> bool:
+    """Whether this module's draws are the installed numpy's, checked once on first use (~0.3 ms): a few float32
+    and float64 draws, odd and even, on and off a buffered half, made both ways on two PCG64 streams of one seed,
+    samples and states compared. A numpy that changed how ``Generator.random`` makes floats or buffers halves then
+    keeps its own calls: the numbers stay numpy's whatever it does."""
+    a = np.random.Generator(np.random.PCG64(20261202))
+    b = np.random.Generator(np.random.PCG64(20261202))
+    for n, dtype in [(3, np.float32), (12, np.float32), (11, np.float32), (4, np.float32), (1, np.float32),
+                     (1, np.float32), (7, np.float64), (1, np.float32), (6, np.float64), (2, np.float32)]:
+        npdt = np.dtype(dtype)
+        if _draw(b.bit_generator, (n,), npdt, n).tobytes() != a.random(n, dtype=npdt).tobytes():
+            return False
+        if b.bit_generator.state != a.bit_generator.state:
+            return False
+    return True
