@@ -77,7 +77,8 @@ def _fill_f32(base: dict[str, Any], offset: int, dst: ndarray) -> None:
     step = 2 * BLOCK_DRAWS
     for lo in range(0, dst.size, step):
         d = dst[lo:lo + step]
-        # little-endian uint32 view of the raw draws: low half first, then high, PCG64's next_uint32 order
+        # little-endian uint32 view of the raw draws: low half first, then high, PCG64's next_uint32 order (a
+        # big-endian host fails agrees_with_numpy and keeps numpy's own calls)
         u = bg.random_raw(d.size // 2).view(np.uint32)
         np.right_shift(u, 8, out=u)
         d[...] = u  # < 2**24: exact in float32
