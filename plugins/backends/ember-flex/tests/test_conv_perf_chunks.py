@@ -223,7 +223,7 @@ def test_conv_results_do_not_depend_on_the_pool(case: tuple[Any, ...], monkeypat
     np.testing.assert_allclose(results[0][0], ref, **TOL[dtype])
 
 
-# nd, N, Cin, Cout, spatial, k, stride, pads, dilation, groups: input gradients with 16+ input channels per group
+# nd, N, Cin, Cout, spatial, k, stride, pads, dilation, groups: input gradients with 2+ input channels per group
 TAP_CASES = [
     (2, 3, 32, 8, (9, 8), (3, 3), (2, 1), ((1, 2), (0, 1)), (1, 2), 1),     # stride, dilation, asymmetric pads
     (2, 4, 64, 12, (7, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), 2),    # groups: 32 channels per group
@@ -236,7 +236,7 @@ TAP_CASES = [
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", TAP_CASES, ids=[f"{c[0]}d-ci{c[2]}-g{c[9]}" for c in TAP_CASES])
 def test_conv_input_grad_per_tap_and_one_gemm(case: tuple[Any, ...], dtype: Any, monkeypatch: Any) -> None:
-    """The input gradient's two routes -- one GEMM per kernel tap (16+ channels per group) and one GEMM for all
+    """The input gradient's two routes -- one GEMM per kernel tap (2+ channels per group) and one GEMM for all
     taps -- both match torch, in several chunks and in one."""
     nd, N, Ci, Co, S, k, s, pads, d, g = case
     x, w = _rand((N, Ci) + S, dtype, 1), _rand((Co, Ci // g) + k, dtype, 2)
@@ -253,7 +253,7 @@ def test_conv_input_grad_per_tap_and_one_gemm(case: tuple[Any, ...], dtype: Any,
 
 @pytest.mark.parametrize("min_cog", [1, 1 << 30], ids=["per-tap", "one-gemm"])
 def test_conv_transpose_strided_per_tap(min_cog: int, monkeypatch: Any) -> None:
-    """conv_transpose with stride > 1 and 16+ output channels per group runs the input-gradient core's per-tap
+    """conv_transpose with stride > 1 and 2+ output channels per group runs the input-gradient core's per-tap
     route (or, forced, its one-GEMM route): both match torch, bias included."""
     monkeypatch.setattr(K, "_TAP_GEMM_MIN_COG", min_cog)
     x, w, b = _rand((3, 8, 5, 4), np.float32, 1), _rand((8, 16, 3, 2), np.float32, 2), _rand((32,), np.float32, 3)

@@ -13,12 +13,12 @@ C-contiguous array whose dtype equals the input dtype.
 
 Convolutions use an im2col (``as_strided`` view + one copy) followed by a
 BLAS matmul; transposed convolution and the input gradient use matmul + col2im
-(a loop over the kernel taps that adds strided slices; with 16+ channels per
+(a loop over the kernel taps that adds strided slices; with 2+ channels per
 group one GEMM per tap, so the adds read contiguous scratch). A 1x1 convolution
 with stride 1, no padding and one group is a plain GEMM per sample on the NCHW
 planes as they are (forward and input gradient write the result in place; the
-weight gradient copies runs of whole planes): no im2col, no transposes.  The channels-last forward, both
-gradients and col2im work on a chunk of the batch at a time (about
+weight gradient copies runs of whole planes): no im2col, no transposes. The
+channels-last forward, both gradients and col2im work on a chunk of the batch at a time (about
 ``_CHUNK_BYTES`` of scratch, reused across chunks) so the im2col rows and the
 GEMM's output stay in cache; several chunks run in ranges on
 flex's thread pool, each GEMM on one BLAS thread (``_run_chunks``). Chunks depend
@@ -646,8 +646,9 @@ def conv_transpose(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
 
 
 #: the input gradient runs one GEMM per kernel tap from this many output channels per group on (see
-#: _conv_input_grad_core); below, one GEMM for all taps, whose output rows are too short for per-tap calls to pay
-_TAP_GEMM_MIN_COG = 16
+#: _conv_input_grad_core); with one (a single input channel, depthwise), one GEMM for all taps: per-tap GEMMs with
+#: one column were 1.1-1.3x its time (one thread, CPU time, alternating); from 2 channels on, per tap 0.3-0.9x
+_TAP_GEMM_MIN_COG = 2
 
 
 def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation, wd):
@@ -661,7 +662,7 @@ def _conv_input_grad_core(gy, w, N, G, Cig, Cog, I, K, O, stride, pads, dilation
     scatter-added tap by tap, reading runs of ``Cog`` elements ``prod(K)*Cog`` apart. Both add the taps in the
     same order, each from a GEMM of the same reduction (measured: the same bits at the seed CNN's shapes). Seed
     CNN's 64->64 3x3 input gradient, one thread, CPU time, alternating: per tap 0.91-0.95x the one-GEMM kernel's
-    time at batches 64 and 256 (whose strided adds took about 9 of 20 ms).
+    time at batches 64 and 256 (whose strided adds took about 9 of 20 ms); 0.3-0.75x with 2-16 channels per group.
     """
     nd = len(K)
     Cout = G * Cog
