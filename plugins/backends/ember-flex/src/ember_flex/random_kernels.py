@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 from typing import Any
 
@@ -51,6 +52,14 @@ CHUNK_DRAWS = 1 << 16
 #: raw draws converted at a time inside a task: the uint64 block (256 KiB) and its floats stay in the core's cache
 #: between the draw and the three numpy passes over it
 BLOCK_DRAWS = 1 << 15
+
+# EMBER_FLEX_THREADS_MIN=n (read by ember_flex.threads too): draws of n+ elements chunked, in chunks of n/4 raw
+# draws, so that tests (the conformance kit, say) push small draws through the chunked path and the pool
+_env_min = os.environ.get("EMBER_FLEX_THREADS_MIN", "")
+if _env_min.isdigit() and int(_env_min) > 0:
+    MIN_ELEMS = min(MIN_ELEMS, int(_env_min))
+    CHUNK_DRAWS = max(2, min(CHUNK_DRAWS, int(_env_min) // 4))
+    BLOCK_DRAWS = max(1, min(BLOCK_DRAWS, CHUNK_DRAWS // 2))
 
 _F32_SCALE = np.float32(2.0**-24)
 _LOW32 = 0xFFFFFFFF
