@@ -467,8 +467,9 @@ def test_reduce_of_broadcast_body(be):
 
 
 def test_measured_choice_is_observable(be, monkeypatch):
-    """With a fake clock (numpy: 1 us + 1 ns/element, numexpr: 10 us + 0.1 ns/element) the kernel keeps numpy for
-    small sizes and numexpr for large ones, per size class, and then only runs the chosen path."""
+    """With a fake clock (numpy: 1 us + 1 ns/element, numexpr: 10 us + 0.1 ns/element, blocked: 10 us + 1 ns) the
+    kernel keeps numpy for small sizes and numexpr for large ones, per size class, and then only runs the chosen
+    path."""
     fk = be.fusion_compile(gelu_kernel(f32))
     clock = [0.0]
     monkeypatch.setattr(fusion.time, "perf_counter", lambda: clock[0])
@@ -482,8 +483,15 @@ def test_measured_choice_is_observable(be, monkeypatch):
         clock[0] += 1e-5 + 1e-10 * inputs[0].size
         return real_ne(inputs, scalars, shape, outs)
 
+    real_bl = fk._try_blocked
+
+    def fake_bl(inputs, scalars, shape, outs):  # the blocked path (large sizes only): the slowest here
+        clock[0] += 1e-5 + 1e-9 * inputs[0].size
+        return real_bl(inputs, scalars, shape, outs)
+
     monkeypatch.setattr(fk, "_numpy", fake_np)
     monkeypatch.setattr(fk, "_numexpr", fake_ne)
+    monkeypatch.setattr(fk, "_try_blocked", fake_bl)
     small, large = np.ones(100, np.float32), np.ones(1 << 17, np.float32)
     paths = []
     for _ in range(2 * fusion.TRIALS):
@@ -492,7 +500,7 @@ def test_measured_choice_is_observable(be, monkeypatch):
     assert sorted(set(paths)) == ["numexpr", "numpy"]  # both were timed
     assert fk.path_for(100) == "numpy" and fk.choices == {2 * (100).bit_length(): "numpy"}
     assert fk.path_for(1 << 17) is None  # a different size class is measured separately
-    for _ in range(2 * fusion.TRIALS):
+    for _ in range(3 * fusion.TRIALS):
         fk([large], GELU_SC, large.shape, [None])
     assert fk.path_for(1 << 17) == "numexpr"
     fk([small], GELU_SC, small.shape, [None])

@@ -1,10 +1,14 @@
-"""Fused elementwise (and elementwise-then-reduce) kernels for flex: numexpr where it pays, numpy otherwise.
+"""Fused elementwise (and elementwise-then-reduce) kernels for flex: cache-sized blocks or numexpr where they
+pay, numpy otherwise.
 
 :func:`compile_kernel` turns an :class:`ember.ir.Kernel` into a :class:`FusedKernel`, a
-:data:`ember.ir.CompiledKernel` with two equivalent execution paths:
+:data:`ember.ir.CompiledKernel` with three equivalent execution paths:
 
 * ``"numpy"``: the instructions one by one through the backend's own contract methods (exactly
   :func:`ember.ir.interpret`, without its per-call dispatch on the op names);
+* ``"blocked"`` (elementwise kernels of at least :data:`ember_flex.fusion_blocks.BLOCKED_MIN` elements): every
+  instruction over one cache-sized block before the next block starts, in reused scratch blocks, ranges of blocks
+  on flex's thread pool (:mod:`ember_flex.fusion_blocks`);
 * ``"numexpr"``: the instructions numexpr expresses with flex's numerics are grouped into numexpr programs (one
   pass over memory per materialised value, evaluated in cache-sized blocks on numexpr's thread pool, no full-size
   temporaries); the others (float16/bfloat16/int8/int16/uint8 values, erf, floor_divide, remainder, ...) run with
@@ -14,13 +18,15 @@ Which path a call takes is decided by measurement, per *size class* (``int(n).bi
 ``n``, and whether the call writes into given targets): the first :data:`TRIALS` calls of a class run each path
 alternately and are timed; afterwards the class keeps the path with the lower minimum time (see
 :attr:`FusedKernel.choices`). Small arrays usually favour numpy (numexpr
-costs ~10 us per call), large ones numexpr.
+costs ~10 us per call), large ones the blocked path (numexpr calls the C library's tanh and exp one element at a
+time, where numpy's are vectorized).
 
 Threads: a compiled numexpr program keeps per-call state in the program object (its operand pointers and
 temporaries), so two threads must never run one program at once. Each :class:`FusedKernel` has a lock for its
 programs; a call that finds it held takes the numpy path instead of waiting (the paths give identical bits).
 
-Numerics: the numexpr path is bit-identical to the numpy path. numexpr computes only what it does exactly like
+Numerics: the blocked path is bit-identical to the numpy path (the same numpy loops on the same elements, see
+:mod:`ember_flex.fusion_blocks`), and so is the numexpr path: numexpr computes only what it does exactly like
 numpy (+, -, *, /, sqrt, comparisons, where, casts (upcasts and to bool), floor/ceil/trunc, rint-style round, abs,
 neg, copysign, fmod, maximum/minimum, bitwise ops and shifts); transcendental functions (exp, log, tanh, sin, pow,
 sigmoid, ...), where numexpr would call the C library instead of numpy's own routines and could differ by an ulp,
@@ -44,10 +50,14 @@ from ember import dtypes as dt
 from ember.dtypes import DType
 from ember.ir import Instr, Kernel, interpret
 
+from .fusion_blocks import BLOCKED_MIN, BlockPlan
+
 #: timed calls per path and size class before the faster path is kept
 TRIALS = 3
 #: numexpr is kept only when its best time is below this fraction of numpy's (timings on shared machines are noisy)
 NUMEXPR_MARGIN = 0.85
+#: likewise the blocked path, against the best of the other two
+BLOCKED_MARGIN = 0.9
 
 #: ember dtypes numexpr computes natively, by numexpr kind
 _KIND: dict[DType, str] = {dt.bool_: "bool", dt.int32: "int", dt.int64: "long", dt.float32: "float",
@@ -332,12 +342,14 @@ class FusedKernel:
     Attributes:
         kernel: the compiled :class:`ember.ir.Kernel`.
         choices: size class (``2 * int(n).bit_length() + in_place``, n = elements of the iteration shape) ->
-            ``"numpy"`` or ``"numexpr"``, filled in once both paths were timed :data:`TRIALS` times for that class.
-        last_path: the path the latest call took (``"numpy"``, ``"numexpr"``, or ``"numpy"`` too where the scalars'
-            Python types require numpy's own promotion, e.g. a float scalar with an integer operand).
+            ``"numpy"``, ``"numexpr"`` or ``"blocked"``, filled in once every path the class's calls can take was
+            timed :data:`TRIALS` times.
+        last_path: the path the latest call took (``"numpy"``, ``"numexpr"``, ``"blocked"``, or ``"numpy"`` too
+            where the scalars' Python types require numpy's own promotion, e.g. a float scalar with an integer
+            operand, or where the operands' layout does not suit the chosen path).
     """
 
-    def __init__(self, kernel: Kernel, backend: Any, plan: _NumexprPlan) -> None:
+    def __init__(self, kernel: Kernel, backend: Any, plan: _NumexprPlan | None, blocks: BlockPlan | None) -> None:
         self.kernel = kernel
         self.backend = backend
         self._plan = plan
@@ -348,11 +360,13 @@ class FusedKernel:
         # held while a thread runs this kernel's numexpr programs (not reentrant: nothing runs kernels from inside)
         self._busy = threading.Lock()
         # scalars numexpr reads as 0-d arrays of the instruction's kind (checked per call, see _scalar_ok)
-        self._scalar_kinds = [(ins.args[0], plan.kind[i]) for i, ins in enumerate(kernel.body)
-                              if ins.op == "scalar" and plan.kind[i] is not None]
+        self._scalar_kinds = [] if plan is None else [(ins.args[0], plan.kind[i]) for i, ins in
+                                                       enumerate(kernel.body)
+                                                       if ins.op == "scalar" and plan.kind[i] is not None]
         # per step of the numexpr path, the values it reads for the last time: dropped after it, as eager op by op
         # frees each result after its last use (a fused replay must peak no higher than eager)
-        self._drops = _step_drops(kernel, plan)
+        self._drops = [] if plan is None else _step_drops(kernel, plan)
+        self._blocks = blocks
 
     def path_for(self, n: int, in_place: bool = False) -> str | None:
         """The path chosen for arrays of ``n`` elements (written into given ``outs`` when ``in_place``), or None
@@ -361,10 +375,6 @@ class FusedKernel:
 
     def __call__(self, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
                  outs: Sequence[Any] | None = None) -> list[Any]:
-        for k, kind in self._scalar_kinds:
-            if not _scalar_ok(scalars[k], kind):  # numpy's promotion of this scalar differs: reference path
-                self.last_path = "numpy"
-                return self._numpy(inputs, scalars, shape, outs)
         n = 1
         for s in shape:
             n *= s
@@ -376,43 +386,75 @@ class FusedKernel:
                 if r is not None:
                     self.last_path = path
                     return r
+            elif path == "blocked":
+                r = self._try_blocked(inputs, scalars, shape, outs)
+                if r is not None:
+                    self.last_path = path
+                    return r
             self.last_path = "numpy"
             return self._numpy(inputs, scalars, shape, outs)
-        # still measuring this size class: alternate the paths, keep the faster once both have TRIALS timings
-        t = self._timings.setdefault(cls, {"numpy": [], "numexpr": []})
-        path = "numexpr" if len(t["numexpr"]) <= len(t["numpy"]) else "numpy"
+        # still measuring this size class: the path timed least so far; choose once each was timed TRIALS times
+        t = self._timings.setdefault(cls, {"numpy": [], "numexpr": [], "blocked": []})
+        candidates = ["numpy", "numexpr"] if self._plan is not None else ["numpy"]
+        if self._blocks is not None and n >= BLOCKED_MIN:
+            candidates.append("blocked")
+        path = min(candidates, key=lambda c: len(t[c]))
         t0 = time.perf_counter()
-        r = self._try_numexpr(inputs, scalars, shape, outs) if path == "numexpr" else None
+        r = None
+        if path == "numexpr":
+            r = self._try_numexpr(inputs, scalars, shape, outs)
+        elif path == "blocked":
+            r = self._try_blocked(inputs, scalars, shape, outs)
+            if r is None:  # these operands' layout does not suit blocks: the class is judged without them
+                candidates.remove("blocked")
         if r is None:  # numpy's turn, or another thread is running the numexpr programs: time numpy instead
             path = "numpy"
             r = self._numpy(inputs, scalars, shape, outs)
         t[path].append(time.perf_counter() - t0)
         self.last_path = path
-        if len(t["numpy"]) >= TRIALS and len(t["numexpr"]) >= TRIALS:
-            # the first numexpr call of a kernel compiles nothing but may start threads: min() ignores it
-            # numpy is the reference path (bit-exact with unfused flex): numexpr must win clearly
-            self.choices[cls] = "numexpr" if min(t["numexpr"]) < NUMEXPR_MARGIN * min(t["numpy"]) else "numpy"
+        if all(len(t[c]) >= TRIALS for c in candidates):
+            self.choices[cls] = _choose(t)
             self._timings.pop(cls, None)  # another thread may have finished the same trials
         return r
 
     def run_path(self, path: str, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
                  outs: Sequence[Any] | None = None) -> list[Any]:
-        """Run one path explicitly (``"numpy"`` or ``"numexpr"``), bypassing the measured choice; for tests and
-        benchmarks."""
+        """Run one path explicitly (``"numpy"``, ``"numexpr"`` or ``"blocked"``), bypassing the measured choice; for
+        tests and benchmarks. ``"blocked"`` takes the numpy path where blocks do not apply to the call."""
         if path == "numpy":
             return self._numpy(inputs, scalars, shape, outs)
-        for k, kind in self._scalar_kinds:
-            if not _scalar_ok(scalars[k], kind):
-                return self._numpy(inputs, scalars, shape, outs)
+        if path == "blocked":
+            r = self._try_blocked(inputs, scalars, shape, outs)
+            return self._numpy(inputs, scalars, shape, outs) if r is None else r
+        if self._plan is None or not self._numexpr_scalars_ok(scalars):
+            return self._numpy(inputs, scalars, shape, outs)
         with self._busy:  # explicitly asked for numexpr: wait for another thread's run of these programs
             return self._numexpr(inputs, scalars, shape, outs)
 
+    # -- the blocked path --------------------------------------------------------------------------------------
+    def _try_blocked(self, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
+                     outs: Sequence[Any] | None) -> list[Any] | None:
+        """The blocked path, or None without running anything where it does not apply (a reduction, a small or
+        strided call, scalars numpy would promote differently)."""
+        plan = self._blocks
+        if plan is None or not plan.scalars_ok(scalars):
+            return None
+        lay = plan.layout(inputs, tuple(shape), outs)
+        if lay is None:
+            return None
+        it, ins, full, given, aliased = lay
+        return plan.run(ins, scalars, it, full, given, aliased, outs, tuple(shape))
+
     # -- the numexpr path --------------------------------------------------------------------------------------
+    def _numexpr_scalars_ok(self, scalars: Sequence[Any]) -> bool:
+        return all(_scalar_ok(scalars[k], kind) for k, kind in self._scalar_kinds)
+
     def _try_numexpr(self, inputs: Sequence[Any], scalars: Sequence[Any], shape: tuple[int, ...],
                      outs: Sequence[Any] | None) -> list[Any] | None:
         """The numexpr path, or None without running anything when another thread is running this kernel's
-        programs (a numexpr program is not reentrant: concurrent runs corrupt its operand and temporary slots)."""
-        if not self._busy.acquire(blocking=False):
+        programs (a numexpr program is not reentrant: concurrent runs corrupt its operand and temporary slots), or
+        where a scalar's Python type asks for numpy's own promotion (numexpr would compute otherwise)."""
+        if self._plan is None or not self._numexpr_scalars_ok(scalars) or not self._busy.acquire(blocking=False):
             return None
         try:
             return self._numexpr(inputs, scalars, shape, outs)
@@ -500,6 +542,17 @@ class FusedKernel:
         return r if r.dtype == npdt else r.astype(npdt)  # numexpr programs read it with the declared dtype
 
 
+def _choose(t: dict[str, list[float]]) -> str:
+    """The path to keep from the trials' best times: numpy, the reference, unless another path wins clearly (the
+    first numexpr call may start threads and the first blocked call allocates: min() ignores them)."""
+    best, best_time = "numpy", min(t["numpy"])
+    if t["numexpr"] and min(t["numexpr"]) < NUMEXPR_MARGIN * best_time:
+        best, best_time = "numexpr", min(t["numexpr"])
+    if t["blocked"] and min(t["blocked"]) < BLOCKED_MARGIN * best_time:
+        best = "blocked"
+    return best
+
+
 def _size_class(n: int, in_place: bool) -> int:
     """The key paths are timed and chosen by: log2 of the element count, and whether the call writes into given
     targets (the numpy path updates them in place; numexpr may need a copy), as those differ in cost."""
@@ -548,18 +601,27 @@ def _sync_threads(numexpr: Any) -> None:
 
 
 def compile_kernel(kernel: Kernel, backend: Any) -> FusedKernel | None:
-    """flex's ``fusion_compile``: a :class:`FusedKernel`, or None where numexpr is unavailable or computes no
-    instruction of the kernel exactly (then the kernel runs op by op anyway, so fusing it would gain nothing)."""
+    """flex's ``fusion_compile``: a :class:`FusedKernel`, or None where neither the blocked path (elementwise
+    kernels) nor numexpr (an optional accelerator, where it computes some instruction exactly) applies: the kernel
+    then runs op by op anyway, so fusing it would gain nothing."""
+    plan: _NumexprPlan | None = None
     try:
-        import numexpr  # noqa: F401  (an optional accelerator: without it flex runs kernels op by op)
+        import numexpr
     except ImportError:
-        return None
-    _sync_threads(numexpr)
+        pass
+    else:
+        _sync_threads(numexpr)
+        try:
+            plan = _NumexprPlan(kernel, backend)
+        except _Unsupported:
+            pass
     try:
-        plan = _NumexprPlan(kernel, backend)
-    except _Unsupported:
+        blocks: BlockPlan | None = BlockPlan(kernel, backend)
+    except ValueError:  # a reduction, or no step the blocks would speed up
+        blocks = None
+    if plan is None and blocks is None:
         return None
-    return FusedKernel(kernel, backend, plan)
+    return FusedKernel(kernel, backend, plan, blocks)
 
 
 def benchmark_gelu(n: int = 1_000_000, repeats: int = 20) -> dict[str, float]:
