@@ -223,3 +223,57 @@ def test_vector_program_cached_on_disk(be, tmp_path: pathlib.Path) -> None:
     second = ProgramCache(be.rt.ctx, be.rt.device, cache_dir=tmp_path)
     second.kernel(src, "ember_fused", be.rt.build_options)
     assert second.stats["disk_hits"] == 1 and second.stats["compiled"] == 0
+
+
+# -- fused sums ---------------------------------------------------------------------------------------------------
+def sq_dev_kernel(rank: int, dims: tuple[int, ...]) -> Kernel:
+    """sum over dims of (x - m)^2 * s: the batch-norm variance numerator (m broadcast from a keepdim tensor)."""
+    k = K()
+    d = k.add("binary", ("sub", k.add("load", (0,), F32), k.add("load", (1,), F32)), F32)
+    y = k.add("binary", ("mul", k.add("binary", ("mul", d, d), F32), k.add("scalar", (0,), F32)), F32)
+    return Kernel(rank, (F32, F32), 1, tuple(k.body), (y,), ("sum", dims))
+
+
+@pytest.mark.parametrize("shape,dims", [((16, 6, 9, 11), (0, 2, 3)), ((3, 40_000), (1,)), ((5, 3), (1,)),
+                                        ((7, 300), (0, 1)), ((64, 24), (0,))],
+                         ids=["per-channel", "few-long-rows", "short-rows", "all", "outer"])
+def test_fused_sum(be, shape: tuple[int, ...], dims: tuple[int, ...]) -> None:
+    """Vector lanes (inner reduced stride 0 or 1), scalar pieces (short rows, a strided reduced dim), chunked rows
+    (partials and a second pass): all within float32 rounding of float64, and of the interpreted reduction."""
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    m = x.mean(axis=dims, keepdims=True).astype(np.float32)
+    kern = sq_dev_kernel(len(shape), dims)
+    fn = fusion.compile_kernel(be, kern)
+    assert fn.vec is not None
+    hx, hm = be.from_numpy(x), be.from_numpy(m)
+    (got,) = [be.to_numpy(h) for h in fn([hx, hm], [0.5], shape, [None])]
+    (ref,) = [be.to_numpy(h) for h in interpret(kern, be, [hx, hm], [0.5], shape)]
+    exact = ((x.astype(np.float64) - m) ** 2 * 0.5).sum(axis=dims, keepdims=True)
+    assert got.shape == exact.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, exact, rtol=2e-6)
+    np.testing.assert_allclose(got, ref, rtol=2e-6)
+    if shape == (16, 6, 9, 11):  # the vector form was taken
+        assert any(f"vload{fusion.vec_width(be.rt)}" in src for src in fn.sources.values())
+
+
+def test_fused_sum_special_values_and_strided_dims(be) -> None:
+    """inf, -inf and NaN in some rows (a non-finite partial stays what plain summation gives), and a reduction over
+    three dims of a transposed view (three collapsed reduced dims, coordinates carried from piece to piece)."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((5, 200)).astype(np.float32)
+    x[1, 7], x[2, 150], x[3, 3], x[3, 190], x[4, 50] = np.inf, np.nan, np.inf, -np.inf, -np.inf
+    k = K()
+    y = k.add("unary", ("abs", k.add("load", (0,), F32)), F32)
+    kern = Kernel(2, (F32,), 0, tuple(k.body), (y,), ("sum", (1,)))
+    (got,) = fusion.compile_kernel(be, kern)([be.from_numpy(x)], [], x.shape, [None])
+    want = np.abs(x.astype(np.float64)).sum(1, keepdims=True)
+    np.testing.assert_allclose(be.to_numpy(got), want, rtol=2e-6)  # rows 1, 3, 4: inf; row 2: NaN (equal_nan)
+    x4 = rng.standard_normal((4, 5, 6, 7)).astype(np.float32)
+    h = arr.permute(be.from_numpy(np.ascontiguousarray(x4.transpose(3, 1, 2, 0))), (3, 1, 2, 0))  # dims scrambled
+    k2 = K()
+    y2 = k2.add("binary", ("mul", k2.add("load", (0,), F32), k2.add("load", (0,), F32)), F32)
+    kern2 = Kernel(4, (F32,), 0, tuple(k2.body), (y2,), ("sum", (0, 2, 3)))
+    (got2,) = fusion.compile_kernel(be, kern2)([h], [], x4.shape, [None])
+    np.testing.assert_allclose(be.to_numpy(got2), (x4.astype(np.float64) ** 2).sum((0, 2, 3), keepdims=True),
+                               rtol=2e-6)

@@ -110,6 +110,7 @@ class _VecBody:
             raise _Unsupported("vector dtype")
         w = width
         self.width = w
+        self.instrs = kernel.body
         self.fv, self.mv = f"float{w}", f"int{w}"
         self.kinds: list[str] = []  # "f" (floatW) or "m" (intW mask) per instruction
         self.stmts: list[str] = []
@@ -440,6 +441,105 @@ def _overlaps(outs: Sequence[Any], inputs: Sequence[Any]) -> bool:
 # -- reductions -------------------------------------------------------------------------------------------------
 
 
+def reduce_cpu_source(b: _Body, vb: _VecBody | None, output: int, n_in: int, op: str, tin: CType, nred: int,
+                      tout: CType, inner: tuple[int, ...]) -> str:
+    """The CPU drivers' fused reduction ``ember_fred_col`` (the parameters and work split of
+    :func:`ember_kernels.fusion.reduce_source`'s col kernel: a work-item per (row, chunk)).
+
+    A work-item's chunk of the reduced dims is walked in pieces along the innermost reduced dim, with coordinates
+    carried from piece to piece (the col kernel divided the flat index into coordinates for every element, 64-bit
+    divisions that cost more than the body). Where ``vb`` is given (float32 sums whose body has a vector form)
+    and every input's stride along the innermost reduced dim is 0 or 1 (``inner``), a piece runs ``W`` lanes at a
+    time, each lane a compensated (Kahan) sum as the scalar loop's, and the lanes are folded into the scalar sum
+    at the end in lane order: a different (still compensated) summation order from the scalar loop.
+    """
+    a = tin.compute
+    arrays = range(n_in)
+    value = b.names[output]
+    ident = red._identity(op, tin)
+    kahan = op == "sum" and tin.is_float
+    use_vec = vb is not None and kahan and tin.dtype is dt.float32 and len(inner) == n_in and \
+        all(c in (0, 1) for c in inner)
+    params = [f"__global {tout.storage}* out, long out_off"]
+    for j in arrays:
+        params += [f"__global const {b.operands[j][0].storage}* a{j}", f"long a{j}_off"]
+    params += [f"{t.compute} s{j}" for j, (t, is_array) in enumerate(b.operands) if not is_array]
+    params += ["long rows, long L, long G, long CL", red._outer_params("so", *[f"os{j}_" for j in arrays])]
+    params += [f"long r{d}" for d in range(nred)] + [f"long rs{j}_{d}" for j in arrays for d in range(nred)]
+    last = nred - 1
+    scalars = " ".join(f"const {t.compute} v{j} = s{j};" for j, (t, is_array) in enumerate(b.operands)
+                       if not is_array)
+    outer = red._outer_code("row", [("ob", "out_off", "so")] + [(f"b{j}", f"a{j}_off", f"os{j}_") for j in arrays])
+    if kahan:
+        init = f"{a} acc = {ident}, cmp = ({a})0;"
+        finish = "acc -= cmp;"
+
+        def step(v: str) -> str:
+            return (f"{{ {a} y_ = ({a})({v}) - cmp; {a} t_ = acc + y_; "
+                    f"cmp = isfinite(t_) ? (t_ - acc) - y_ : ({a})0; acc = t_; }}")
+    else:
+        init = f"{a} acc = {ident};"
+        finish = ""
+
+        def step(v: str) -> str:
+            return f"acc = ember_comb(acc, ({a})({v}));"
+    coords = {1: "long k0 = j;", 2: "long k0 = j / r1, k1 = j % r1;",
+              3: "long q_ = j / r2, k2 = j % r2, k0 = q_ / r1, k1 = q_ % r1;"}[nred]
+    carry = ""
+    if nred >= 2:
+        carry = f"if (++k{last - 1} == r{last - 1}) {{ k{last - 1} = 0; ++k{last - 2}; }}" if nred == 3 else \
+            f"++k{last - 1};"
+    lines = [scalars]
+    if use_vec:
+        assert vb is not None
+        fv = vb.fv
+        lines += [f"const {fv} w{j} = ({fv})(s{j});" for j, (t, is_array) in enumerate(b.operands) if not is_array]
+    lines += ["const long total = rows * G;",
+              "for (long t = get_global_id(0); t < total; t += get_global_size(0)) {",
+              "    const long c = t / rows, row = t - c * rows;", "    " + outer,
+              "    const long j1 = min(L, (c + 1) * CL);", f"    {init}", "    long j = c * CL;", f"    {coords}"]
+    if use_vec:
+        lines.append(f"    {fv} accv = ({fv})(0.0f), cmpv = ({fv})(0.0f);")
+    lines.append("    while (j < j1) {")
+    lines.append(f"        const long run = min(j1 - j, r{last} - k{last});")
+    for j in arrays:
+        lines.append(f"        const long p{j} = b{j} + " + " + ".join(f"k{d} * rs{j}_{d}" for d in range(nred)) + ";")
+    lines.append("        long e = 0;")
+    if use_vec:
+        assert vb is not None
+        w = vb.width
+        loads = []
+        for k, j in enumerate(arrays):
+            loads.append(f"const {fv} w{j} = vload{w}(0, a{j} + p{j} + e);" if inner[k] == 1
+                         else f"const {fv} w{j} = ({fv})(a{j}[p{j}]);")
+        alias = []
+        for i, ins in enumerate(vb.instrs):
+            if ins.op == "load":
+                alias.append(f"const {fv} x{i} = w{ins.args[0]};")
+            elif ins.op == "scalar":
+                alias.append(f"const {fv} x{i} = w{b.names[i][1:]};")
+        vstep = (f"{{ {fv} y_ = x{output} - cmpv; {fv} t_ = accv + y_; "
+                 f"cmpv = select(({fv})(0.0f), (t_ - accv) - y_, isfinite(t_)); accv = t_; }}")
+        lines.append(f"        for (; e + {w} <= run; e += {w}) {{")
+        lines += ["            " + x for x in loads + alias + [st for st in vb.stmts if st] + [vstep]]
+        lines.append("        }")
+    sloads = " ".join(
+        f"const {t.compute} v{j} = {t.load(f'a{j}', f'p{j} + e * rs{j}_{last}')};"
+        for j, (t, is_array) in enumerate(b.operands) if is_array)
+    lines.append(f"        for (; e < run; ++e) {{ {sloads} {' '.join(b.stmts)} {step(value)} }}")
+    lines.append(f"        j += run; k{last} = 0; {carry}")
+    lines.append("    }")
+    if use_vec:
+        assert vb is not None
+        lines += [f"    accv -= cmpv; float lanes_[{vb.width}]; vstore{vb.width}(accv, 0, lanes_);",
+                  f"    for (int l_ = 0; l_ < {vb.width}; ++l_) {step('lanes_[l_]')}"]
+    lines += [f"    {finish}",
+              f"    {{ const long oi = G > 1 ? out_off + t : ob; {tout.store('out', 'oi', 'acc')}; }}", "}"]
+    src = f"__kernel void ember_fred_col({', '.join(params)}) {{\n" + "\n".join(lines) + "\n}\n"
+    helpers = b.helpers + (vb.helpers() if use_vec and vb is not None else "")
+    return header(*b.types, tout) + helpers + red._comb_fn(op, tin) + src
+
+
 class ReduceKernel(_Compiled):
     """A fused reduction: the body at every point of the iteration shape, combined over the reduced dims in
     registers (no intermediate), written keepdim."""
@@ -454,14 +554,26 @@ class ReduceKernel(_Compiled):
         self.red = tuple(sorted(set(dims)))
         self.kept = tuple(d for d in range(kernel.rank) if d not in self.red)
         self.tin = ctype(self.out_dtype)
+        self.vec: _VecBody | None = None
+        if cpu and self.op == "sum" and self.out_dtype is dt.float32:  # compensated float32 sums in vector lanes
+            try:
+                self.vec = _VecBody(kernel, vec_width(self.rt))
+            except _Unsupported:
+                self.vec = None
 
-    def source(self, nred: int, tout: CType) -> str:
-        """The program for nred collapsed reduced dims storing tout (the output, or float partials)."""
-        key = (nred, tout.dtype)
+    def source(self, nred: int, tout: CType, inner: tuple[int, ...] = ()) -> str:
+        """The program for nred collapsed reduced dims storing tout (the output, or float partials); on CPUs,
+        ``inner`` (each input's stride class along the innermost reduced dim: 1, 0 or -1 for any other) picks the
+        vector form (see :func:`reduce_cpu_source`)."""
+        key = (nred, tout.dtype, inner)
         src = self.sources.get(key)
         if src is not None:
             return src
-        src = reduce_source(self.body, self.kernel.outputs[0], self.n_in, self.op, self.tin, nred, tout, self.cpu)
+        if self.cpu:
+            src = reduce_cpu_source(self.body, self.vec, self.kernel.outputs[0], self.n_in, self.op, self.tin, nred,
+                                    tout, inner)
+        else:
+            src = reduce_source(self.body, self.kernel.outputs[0], self.n_in, self.op, self.tin, nred, tout, False)
         self.sources[key] = src
         return src
 
@@ -498,7 +610,8 @@ class ReduceKernel(_Compiled):
                                                                  length // (local * 16))
         groups, chunk = red._chunks(length, want)
         tout = ctype(red._acc_dtype(self.out_dtype)) if groups > 1 else ctype(self.out_dtype)
-        src = self.source(len(rsh), tout)
+        inner = tuple(s[-1] if s[-1] in (0, 1) else -1 for s in rst) if self.vec is not None else ()
+        src = self.source(len(rsh), tout, inner)
         knl = rt.kernel(src, kernel_name)
         tail: list[Any] = [rows, length, groups, chunk, *red._outer_args(osh, *ost)]
         tail += list(rsh) + [v for r in rst for v in r]
