@@ -373,12 +373,25 @@ _PRED_UNARY = opinfo.PREDICATE_UNARY_OPS
 _INT_IDENTITY = frozenset("floor ceil round trunc".split())
 
 
+#: the unary ops whose result on a floating tensor is not a tensor of its dtype (predicates) or an error
+_FLOAT_NOT_SAME = _PRED_UNARY | {"bitwise_not"}
+
+
 def unary(op: str, x: Tensor) -> Tensor:
+    """Apply a unary elementwise op (PyTorch's dtype rules: integer inputs of float ops compute in the default
+    float dtype, predicates give bool, complex inputs only PyTorch's subset)."""
     if not isinstance(x, Tensor):
         raise DTypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
     d = x._dtype
-    stack = x._device._stack or x._device.stack
+    dev = x._device
+    stack = dev._stack or dev.stack
     h = x._h
+    if d.category == 2 and op not in _FLOAT_NOT_SAME:  # hot path: a floating tensor keeps its dtype
+        t = _new(Tensor)  # Tensor._make inlined (one frame less on every activation)
+        t._h = stack.unary(op, h)
+        t._dtype = d
+        t._device = dev
+        return t
     if d.category == 3:  # complex: PyTorch's subset; abs has a real result (and its own gradient)
         if op not in COMPLEX_UNARY:
             raise complex_unsupported(op, d)
