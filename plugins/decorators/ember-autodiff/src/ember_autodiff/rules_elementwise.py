@@ -367,30 +367,37 @@ class ElementwiseRules(Recorder):
         # lookup, and the node holds its vjp's arguments as a tuple (no partial, no closure cells)
         inner = self.inner
         ta, tb = type(a) is ADArray, type(b) is ADArray
-        va = a.value if ta else a
-        vb = b.value if tb else b
-        kernels = inner.binary_kernels  # flex: the ufunc itself for small operands (Backend.binary_kernels)
-        if kernels is not None and ta and tb and 1 < va.size < inner.binary_kernel_elems > vb.size:
-            try:
-                value = kernels[op](va, vb)
-            except Exception:  # core validated the shapes: an op without kernel, or the backend's typed error
-                value = inner.binary(op, va, vb)
-        else:
-            value = inner.binary(op, va, vb)
         out = _new(ADArray)  # new_array inlined
+        if ta and tb:
+            va, vb, sa, sb = a.value, b.value, a.shape, b.shape
+            same = sa == sb
+            kernels = inner.binary_kernels  # flex: the ufunc itself for small operands (Backend.binary_kernels)
+            if same and kernels is not None and 1 < va.size < inner.binary_kernel_elems:
+                try:
+                    value = kernels[op](va, vb)
+                except Exception:  # core validated the shapes: an op without kernel, or the backend's typed error
+                    value = inner.binary(op, va, vb)
+            else:
+                value = inner.binary(op, va, vb)
+            out.shape = sa if same else value.shape  # an operand's shape tuple: one allocation less
+            ma, mb = a.meta, b.meta
+        else:  # a Python scalar operand
+            va = a.value if ta else a
+            vb = b.value if tb else b
+            value = inner.binary(op, va, vb)
+            out.shape = value.shape
+            sa = a.shape if ta else None  # unbroadcast makes them tuples, when it runs
+            sb = b.shape if tb else None
+            ma = a.meta if ta else None
+            mb = b.meta if tb else None
         out.value = value
-        out.shape = value.shape
         out.base = out._version = out.recipe = out.meta = None
-        ma = a.meta if ta else None
-        mb = b.meta if tb else None
         if (ma is None and mb is None) or not GRAD_MODE.enabled:
             return out
         spec = _BINARY_SPECS.get(op)
         if spec is None:  # not differentiable (comparisons, bitwise ops): an untracked result
             return out
         rule, sided, keeps, scalar_safe = spec
-        sa = a.shape if ta else None  # unbroadcast makes them tuples, when it runs
-        sb = b.shape if tb else None
         need_a, need_b = ma is not None, mb is not None
         if self.balanced:  # every rule may read everything; balanced recipes rebuild the output
             save = self.save
