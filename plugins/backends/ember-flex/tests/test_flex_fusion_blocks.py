@@ -158,6 +158,17 @@ def test_kernels_without_a_float_ufunc_step_are_not_blocked(be):
         fusion_blocks.BlockPlan(k, be)
 
 
+def test_two_targets_in_one_memory_take_the_numpy_path(be):
+    d = f32
+    k = Kernel(1, (d,), 0, (L(0, d), U("exp", 0, d), U("tanh", 1, d)), (1, 2))
+    x = np.random.default_rng(10).standard_normal(N).astype(np.float32)
+    out = np.empty_like(x)
+    fk = be.fusion_compile(k)
+    assert fk._try_blocked([x], (), x.shape, [out, out]) is None
+    fk.run_path("blocked", [x], (), x.shape, [out, out])
+    same_bits(out, np.tanh(np.exp(x)))  # the numpy path writes the outputs in order: the last one stays
+
+
 @pytest.mark.parametrize("case", ["small", "strided", "reduction", "numpy-scalar", "overlapping-target"])
 def test_calls_the_blocked_path_does_not_take(be, case):
     d = f32

@@ -134,6 +134,9 @@ class BlockPlan:
             if o is not None and (type(o) is not np.ndarray or not o.flags.c_contiguous or o.shape != shape
                                   or o.dtype != self.kernel.body[i].dtype.numpy):
                 return None
+        targets = [o for o in given if o is not None]
+        if any(np.may_share_memory(o, p) for k, o in enumerate(targets) for p in targets[k + 1:]):
+            return None  # two targets in one memory: the numpy path's order of writes decides
         full: list[bool] = []
         flat = True
         for a in inputs:
