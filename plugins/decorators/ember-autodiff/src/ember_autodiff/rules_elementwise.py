@@ -241,6 +241,14 @@ _SCALAR_SAFE = frozenset({"add", "sub", "mul", "div", "floor_divide"})
 _BINARY_SPECS: dict[str, tuple[Callable[..., tuple[Any, Any]], Any, Any, bool]] = {
     op: (rule, _ONE_SIDED.get(op), _ONE_SIDED_KEEP.get(op), op in _SCALAR_SAFE) for op, rule in BINARY_VJP.items()}
 
+_KEEP_ALL = ((True, True, True),) * 4
+
+#: _BINARY_SPECS with the saves spelled out, for binary's non-checkpointing path: op -> one row per
+#: ``need_a + 2 * need_b`` of (rule, one-sided rules, keep a, keep b, keep y, scalar-safe), one lookup per op
+_BINARY_PLANS: dict[str, tuple[tuple[Any, Any, bool, bool, bool, bool], ...]] = {
+    op: tuple((rule, sided, *k, safe) for k in (keeps or _KEEP_ALL))
+    for op, (rule, sided, keeps, safe) in _BINARY_SPECS.items()}
+
 
 def _scalar_getter(be: Any, scalar: Any, other: Getter) -> Getter:
     """A getter of ``scalar`` as a 0-d handle of the other operand's dtype (built at backward time only)."""
@@ -394,18 +402,17 @@ class ElementwiseRules(Recorder):
         out.base = out._version = out.recipe = out.meta = None
         if (ma is None and mb is None) or not GRAD_MODE.enabled:
             return out
-        spec = _BINARY_SPECS.get(op)
-        if spec is None:  # not differentiable (comparisons, bitwise ops): an untracked result
+        plans = _BINARY_PLANS.get(op)
+        if plans is None:  # not differentiable (comparisons, bitwise ops): an untracked result
             return out
-        rule, sided, keeps, scalar_safe = spec
         need_a, need_b = ma is not None, mb is not None
+        rule, sided, keep_a, keep_b, keep_y, scalar_safe = plans[need_a + 2 * need_b]
         if self.balanced:  # every rule may read everything; balanced recipes rebuild the output
             save = self.save
             ga, gb = save(a), save(b)
             pa, pb = self._scalar_operands(a, b, ga, gb, sa, sb, scalar_safe)
             return self._record_balanced_binary(op, value, a, b, ga, gb, partial(
                 _binary_vjp, inner, op, sided, rule, pa, pb))
-        keep_a, keep_b, keep_y = (True, True, True) if keeps is None else keeps[need_a + 2 * need_b]
         # keep() inlined: a getter of the value as it is now, version-checked at backward
         if keep_a:
             if ta:
