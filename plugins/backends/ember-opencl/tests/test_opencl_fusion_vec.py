@@ -277,3 +277,27 @@ def test_fused_sum_special_values_and_strided_dims(be) -> None:
     (got2,) = fusion.compile_kernel(be, kern2)([h], [], x4.shape, [None])
     np.testing.assert_allclose(be.to_numpy(got2), (x4.astype(np.float64) ** 2).sum((0, 2, 3), keepdims=True),
                                rtol=2e-6)
+
+
+def test_fused_sum_of_masked_values(be) -> None:
+    """A float32 sum whose body reads a bool input (contiguous and broadcast) and a bool scalar: the lanes of the
+    masks are -1/0 ints, not floats (binary cross-entropy's masked terms)."""
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((6, 70)).astype(np.float32)
+    keep = rng.random((6, 70)) < 0.5
+    row = rng.random((6, 1)) < 0.5
+    k = K()
+    a, m, r = k.add("load", (0,), F32), k.add("load", (1,), BOOL), k.add("load", (2,), BOOL)
+    flag, zero = k.add("scalar", (0,), BOOL), k.add("scalar", (1,), F32)
+    both = k.add("binary", ("logical_xor", k.add("binary", ("logical_and", m, r), BOOL), flag), BOOL)
+    y = k.add("where", (both, a, zero), F32)
+    kern = Kernel(2, (F32, BOOL, BOOL), 2, tuple(k.body), (y,), ("sum", (1,)))
+    fn = fusion.compile_kernel(be, kern)
+    assert fn.vec is not None
+    ins = [be.from_numpy(x), be.from_numpy(keep), be.from_numpy(row)]
+    for flag_value in (False, True):
+        (got,) = fn(ins, [flag_value, 0.0], x.shape, [None])
+        sel = (keep & row) ^ flag_value
+        np.testing.assert_allclose(be.to_numpy(got), np.where(sel, x.astype(np.float64), 0).sum(1, keepdims=True),
+                                   rtol=2e-6, atol=1e-6)
+    assert any(f"vload{fusion.vec_width(be.rt)}" in src for src in fn.sources.values())

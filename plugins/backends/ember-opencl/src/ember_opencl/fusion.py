@@ -8,9 +8,18 @@ layouts of :mod:`.reduction`: ``col`` (one work-item per (row, chunk); every lay
 per (row, chunk) and a local-memory tree; GPUs, reduced dims inner). Rows split into several chunks write partials in
 the accumulation dtype that :func:`.reduction._reduce` finishes.
 
+CPU drivers (PoCL) get their own forms. Elementwise bodies of float32 values and bool masks are written with explicit
+``floatW`` vectors (:func:`map_vec_source`) where every output is contiguous along the innermost dim and every input
+contiguous or broadcast there: PoCL left the scalar loops unvectorised (a math builtin in the body, or many pointers
+that may alias), so the GELU chain ran exp-bound at ~1.3 ns per element. Fused reductions (:func:`reduce_cpu_source`)
+walk their chunk in pieces with carried coordinates and run float32 sums in vector lanes. Other bodies keep the
+scalar template.
+
 Values keep the exact semantics of running the instructions one by one (:func:`ember.ir.interpret`): every
 intermediate is converted to its instruction's dtype, float16/bfloat16 results are rounded to their storage
-precision, and scalar arguments are kernel parameters (one binary serves all scalar values). The source depends only
+precision, and scalar arguments are kernel parameters (one binary serves all scalar values). The exceptions are the
+vector forms' transcendental builtins (their vector overloads round differently from the scalar ones in a few cases,
+both within an ulp) and the vector sums' order of summation (still compensated). The source depends only
 on the kernel's structure and the layout (never on sizes or scalar values), so the on-disk program cache hits across
 processes. Each compiled kernel memoises its layout decision per (shape, strides) signature, so a repeated call
 builds one argument list and enqueues one kernel.
@@ -195,6 +204,33 @@ class _VecBody:
             self.kinds.append(kind)
             self.stmts.append(f"{fv if kind == 'f' else mv} x{i} = {expr};")
 
+    def scalar_decl(self, j: int, t: CType) -> str:
+        """``w{j}``: scalar operand ``s{j}`` broadcast to every lane (a bool as a -1/0 mask)."""
+        if t.is_bool:
+            return f"const {self.mv} w{j} = ({self.mv})(s{j} ? -1 : 0);"
+        return f"const {self.fv} w{j} = ({self.fv})(s{j});"
+
+    def load_decl(self, j: int, t: CType, ptr: str, contiguous: bool) -> str:
+        """``w{j}``: W lanes of array operand j from ``ptr`` on (``contiguous``), or the one value at ``ptr``
+        broadcast (an input whose stride along the walked dim is 0). bool lanes become -1/0 masks."""
+        w = self.width
+        if contiguous:
+            if t.is_bool:
+                return f"const {self.mv} w{j} = convert_{self.mv}(vload{w}(0, {ptr})) != 0;"
+            return f"const {self.fv} w{j} = vload{w}(0, {ptr});"
+        if t.is_bool:
+            return f"const {self.mv} w{j} = ({self.mv})(*({ptr}) ? -1 : 0);"
+        return f"const {self.fv} w{j} = ({self.fv})(*({ptr}));"
+
+    def aliases(self, names: Sequence[str]) -> list[str]:
+        """``x{i}`` for each load and scalar instruction: the operand ``w{j}`` it reads (``names``: the scalar
+        body's value names, ``v{j}`` for those instructions)."""
+        out = []
+        for i, ins in enumerate(self.instrs):
+            if ins.op in ("load", "scalar"):
+                out.append(f"const {self.fv if self.kinds[i] == 'f' else self.mv} x{i} = w{names[i][1:]};")
+        return out
+
     def helpers(self) -> str:
         """Vector helpers the body calls (tanh: the scalar ember_tanh_float's two branches, selected per lane)."""
         if not self.tanh:
@@ -224,7 +260,6 @@ def map_vec_source(body: _Body, vb: _VecBody, kernel: Kernel, out_dtypes: Sequen
     (1: contiguous, 0: broadcast, read once per piece); every output's is 1.
     """
     w = vb.width
-    fv, mv = vb.fv, vb.mv
     n_out = len(out_dtypes)
     sfx = ["" if m == 0 else str(m) for m in range(n_out)]
     outs = [ctype(d) for d in out_dtypes]
@@ -246,14 +281,7 @@ def map_vec_source(body: _Body, vb: _VecBody, kernel: Kernel, out_dtypes: Sequen
     # whole vectors per work-item: a run ends on a lane boundary (only the last one has a scalar remainder)
     lines = [f"const long chunk = ((n + get_global_size(0) - 1) / get_global_size(0) + {w - 1}) & ~{w - 1}L;",
              "long i = get_global_id(0) * chunk;", "if (i >= n) return;", "const long end = min(i + chunk, n);"]
-    kinds = vb.kinds
-    scalar_vec = []  # scalars: broadcast once per work-item
-    for j, (t, is_array) in enumerate(body.operands):
-        if not is_array:
-            if t.is_bool:
-                scalar_vec.append(f"const {mv} w{j} = ({mv})(s{j} ? -1 : 0);")
-            else:
-                scalar_vec.append(f"const {fv} w{j} = ({fv})(s{j});")
+    scalar_vec = [vb.scalar_decl(j, t) for j, (t, is_array) in enumerate(body.operands) if not is_array]
     lines += scalar_vec
     if rank:
         last = rank - 1
@@ -277,28 +305,15 @@ def map_vec_source(body: _Body, vb: _VecBody, kernel: Kernel, out_dtypes: Sequen
     for k, j in enumerate(arrays):
         t = body.operands[j][0]
         if inner[k] == 1:
-            if t.is_bool:
-                vec_loads.append(f"const {mv} w{j} = convert_{mv}(vload{w}(0, a{j} + o{j} + k)) != 0;")
-            else:
-                vec_loads.append(f"const {fv} w{j} = vload{w}(0, a{j} + o{j} + k);")
+            vec_loads.append(vb.load_decl(j, t, f"a{j} + o{j} + k", True))
             scal_loads.append(f"const {t.compute} v{j} = a{j}[o{j} + k];")
         else:  # broadcast along the row: one read per piece
-            if t.is_bool:
-                bcast_head.append(f"const {mv} w{j} = ({mv})(a{j}[o{j}] ? -1 : 0);")
-            else:
-                bcast_head.append(f"const {fv} w{j} = ({fv})(a{j}[o{j}]);")
+            bcast_head.append(vb.load_decl(j, t, f"a{j} + o{j}", False))
             scal_loads.append(f"const {t.compute} v{j} = a{j}[o{j}];")
     for j, (t, is_array) in enumerate(body.operands):
         if not is_array:
             scal_loads.append(f"const {t.compute} v{j} = s{j};")
-    # vector names: an instruction reading operand j reads w{j} (load/scalar instructions alias their operand)
-    alias = []
-    for ins_i, ins in enumerate(kernel.body):
-        if ins.op == "load":
-            alias.append(f"const {fv if kinds[ins_i] == 'f' else mv} x{ins_i} = w{ins.args[0]};")
-        elif ins.op == "scalar":
-            j = body.names[ins_i][1:]
-            alias.append(f"const {fv if kinds[ins_i] == 'f' else mv} x{ins_i} = w{j};")
+    alias = vb.aliases(body.names)  # load/scalar instructions name their operand's lanes
     vstmts = [st for st in vb.stmts if st]
     stores_v, stores_s = [], []
     for m, (t, out_i) in enumerate(zip(outs, kernel.outputs)):
@@ -493,7 +508,7 @@ def reduce_cpu_source(b: _Body, vb: _VecBody | None, output: int, n_in: int, op:
     if use_vec:
         assert vb is not None
         fv = vb.fv
-        lines += [f"const {fv} w{j} = ({fv})(s{j});" for j, (t, is_array) in enumerate(b.operands) if not is_array]
+        lines += [vb.scalar_decl(j, t) for j, (t, is_array) in enumerate(b.operands) if not is_array]
     lines += ["const long total = rows * G;",
               "for (long t = get_global_id(0); t < total; t += get_global_size(0)) {",
               "    const long c = t / rows, row = t - c * rows;", "    " + outer,
@@ -508,16 +523,9 @@ def reduce_cpu_source(b: _Body, vb: _VecBody | None, output: int, n_in: int, op:
     if use_vec:
         assert vb is not None
         w = vb.width
-        loads = []
-        for k, j in enumerate(arrays):
-            loads.append(f"const {fv} w{j} = vload{w}(0, a{j} + p{j} + e);" if inner[k] == 1
-                         else f"const {fv} w{j} = ({fv})(a{j}[p{j}]);")
-        alias = []
-        for i, ins in enumerate(vb.instrs):
-            if ins.op == "load":
-                alias.append(f"const {fv} x{i} = w{ins.args[0]};")
-            elif ins.op == "scalar":
-                alias.append(f"const {fv} x{i} = w{b.names[i][1:]};")
+        loads = [vb.load_decl(j, b.operands[j][0], f"a{j} + p{j} + e" if inner[k] == 1 else f"a{j} + p{j}",
+                              inner[k] == 1) for k, j in enumerate(arrays)]
+        alias = vb.aliases(b.names)
         vstep = (f"{{ {fv} y_ = x{output} - cmpv; {fv} t_ = accv + y_; "
                  f"cmpv = select(({fv})(0.0f), (t_ - accv) - y_, isfinite(t_)); accv = t_; }}")
         lines.append(f"        for (; e + {w} <= run; e += {w}) {{")
