@@ -141,3 +141,32 @@ def test_layer_norm_recentred_rows_take_the_blocked_order() -> None:
     np.testing.assert_allclose(y_far, y_near, rtol=0, atol=2e-2)  # far's float32 values carry ~2e-3 rounding
     np.testing.assert_allclose(y_far, _torch_ln(far.astype(np.float64), w.astype(np.float64),
                                                 b.astype(np.float64), 1e-5), rtol=0, atol=5e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("kind", ["none", "causal", "bool"])
+def test_stable_softmax_floor_keeps_hidden_positions_zero(dtype: str, kind: str) -> None:
+    """Scores spread far beyond exp's normal range (the stable form floors them where exp's results would be
+    subnormal): hidden positions and fully hidden rows stay exactly zero, tiny weights stay tiny and >= 0, and the
+    result matches float64."""
+    rng = np.random.default_rng(11)
+    mag = 12.0 if dtype == "float32" else 40.0
+    q, k = (rng.standard_normal((2, 2, 24, 8)).astype(dtype) * mag for _ in range(2))
+    v = rng.standard_normal((2, 2, 24, 8)).astype(dtype)
+    m = None
+    if kind == "bool":
+        m = rng.random((24, 24)) < 0.5
+        m[:, 0] = True
+        m[3] = False  # a fully hidden row: zeros
+    causal = kind == "causal"
+    out, attn = A.sdpa(None, q, k, v, m, None, scale=1.0, is_causal=causal)
+    ref_out, ref_p = _reference(q, k, v, m, 1.0, causal)
+    assert np.all(attn >= 0) and np.all(np.isfinite(attn))
+    hidden = np.triu(np.ones((24, 24), bool), 1) if causal else (~m if m is not None else np.zeros((24, 24), bool))
+    assert np.all(attn[..., hidden] == 0)
+    if kind == "bool":
+        assert np.all(out[..., 3, :] == 0)
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == "float32" else {"rtol": 1e-9, "atol": 1e-11}
+    np.testing.assert_allclose(attn, ref_p, **tol)
+    np.testing.assert_allclose(out, ref_out, **tol)
+    assert np.array_equal(A.sdpa_out(None, q, k, v, m, None, scale=1.0, is_causal=causal), out)

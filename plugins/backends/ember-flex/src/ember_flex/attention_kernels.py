@@ -129,6 +129,9 @@ _serial_blas = _SerialBlas()
 #: the dtype's largest value and exp(-bound) far above its smallest normal (no overflow, no subnormals)
 _EXP_LIMIT = {4: 60.0, 8: 600.0}
 _LOG2E = 1.0 / math.log(2.0)
+#: the stable softmax's scores are floored here (after the max is subtracted): exp's smallest normal results
+#: (float32 1.2e-38, float64 2.2e-308); below, numpy's exp returns subnormals through a slow path (~13x here)
+_EXP_FLOOR = {4: -87.0, 8: -708.0}
 
 
 def _reach(mask: np.ndarray, scores: int) -> float:
@@ -244,11 +247,15 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | Non
     # (L*E multiplies, in a block-sized buffer in cache: a scaled copy of the whole q was a fresh allocation whose
     # page faults cost as much as its multiplies)
     # without a mask (causal or not) the scores come out in base 2 (log2(e) folded into q's scale, free) for exp2,
-    # which numpy runs ~1.8x faster than exp here (0.28 against 0.51 ns a float32 element). A mask keeps natural
+    # which numpy runs ~1.8x faster than exp here (0.28 against 0.51 ns a float32 element) where its results are
+    # normal numbers: in the max-free form (scores bounded by the limit, 2**-87 at least; the causal triangle is
+    # zeroed after exp2, never passed to it as -inf), not in the stable one (see the block). A mask keeps natural
     # units and exp: a float mask is added to the scores as torch adds it (the same rounding: a -1e4 added in base
     # 2 moved rows of such masks by 1e-3 from torch's), and a bool mask gives the bits of its 0/-inf float twin
     base2 = mask is None
     f_scale = work.type(scale * _LOG2E if base2 else scale)
+    f_ln2 = work.type(math.log(2.0))
+    floor = work.type(_EXP_FLOOR[work.itemsize])
     expf = np.exp2 if base2 else np.exp
     qs = _bcast(q, batch + (L, E))
     kt = np.swapaxes(_bcast(k, batch + (S, E)), -1, -2)
@@ -280,28 +287,46 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | Non
         s = np.empty(qb.shape[:-1] + (c,), work) if attn is None else \
             attn[b + (Ellipsis, slice(r0, r1), slice(0, c))]
         np.matmul(qb, kt[b + (Ellipsis, slice(None), slice(0, c))], out=s)
-        if tri is not None:
-            if c > r0 + 1:  # the diagonal's right: keys r0+1 .. c-1 hide from some rows
-                np.copyto(s[..., r0 + 1:c], -np.inf, where=tri[r0:r1, r0 + 1:c])
-        elif skip is not None:
-            np.copyto(s, -np.inf, where=skip[rows])
-        elif add is not None:
-            s += add[rows]
         # |q_i . k_j| <= |q_i| |k_j|: where the block's scores are bounded well inside exp's range, softmax needs no
         # max subtracted (the max and the subtraction are 2 of its 5 passes); otherwise the stable form
         bound = math.sqrt(float(qn2[b + (Ellipsis, slice(r0, r1))].max()) *
                           float(kn2[b + (Ellipsis, slice(0, c))].max())) * abs(scale) + span
+        # the diagonal's right: keys r0+1 .. c-1 hide from some rows
+        hide = tri[r0:r1, r0 + 1:c] if tri is not None and c > r0 + 1 else None
+        if tri is None and skip is not None:
+            np.copyto(s, -np.inf, where=skip[rows])
+        elif tri is None and add is not None:
+            s += add[rows]
         if bound <= limit:  # NaN (NaN or inf operands) takes the stable form
             with np.errstate(under="ignore"):
                 expf(s, out=s)
+            if hide is not None:  # zeroed after exp (exp2(-inf) is 0 too, but takes numpy's slow path: ~10x)
+                np.copyto(s[..., r0 + 1:c], 0, where=hide)
         else:
             # stable softmax in place: rows whose max is -inf (all masked) subtract 0 (their sum, 0, becomes 1
             # below: zeros)
+            if hide is not None:
+                np.copyto(s[..., r0 + 1:c], -np.inf, where=hide)
             m = s.max(-1, keepdims=True)
             m[m == -np.inf] = 0
             s -= m
+            if base2:
+                # back to natural units for exp: below 2**-126 (subnormal or zero results, -inf included)
+                # numpy's exp2 takes a slow path (10-300x here), and after the max is subtracted the scores reach
+                # that far
+                s *= f_ln2
+            if add is None:
+                # exp is slow (~13x) where its results are subnormal: scores floored where exp gives the smallest
+                # normal number (a weight below 1e-38 of the row's largest, 1, moves nothing), and the hidden
+                # positions (-inf, floored too) zeroed after exp. A float mask's -inf positions are not known
+                # here: its scores keep exp's own results
+                np.maximum(s, floor, out=s)
             with np.errstate(under="ignore"):
-                expf(s, out=s)
+                np.exp(s, out=s)
+            if add is None and hide is not None:
+                np.copyto(s[..., r0 + 1:c], 0, where=hide)
+            elif add is None and skip is not None:
+                np.copyto(s, 0, where=skip[rows])
         # the row sums by einsum (its loop: ~2.5x numpy's reduce over rows of a few hundred); a row whose every
         # position is masked sums to 0 (unmasked ones give at least exp(-limit) > 0, or 1 at the row's max)
         total = np.einsum("...j->...", s)[..., None]
