@@ -899,8 +899,9 @@ def _pool_2x2_into(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], v: np.
     """:func:`_pool_taps_into` for 2x2 windows of even-sized planes x (n, 2*O0, 2*O1) in two pairwise passes: the
     max of each row's column pair, then the max of the two rows' results, with strict ``>`` so ties keep the first
     column, then the first row -- the first tap in row-major order, as torch's window loop. Measured (batch 256, 64
-    channels, 26x26, one thread, CPU time): ~25 % faster than the four tap views' max and per-tap equality tests.
-    False on NaN."""
+    channels, 26x26, one thread, CPU time): ~25 % faster than the four tap views' max and per-tap equality tests;
+    the tap code's table lookup and the cached same-shape window starts a further 0.90-0.98x against a bitwise
+    blend of the column bits and a broadcast (o0, o1) add. False on NaN."""
     W = x.shape[-1]
     o0, o1 = O
     left, right = x[..., 0::2], x[..., 1::2]
@@ -910,16 +911,34 @@ def _pool_2x2_into(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], v: np.
     np.maximum(top, bottom, out=v)
     if v.size and np.isnan(v.max()):  # max propagates NaN: one reduction instead of an isnan array
         return False
-    rbit = np.greater(bottom, top)  # the second row won
-    c0, c1 = cbit[..., 0::2, :], cbit[..., 1::2, :]
-    col = np.bitwise_xor(c0, c1)  # the winning row's column bit: c0 ^ ((c0 ^ c1) & rbit), branch-free
-    col &= rbit
-    col ^= c0
-    tap = np.left_shift(rbit, 1, dtype=np.uint8)
-    tap |= col
-    np.take(np.array([0, 1, W, W + 1], dtype=np.int64), tap, out=idx, mode="clip")  # "raise" would buffer out
-    idx += np.arange(o0, dtype=np.int64)[:, None] * (2 * W) + np.arange(o1, dtype=np.int64) * 2
+    # code = c0 | c1 << 1 | rbit << 2 (c0, c1: the top and bottom rows' column bits, rbit: the second row won),
+    # looked up in an 8-entry table of the winning tap's offset: three in-place uint8 ops and no blend
+    code = np.greater(bottom, top).view(np.uint8)
+    code <<= 2
+    code |= np.left_shift(cbit[..., 1::2, :], 1, dtype=np.uint8)
+    code |= cbit[..., 0::2, :]
+    np.take(_pair_taps(W), code, out=idx, mode="clip")  # in range; "raise" would buffer the output
+    idx += _pair_base(x.shape[0], o0, o1, W)
     return True
+
+
+@functools.lru_cache(maxsize=32)
+def _pair_taps(W: int) -> np.ndarray:
+    """Offset of the first maximal tap of a 2x2 window in planes W wide, by code c0 | c1 << 1 | rbit << 2: the
+    bottom row's column bit c1 where the bottom row won (rbit), else the top row's c0. Cached, read only."""
+    tab = np.array([0, 1, 0, 1, W, W, W + 1, W + 1], dtype=np.int64)
+    tab.flags.writeable = False
+    return tab
+
+
+@functools.lru_cache(maxsize=8)  # a block's (at most 256 KiB); two pool layers' full and last blocks
+def _pair_base(k: int, o0: int, o1: int, W: int) -> np.ndarray:
+    """(k, o0, o1) flat index of each 2x2 window's first tap, the same for every plane: a same-shape operand, so
+    adding it runs numpy's contiguous loop rather than one short row at a time. Cached, read only."""
+    base = np.empty((k, o0, o1), np.int64)
+    base[...] = np.arange(o0, dtype=np.int64)[:, None] * (2 * W) + np.arange(o1, dtype=np.int64) * 2
+    base.flags.writeable = False
+    return base
 
 
 def max_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOrTuple = 0,
