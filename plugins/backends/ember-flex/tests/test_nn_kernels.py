@@ -359,6 +359,37 @@ def test_max_pool_backward(monkeypatch, case, dtype, blocks):
     check(dx, xt.grad, dtype)
 
 
+@pytest.mark.parametrize("side", [26, 11])
+def test_max_pool_seed_cnn_shapes_blocks_and_scratch(monkeypatch, side):
+    """The seed CNN's pools (2x2 over 26x26 and, cropped, 11x11 planes of ReLU outputs: ties at 0 everywhere) in
+    blocks of three planes over seven planes (a short last block), on 1 and 2 threads, then a larger and a smaller
+    call reusing the per-thread index scratch and the cached window starts: torch's values, indices and input
+    gradient each time, bit for bit the scatter composition."""
+    from ember_flex import threads
+
+    before, min_elems = threads.get_num_threads(), threads.min_elems
+    monkeypatch.setattr(K, "_POOL_BLOCK", 3 * side * side)
+    try:
+        for n_threads, batch in ((1, 7), (2, 7), (2, 11), (1, 2)):
+            threads.set_num_threads(n_threads)
+            if n_threads > 1:
+                threads.min_elems = 1
+            x = np.maximum(rand((batch, 1, side, side), np.float32, batch), 0)
+            xt = T(x).requires_grad_()
+            ref, ridx = F.max_pool2d(xt, 2, 2, 0, 1, False, True)
+            y, idx = K.max_pool(x, (2, 2), (2, 2), (0, 0), (1, 1), False, True)
+            np.testing.assert_array_equal(y, ref.detach().numpy())
+            np.testing.assert_array_equal(idx, ridx.numpy())
+            g = rand(idx.shape, np.float32, 100 + batch)
+            ref.backward(T(g))
+            dx = K.max_pool_backward(g, idx, x.shape, 2)
+            np.testing.assert_array_equal(dx, xt.grad.numpy())
+            np.testing.assert_array_equal(dx, _scatter_reference(g, idx, x.shape, 2, False))
+    finally:
+        threads.set_num_threads(before)
+        threads.min_elems = min_elems
+
+
 def test_max_pool_backward_adaptive_and_errors():
     """Adaptive max pooling's indices (windows overlap where sizes do not divide); mismatched shapes are refused."""
     x = rand((2, 3, 7, 10), np.float32, 8)
