@@ -320,8 +320,9 @@ class FlexBackend(Backend):
         self._binary = _BINARY
         if type(self).binary is FlexBackend.binary:  # a subclass with its own binary keeps core calling it
             # eager a + b calls these ufuncs directly (Backend.binary_kernels: no frame, no shape check in core):
-            # operands this small never go to the pool, and binary() adds nothing else for two arrays with
-            # elements (numpy returns arrays, a bad broadcast raises ValueError)
+            # operands this small never go to the pool at its thresholds (MIN_ELEMS, EMBER_FLEX_THREADS_MIN; a
+            # min_elems lowered at run time chunks only what reaches binary(), with the same bits), and binary()
+            # adds nothing else for two arrays with elements (numpy returns arrays, a bad broadcast raises)
             self.binary_kernels = _BINARY
             self.binary_kernel_elems = min(_par.MIN_ELEMS, _KERNEL_ELEMS)
 
