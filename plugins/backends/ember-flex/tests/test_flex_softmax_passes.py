@@ -170,3 +170,24 @@ def test_stable_softmax_floor_keeps_hidden_positions_zero(dtype: str, kind: str)
     np.testing.assert_allclose(attn, ref_p, **tol)
     np.testing.assert_allclose(out, ref_out, **tol)
     assert np.array_equal(A.sdpa_out(None, q, k, v, m, None, scale=1.0, is_causal=causal), out)
+
+
+@pytest.mark.parametrize("entries,want", [
+    ({"index0": ("1", "48K"), "index2": ("2", "2048K"), "index3": ("3", "105M")}, 2 << 20),
+    ({"index0": ("1", "32K"), "index1": ("2", "1280K")}, 1280 << 10),
+    ({"index0": ("1", "32K")}, 0),
+    ({"index2": ("2", "big")}, 0),
+])
+def test_l2_size_from_sysfs(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, entries: dict[str, tuple[str, str]],
+                            want: int) -> None:
+    """The attention's block size follows one core's L2 (1 MiB of float32 scores from 2 MiB of L2 on): its size is
+    read from sysfs's cache entries, 0 where there is none or it does not parse."""
+    import glob
+
+    for name, (level, size) in entries.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(level + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+    real = glob.glob
+    monkeypatch.setattr(glob, "glob", lambda pattern: real(str(tmp_path / "index*")))
+    assert A._l2_bytes() == want
