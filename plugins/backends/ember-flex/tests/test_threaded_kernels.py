@@ -27,6 +27,8 @@ DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8, np.b
 def pool(monkeypatch: pytest.MonkeyPatch):
     """4 threads, chunks of 16+ elements, every array of 64+ elements chunked; restored afterwards."""
     before = T.get_num_threads()
+    # set_num_threads below derives min_elems from the patched MIN_ELEMS: monkeypatch restores it last
+    monkeypatch.setattr(T, "min_elems", T.min_elems)
     monkeypatch.setattr(T, "MIN_CHUNK", 16)
     monkeypatch.setattr(T, "MIN_ELEMS", 64)
     T.set_num_threads(4)
@@ -221,6 +223,8 @@ def test_errors_propagate_as_serial(be):
 
 def test_set_num_threads_sizes_the_pool(monkeypatch):
     before = T.get_num_threads()
+    # set_num_threads below derives min_elems from the patched MIN_ELEMS: monkeypatch restores it last
+    monkeypatch.setattr(T, "min_elems", T.min_elems)
     monkeypatch.setattr(T, "MIN_CHUNK", 16)
     try:
         ember.set_num_threads(3)
