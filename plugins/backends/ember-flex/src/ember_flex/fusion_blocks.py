@@ -54,8 +54,8 @@ class BlockPlan:
     """How each instruction of an elementwise kernel runs on a block, and when its scratch block is free again.
 
     Built once per fused kernel; raises ``ValueError`` for a kernel the blocked path does not take: a reduction, a
-    single op, or one with no float32/float64 ufunc step (half types and integers run through the backend's methods, which blocks
-    would only call more often).
+    single op, or one with no float32/float64 ufunc step (half types and integers run through the backend's
+    methods, which blocks would only call more often).
     """
 
     def __init__(self, kernel: Kernel, backend: Any) -> None:
