@@ -360,15 +360,17 @@ def test_max_pool_backward(monkeypatch, case, dtype, blocks):
 
 
 @pytest.mark.parametrize("side", [26, 11])
-def test_max_pool_seed_cnn_shapes_blocks_and_scratch(monkeypatch, side):
+@pytest.mark.parametrize("planes_per_block", [3, 0])
+def test_max_pool_seed_cnn_shapes_blocks_and_scratch(monkeypatch, side, planes_per_block):
     """The seed CNN's pools (2x2 over 26x26 and, cropped, 11x11 planes of ReLU outputs: ties at 0 everywhere) in
-    blocks of three planes over seven planes (a short last block), on 1 and 2 threads, then a larger and a smaller
-    call reusing the per-thread index scratch and the cached window starts: torch's values, indices and input
-    gradient each time, bit for bit the scatter composition."""
+    blocks of three planes over seven planes (a short last block) or of one plane larger than a block (uncached
+    window starts, no plane offsets), on 1 and 2 threads, then a larger and a smaller call reusing the per-thread
+    index scratch and the cached window starts: torch's values, indices and input gradient each time, bit for bit
+    the scatter composition."""
     from ember_flex import threads
 
     before, min_elems = threads.get_num_threads(), threads.min_elems
-    monkeypatch.setattr(K, "_POOL_BLOCK", 3 * side * side)
+    monkeypatch.setattr(K, "_POOL_BLOCK", max(1, planes_per_block * side * side))
     try:
         for n_threads, batch in ((1, 7), (2, 7), (2, 11), (1, 2)):
             threads.set_num_threads(n_threads)

@@ -916,7 +916,10 @@ def _pool_2x2_into(x: np.ndarray, K: tuple[int, ...], O: tuple[int, ...], v: np.
     code <<= 1
     code |= rbit.view(np.uint16)  # (n, o0, 2 * o1) bool, contiguous: rl | rr << 8 per column pair
     np.take(_pair_table(W), code, out=idx, mode="clip")  # in range; "raise" would buffer the output
-    idx += _pair_base(x.shape[0], o0, o1, W)
+    if idx.size <= _POOL_BLOCK // 4:  # a block of whole planes: the cached same-shape starts (at most 256 KiB)
+        idx += _pair_base(x.shape[0], o0, o1, W)
+    else:  # one plane larger than a block: its long rows run the broadcast add well, and nothing large is kept
+        idx += np.arange(o0, dtype=np.int64)[:, None] * (2 * W) + np.arange(o1, dtype=np.int64) * 2
     return True
 
 
@@ -936,7 +939,7 @@ def _pair_table(W: int) -> np.ndarray:
     return tab
 
 
-@functools.lru_cache(maxsize=8)  # a block's (at most 256 KiB); two pool layers' full and last blocks
+@functools.lru_cache(maxsize=8)  # two pool layers' full and last blocks
 def _pair_base(k: int, o0: int, o1: int, W: int) -> np.ndarray:
     """(k, o0, o1) flat index of each 2x2 window's first tap, the same for every plane: a same-shape operand, so
     adding it runs numpy's contiguous loop rather than one short row at a time. Cached, read only."""
@@ -1037,7 +1040,7 @@ def max_pool(x: np.ndarray, kernel_size: IntOrTuple, stride=None, padding: IntOr
     return _finish(cur, out_dtype), idx
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=8)  # k * outs <= _POOL_BLOCK: at most 1 MiB each
 def _plane_offsets(k: int, outs: int, plane: int) -> np.ndarray:
     """(k, outs) int64 table, row i all ``i * plane``: the flat start of each of a block's k planes, spread over
     the outputs so that adding it to a block's indices is one contiguous same-shape loop. Cached, read only."""
@@ -1088,15 +1091,19 @@ def max_pool_backward(grad: np.ndarray, indices: np.ndarray, x_shape: Sequence[i
     dx = np.zeros((n, plane), grad.dtype)
     per = max(1, _POOL_BLOCK // max(plane, 1))
     starts = range(0, n, per)
-    offs = _plane_offsets(min(per, n), outs, plane) if n and plane else None
+    # one plane per block (planes of more than _POOL_BLOCK elements): its indices are the flat ones already
+    offs = _plane_offsets(min(per, n), outs, plane) if n and plane and per > 1 else None
 
     def blocks(lo: int, hi: int) -> None:
-        buf = _index_scratch(min(per, n) * outs)
+        buf = _index_scratch(min(per, n) * outs) if offs is not None else None
         for b0 in starts[lo:hi]:
             b1 = min(n, b0 + per)
             d = dx[b0:b1]
             k = b1 - b0
-            flat = np.add(i2[b0:b1], offs[:k], out=buf[:k * outs].reshape(k, outs))
+            if offs is None:
+                flat = i2[b0:b1]
+            else:
+                flat = np.add(i2[b0:b1], offs[:k], out=buf[:k * outs].reshape(k, outs))
             if overlap:
                 np.add.at(d.reshape(-1), flat.reshape(-1), g2[b0:b1].reshape(-1))
             else:
