@@ -30,9 +30,11 @@ float64 GEMMs with some edge shapes still differ inside OpenBLAS).
 
 Max pooling with indices over non-overlapping windows works on blocks of whole
 planes (``_POOL_BLOCK``) whose temporaries stay in cache, 2x2 windows in two
-pairwise passes; ``max_pool_backward`` writes the gradient at the forward's
-indices block by block. Both run large inputs' blocks on flex's pool, and both
-are elementwise per plane, so any split gives the same bits.
+pairwise passes (rows over whole plane rows, then columns as one strided loop:
+numpy's per-row loop overhead, not memory, is what short output rows cost);
+``max_pool_backward`` writes the gradient at the forward's indices block by
+block, into calloc'd zeros. Both run large inputs' blocks on flex's pool, and
+both are elementwise per plane, so any split gives the same bits.
 """
 
 from __future__ import annotations
