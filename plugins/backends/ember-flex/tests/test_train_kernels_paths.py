@@ -180,6 +180,36 @@ def test_batch_norm_planes_and_columns_give_the_same_bits(monkeypatch: pytest.Mo
     _bits(run(), planes)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batch_norm_row_dots_on_one_sample_blocks(monkeypatch: pytest.MonkeyPatch, dtype: Any) -> None:
+    """Blocks of one sample (the seed CNN's 64 channels of 26x26): channel sums as BLAS row dots (vecdot, matmul
+    against ones) on one BLAS thread -- within float32's few ulps of torch in float64 as einsum's sums are, and the
+    same bits whatever BLAS's thread count."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((2, 64, 26, 26)) * 1.5 + 0.3).astype(dtype)
+    w, b = rng.uniform(0.5, 1.5, 64).astype(dtype), rng.standard_normal(64).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+
+    def run() -> list[np.ndarray]:
+        y, mean, invstd, var = K.batch_norm_train(None, x, w, b)
+        return [y, mean, invstd, var, *K.batch_norm_train_backward(None, x, w, mean, invstd, dy)]
+
+    assert K._bn_blocks(2, 64, 26 * 26)[0][0][0] == slice(0, 1)  # one sample per block: the row-dot path
+    for row_dots in (True, False):
+        monkeypatch.setattr(K, "BN_ROW_DOTS", row_dots)
+        y, mean, invstd, var, dx, dw, db = run()
+        ty, tmean, tinvstd, tdx, tdw, tdb = _bn_torch(x, w, b, dy, (mean, invstd))
+        for got, ref in ((y, ty), (mean, tmean), (invstd, tinvstd), (dx, tdx), (dw, tdw), (db, tdb)):
+            _close(got, ref, dtype, terms=float(np.abs(ref).max()))
+    monkeypatch.setattr(K, "BN_ROW_DOTS", True)
+    with threadpool_limits(limits=1, user_api="blas"):
+        one = run()
+    with threadpool_limits(limits=2, user_api="blas"):
+        _bits(run(), one)
+
+
 def test_batch_norm_channel_split_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks smaller than one sample's rows: channel ranges of position ranges, partial sums in their columns."""
     monkeypatch.setattr(K, "BN_BLOCK", 40)
