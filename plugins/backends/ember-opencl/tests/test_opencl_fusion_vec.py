@@ -98,33 +98,36 @@ def compare(be, kern: Kernel, inputs, scalars, shape, exact, what: str) -> list[
     return got
 
 
-SHAPES = {"linear": ((1000 + 7,), ()), "one": ((1,), ()), "rows": ((3, 5, 37), (5, 1)), "short-rows": ((7, 10), (7, 1)),
-          "bcast-inner": ((4, 33), (4, 1))}
+# (linear: whole vectors and a remainder; rows: an input broadcast along the rows and across the outer dim; short
+# rows: rows shorter than a vector, all remainder; one: a single element)
+SHAPES = {"linear": ((1000 + 7,), ()), "one": ((1,), ()), "rows": ((3, 5, 37), (5, 1)), "short-rows": ((7, 10), (7, 1))}
 
 
-@pytest.mark.parametrize("layout", ["linear", "one", "rows", "short-rows"])
+@pytest.mark.parametrize("layout", ["linear", "short-rows"])
 def test_unary(be, layout: str) -> None:
-    """Every unary op with a vector form, as the outputs of one kernel."""
+    """The unary ops with a vector form, as the outputs of one kernel."""
     shape, _ = SHAPES[layout]
     x = special(int(np.prod(shape)), 1).reshape(shape)
     k = K()
     a = k.add("load", (0,), F32)
-    ops = UNARY_F + PREDICATES
+    # every op once (linear: vectors and a remainder); the row walk, which does not depend on the op, with a few
+    ops = UNARY_F + PREDICATES if layout == "linear" else ["neg", "exp", "tanh", "sigmoid", "sign", "isnan",
+                                                           "logical_not"]
     outs = tuple(k.add("unary", (op, a), BOOL if op in PREDICATES else F32) for op in ops)
     compare(be, k.kernel(len(shape), (F32,), 0, outs), [be.from_numpy(x)], [], shape,
             [op not in TRANSCENDENTAL for op in ops], f"{layout} {ops}")
 
 
-@pytest.mark.parametrize("layout", list(SHAPES))
+@pytest.mark.parametrize("layout", ["one", "rows", "short-rows"])
 def test_binary_with_broadcast_and_scalar(be, layout: str) -> None:
     """op(x, y) with y broadcast along the rows' inner dim (a per-row value), and op(scalar, x), every binary op
-    with a vector form, as the outputs of one kernel."""
+    with a vector form (all of them on "rows"), as the outputs of one kernel."""
     shape, yshape = SHAPES[layout]
     x = special(int(np.prod(shape)), 2).reshape(shape)
     y = special(int(np.prod(yshape)) if yshape else int(np.prod(shape)), 3).reshape(yshape or shape)
     k = K()
     a, b, s = k.add("load", (0,), F32), k.add("load", (1,), F32), k.add("scalar", (0,), F32)
-    ops = BINARY_F + COMPARE
+    ops = BINARY_F + COMPARE if layout == "rows" else ["add", "div", "maximum", "pow", "lt"]
     outs: list[int] = []
     for op in ops:
         out_dtype = BOOL if op in COMPARE else F32
@@ -135,7 +138,7 @@ def test_binary_with_broadcast_and_scalar(be, layout: str) -> None:
         compare(be, kern, [be.from_numpy(x), be.from_numpy(y)], [sv], shape, exact, f"{layout} s={sv} {ops}")
 
 
-@pytest.mark.parametrize("layout", ["linear", "rows", "short-rows"])
+@pytest.mark.parametrize("layout", ["linear", "short-rows"])
 def test_masks_where_and_casts(be, layout: str) -> None:
     """bool inputs, outputs and scalars; mask logic; where on floats and on masks; casts both ways (the ReLU
     backward shape: where(x <= 0, 0, g), and its saved mask)."""
