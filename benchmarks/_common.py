@@ -162,6 +162,8 @@ def environment() -> dict[str, Any]:
         "ember": ember.__version__,
         "torch": None,
         "torch_threads": None,
+        # process-wide (flex tunes malloc when its backend is created): torch's rows in this process get it too
+        "host_allocator": ember.Device.flex().memory_report().get("allocator"),
     }
     try:
         import torch
@@ -244,5 +246,7 @@ def describe_environment(env: dict[str, Any], device: str | None = None) -> str:
     """The header line of a benchmark's output: ember, the device (or host CPU), numpy's BLAS and torch."""
     host = f"{env['cpu']} ({env['cpu_count']} CPUs)"
     where = f"{device}; host {host}" if device else host
+    alloc = env.get("host_allocator")
     return (f"ember {env['ember']} on {where}, numpy {env['numpy']} ({env['numpy_blas']}), "
-            f"torch {env['torch'] or 'not installed'}" + (f" ({env['torch_threads']} threads)" if env["torch"] else ""))
+            f"torch {env['torch'] or 'not installed'}" + (f" ({env['torch_threads']} threads)" if env["torch"] else "")
+            + (f"; {alloc}, for both libraries in this process" if alloc else ""))
