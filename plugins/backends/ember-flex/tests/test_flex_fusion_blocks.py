@@ -26,6 +26,13 @@ def be() -> FlexBackend:
     return s
 
 
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """Blocks of 4 Ki elements, 2 per task: the test arrays make many blocks, several tasks and a short last one."""
+    monkeypatch.setattr(fusion_blocks, "BLOCK_ELEMS", 1 << 12)
+    monkeypatch.setattr(fusion_blocks, "BLOCKS_PER_TASK", 2)
+
+
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
 def nthreads(request):
     before = threads.get_num_threads()

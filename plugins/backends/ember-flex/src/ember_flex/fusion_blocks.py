@@ -3,7 +3,7 @@ cache-sized block before the next block starts.
 
 The numpy path (:func:`ember.ir.interpret`) streams every instruction's full-size result through memory: on 1M
 float32 elements each of the GELU chain's nine ops writes 4 MB and the next reads it back. Here a block of
-:data:`BLOCK_ELEMS` elements (64 KiB of float32) and its temporaries stay in the core's cache; values are computed
+:data:`BLOCK_ELEMS` elements (256 KiB of float32) and its temporaries stay in the core's cache; values are computed
 into a few scratch blocks reused as values die (in place where an operand dies at its consumer), outputs are written
 straight into their rows of the results, and ranges of blocks run on flex's thread pool.
 
@@ -28,10 +28,13 @@ from ember.ir import Instr, Kernel
 
 from . import threads as _threads
 
-#: elements per block: a float32 block is 64 KiB, so a chain's few live blocks stay in L1/L2
-BLOCK_ELEMS = 1 << 14
-#: blocks per pool task (the scratch blocks are allocated once per task)
-BLOCKS_PER_TASK = 8
+#: elements per block: a float32 block is 256 KiB, so a chain's few live blocks stay in L2. Smaller blocks measured
+#: faster on one thread but slower on two: every ufunc call takes the GIL back, and 16 Ki-element blocks on two
+#: threads spent more time handing it over than computing (1M-element GELU chain: 5-6 ms, against 1.7-2.2 ms with
+#: 64 Ki elements and 3.3-3.5 ms for the numpy path)
+BLOCK_ELEMS = 1 << 16
+#: blocks per pool task (the scratch blocks are allocated once per task): 1M elements make 4 tasks, 2 per thread
+BLOCKS_PER_TASK = 4
 #: the blocked path is considered from this many elements on (below, the whole kernel fits in cache)
 BLOCKED_MIN = 1 << 16
 
