@@ -554,7 +554,7 @@ def test_numexpr_path_drops_each_intermediate_after_its_last_read(be):
     dropped = [j for d in drops for j in d]
     assert sorted(dropped) == sorted(j for j in made if j not in k.outputs)
     for s, (kind_, i, payload) in enumerate(steps):
-        reads = fusion._operands(k.body[i]) if kind_ == "np" else payload[1]
+        reads = fusion.operands(k.body[i]) if kind_ == "np" else payload[1]
         for j in reads:
             if j in made:
                 where = next(t for t, d in enumerate(drops) if j in d)

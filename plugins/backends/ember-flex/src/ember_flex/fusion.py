@@ -50,7 +50,7 @@ from ember import dtypes as dt
 from ember.dtypes import DType
 from ember.ir import Instr, Kernel, interpret
 
-from .fusion_blocks import BLOCKED_MIN, BlockPlan
+from .fusion_blocks import BLOCKED_MIN, BlockPlan, backend_step, operands
 
 #: timed calls per path and size class before the faster path is kept
 TRIALS = 3
@@ -116,17 +116,17 @@ class _NumexprPlan:
         self.ne_ok = [self._translatable(i, ins) for i, ins in enumerate(body)]
         uses = [0] * len(body)
         for ins in body:
-            for j in _operands(ins):
+            for j in operands(ins):
                 uses[j] += 1
         # values stored as arrays: kernel outputs, operands of numpy steps, large shared subexpressions
         size = [1] * len(body)
         for i, ins in enumerate(body):
             if self.ne_ok[i] and ins.op not in ("load", "scalar"):
-                size[i] = 1 + sum(size[j] for j in _operands(ins))
+                size[i] = 1 + sum(size[j] for j in operands(ins))
         materialise = set(kernel.outputs)
         for i, ins in enumerate(body):
             if not self.ne_ok[i]:
-                materialise.update(_operands(ins))
+                materialise.update(operands(ins))
             elif uses[i] > 1 and size[i] > _MAX_SHARED_TREE:
                 materialise.add(i)
                 size[i] = 1
@@ -162,7 +162,7 @@ class _NumexprPlan:
         op, a = ins.op, ins.args
         if op in ("load", "scalar"):
             return op == "scalar" or self.kernel.inputs[a[0]] == ins.dtype
-        ops = _operands(ins)
+        ops = operands(ins)
         if not all(self.kind[j] is not None for j in ops):  # operands computed by numpy are numexpr inputs
             return False
         ka = self.kind[ops[0]]
@@ -229,10 +229,10 @@ class _NumexprPlan:
             leaves[name] = i
             return self._Var(name, k)
         Op, Func = self._Op, self._Func
-        ops = [self._node(j, mat, leaves) for j in _operands(ins)]
+        ops = [self._node(j, mat, leaves) for j in operands(ins)]
         if ins.op == "unary":
             name, x = ins.args[0], ops[0]
-            kx = self.kind[_operands(ins)[0]]
+            kx = self.kind[operands(ins)[0]]
             if name == "neg":
                 return Op("neg", [x], k)
             if name == "sqrt":
@@ -264,7 +264,7 @@ class _NumexprPlan:
         if ins.op == "binary":
             name = ins.args[0]
             x, y = ops
-            kx = self.kind[_operands(ins)[0]]
+            kx = self.kind[operands(ins)[0]]
             if name in ("lt", "le"):  # numexpr has gt/ge only
                 return Op("gt" if name == "lt" else "ge", [y, x], "bool")
             if name in _CMP:
@@ -288,7 +288,7 @@ class _NumexprPlan:
                 return Op(_BITWISE[name], [x, y], k)
             return Op("lshift" if name == "bitwise_left_shift" else "rshift", [x, y], k)
         # cast
-        kx = self.kind[_operands(ins)[0]]
+        kx = self.kind[operands(ins)[0]]
         x = ops[0]
         if k == "bool":
             return x if kx == "bool" else Op("ne", [x, self._zero(kx)], "bool")
@@ -309,23 +309,13 @@ class _Unsupported(Exception):
     """A kernel (or part) the numexpr path does not take."""
 
 
-def _operands(ins: Instr) -> tuple[int, ...]:
-    if ins.op in ("load", "scalar"):
-        return ()
-    if ins.op in ("unary", "cast"):
-        return (ins.args[-1],)
-    if ins.op == "binary":
-        return (ins.args[1], ins.args[2])
-    return tuple(ins.args)  # where
-
-
 def _step_drops(kernel: Kernel, plan: _NumexprPlan) -> list[tuple[int, ...]]:
     """Per step of ``plan``, the step-made values (not outputs) it reads for the last time, or that nothing reads
     (dropped after their own step). Loads and scalars are the caller's and stay."""
     made = {i: k for k, (_, i, _) in enumerate(plan.steps)}
     last = dict(made)
     for k, (kind_, i, payload) in enumerate(plan.steps):
-        for j in (_operands(kernel.body[i]) if kind_ == "np" else payload[1]):
+        for j in (operands(kernel.body[i]) if kind_ == "np" else payload[1]):
             if j in made:
                 last[j] = max(last[j], k)
     outputs = set(kernel.outputs)
@@ -515,31 +505,12 @@ class FusedKernel:
 
     def _numpy_step(self, ins: Instr, i: int, vals: list[Any], raw: Sequence[Any]) -> Any:
         """One instruction through the backend, with interpret()'s handling of scalar operands."""
-        be, body = self.backend, self.kernel.body
+        body = self.kernel.body
 
         def val(j: int) -> Any:  # a scalar operand is the Python value, as interpret passes it
             return raw[body[j].args[0]] if body[j].op == "scalar" else vals[j]
 
-        def handle(j: int) -> Any:
-            return be.full((), raw[body[j].args[0]], body[j].dtype) if body[j].op == "scalar" else vals[j]
-
-        op, a = ins.op, ins.args
-        if op == "unary":
-            r = be.unary(a[0], handle(a[1]))
-        elif op == "binary":
-            x, y = a[1], a[2]
-            if body[x].op == "scalar" and body[y].op == "scalar":
-                r = be.binary(a[0], handle(x), val(y))
-            else:
-                r = be.binary(a[0], val(x), val(y))
-        elif op == "where":
-            c, x, y = a
-            both_scalar = body[x].op == "scalar" and body[y].op == "scalar"
-            r = be.where(handle(c), handle(x) if both_scalar else val(x), val(y))
-        else:
-            r = be.cast(handle(a[0]), ins.dtype)
-        npdt = ins.dtype.numpy
-        return r if r.dtype == npdt else r.astype(npdt)  # numexpr programs read it with the declared dtype
+        return backend_step(self.backend, ins, body, val)
 
 
 def _choose(t: dict[str, list[float]]) -> str:

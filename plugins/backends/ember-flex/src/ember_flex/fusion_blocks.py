@@ -18,7 +18,7 @@ block. Elementwise results do not depend on where a block starts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,7 +43,8 @@ _FAST_DTYPES = (dt.float32, dt.float64)
 _EXACT_INT = 1 << 53
 
 
-def _operands(ins: Instr) -> tuple[int, ...]:
+def operands(ins: Instr) -> tuple[int, ...]:
+    """The values an instruction reads (none for a load or a scalar)."""
     if ins.op in ("load", "scalar"):
         return ()
     if ins.op in ("unary", "cast"):
@@ -69,7 +70,7 @@ class BlockPlan:
         self.backend = backend
         last: dict[int, int] = {}
         for i, ins in enumerate(body):
-            for j in _operands(ins):
+            for j in operands(ins):
                 last[j] = i
         outputs = set(kernel.outputs)
         #: per instruction: the ufunc computed into a scratch block (``out=``), or None (backend call / leaf)
@@ -87,7 +88,7 @@ class BlockPlan:
             if ins.op in ("unary", "binary") and ins.dtype in _FAST_DTYPES:
                 table = backend._unary if ins.op == "unary" else backend._binary
                 cand = table.get(ins.args[0])
-                ops = _operands(ins)
+                ops = operands(ins)
                 arrays = [j for j in ops if body[j].op != "scalar"]
                 if type(cand) is np.ufunc and arrays and all(body[j].dtype == ins.dtype for j in arrays):
                     fn = cand
@@ -103,7 +104,7 @@ class BlockPlan:
         #: scalar leaves read only by ufunc steps of one dtype, passed as that dtype's numpy scalar (see scalars_ok)
         self.typed_scalars = tuple((j, next(iter(d))) for j, d in scalar_dtype.items() if len(d) == 1
                                    and all(self.ufunc[i] is not None for i, ins in enumerate(body)
-                                           if j in _operands(ins)))
+                                           if j in operands(ins)))
         self.outputs = tuple(kernel.outputs)
         self.first_output = {i: j for j, i in reversed(list(enumerate(kernel.outputs)))}
         self._schedules: dict[bool, tuple[list[tuple[Any, ...]], list[Any]]] = {}
@@ -212,7 +213,7 @@ class BlockPlan:
             if ins.op in ("load", "scalar"):
                 continue
             fn, j = self.ufunc[i], first_out.get(i)
-            ops = _operands(ins)
+            ops = operands(ins)
             if fn is None:
                 steps.append(("c", i, ins, -1 if j is None else j))
             elif j is not None:
@@ -281,7 +282,7 @@ class BlockPlan:
                     vals[i] = target
                 elif kind == "c":
                     _, i, ins, j = st
-                    r = _call(be, ins, vals, body)
+                    r = backend_step(be, ins, body, vals.__getitem__)
                     if j >= 0:
                         np.copyto(results[j][b:e], r)
                     vals[i] = r
@@ -291,15 +292,13 @@ class BlockPlan:
                     np.copyto(results[j][b:e], be.full((), v, body[i].dtype) if body[i].op == "scalar" else v)
 
 
-def _call(be: Any, ins: Instr, vals: list[Any], body: Sequence[Instr]) -> Any:
+def backend_step(be: Any, ins: Instr, body: Sequence[Instr], val: Callable[[int], Any]) -> Any:
     """One instruction through the backend method, with :func:`ember.ir.interpret`'s handling of scalar operands
-    and the declared dtype (as the fused kernel's numpy path)."""
+    (``val(j)``: operand j's value, a scalar leaf's as its Python value) and the declared dtype. The fused kernels'
+    numpy steps (numexpr path) and the blocked path's backend steps."""
 
-    def val(j: int) -> Any:
-        return vals[j]
-
-    def handle(j: int) -> Any:
-        return be.full((), vals[j], body[j].dtype) if body[j].op == "scalar" else vals[j]
+    def handle(j: int) -> Any:  # a scalar leaf as the 0-d array interpret makes of it
+        return be.full((), val(j), body[j].dtype) if body[j].op == "scalar" else val(j)
 
     op, a = ins.op, ins.args
     if op == "unary":
