@@ -239,3 +239,17 @@ def test_a_kernel_numexpr_cannot_compute_is_still_fused_by_blocks(be):
     same_bits(fk.run_path("numexpr", [x], (), x.shape)[0], np.tanh(np.exp(x)))  # no numexpr: the numpy path
     # a reduction of inexact ops: neither path, so no fused kernel
     assert be.fusion_compile(Kernel(1, (d,), 0, (L(0, d), U("exp", 0, d)), (1,), reduce=("sum", (0,)))) is None
+
+
+def test_calls_whose_scalars_rule_out_paths_still_settle_on_a_choice(be):
+    # a numpy float64 scalar: neither numexpr nor blocks take it, so the class is measured on the numpy path alone
+    # and settles, rather than timing (and keeping) every call
+    k = gelu_kernel(f32)
+    fk = be.fusion_compile(k)
+    x = np.random.default_rng(11).standard_normal(N).astype(np.float32)
+    sc = (np.float64(0.5), 0.7978845608, 0.044715, 1.0)
+    ref = interpret(k, be, [x], sc, x.shape)[0]
+    for _ in range(2 * fusion.TRIALS):
+        same_bits(fk([x], sc, x.shape, [None])[0], ref)
+        assert fk.last_path == "numpy"
+    assert fk.path_for(N) == "numpy" and not fk._timings

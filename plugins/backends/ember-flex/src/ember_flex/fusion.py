@@ -385,8 +385,11 @@ class FusedKernel:
             return self._numpy(inputs, scalars, shape, outs)
         # still measuring this size class: the path timed least so far; choose once each was timed TRIALS times
         t = self._timings.setdefault(cls, {"numpy": [], "numexpr": [], "blocked": []})
-        candidates = ["numpy", "numexpr"] if self._plan is not None else ["numpy"]
-        if self._blocks is not None and n >= BLOCKED_MIN:
+        # only the paths these scalars allow: a path that can never run must not keep the class measuring
+        candidates = ["numpy"]
+        if self._plan is not None and self._numexpr_scalars_ok(scalars):
+            candidates.append("numexpr")
+        if self._blocks is not None and n >= BLOCKED_MIN and self._blocks.scalars_ok(scalars):
             candidates.append("blocked")
         path = min(candidates, key=lambda c: len(t[c]))
         t0 = time.perf_counter()
@@ -395,8 +398,10 @@ class FusedKernel:
             r = self._try_numexpr(inputs, scalars, shape, outs)
         elif path == "blocked":
             r = self._try_blocked(inputs, scalars, shape, outs)
-            if r is None:  # these operands' layout does not suit blocks: the class is judged without them
-                candidates.remove("blocked")
+        if r is None and path != "numpy":
+            # another thread runs the numexpr programs, or these operands' layout does not suit blocks: this call
+            # is judged without that path
+            candidates.remove(path)
         if r is None:  # numpy's turn, or another thread is running the numexpr programs: time numpy instead
             path = "numpy"
             r = self._numpy(inputs, scalars, shape, outs)
