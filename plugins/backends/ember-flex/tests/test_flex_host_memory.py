@@ -64,3 +64,12 @@ def test_keep_freed_memory_is_idempotent_and_release_works() -> None:
     assert host_memory.keep_freed_memory() is first
     assert host_memory.describe().startswith("host cache ")
     assert isinstance(host_memory.release_free_memory(), bool)
+
+
+def test_keep_freed_memory_from_several_threads_agrees() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: host_memory.keep_freed_memory(), range(32)))
+    assert len(set(answers)) == 1 and answers[0] is host_memory.keep_freed_memory()
+    assert host_memory.describe() in ("host cache on",) or host_memory.describe().startswith("host cache off (")
